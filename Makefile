@@ -1,0 +1,49 @@
+# gptpipe: `make run` runs the whole pipeline locally; `make test` runs the test suite.
+# Both create .venv and install the project from pyproject.toml first.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+ARGS ?=
+
+.PHONY: run test test-fast lint bench compile clean help
+
+help:
+	@echo "make run     install, then run the pipeline locally on data/tinyshakespeare.txt"
+	@echo "make test    install, then run the whole test suite"
+	@echo "make lint    ruff and mypy"
+	@echo "make bench   benchmarks (ratios against a reference in the same run)"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/gptpipe run --local $(ARGS)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(ARGS)
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow and not e2e" $(ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python -m bench $(ARGS)
+
+compile: $(STAMP)
+	$(BIN)/gptpipe compile --output gptpipe.yaml $(ARGS)
+
+clean:
+	rm -rf runs local_outputs .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,44 @@
+"""KFP component for the evaluate step: a thin shell over `executor.run`."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Model, Output
+
+
+def evaluate(
+    examples: Input[Dataset],
+    model: Input[Model],
+    serving_dir: str,
+    max_nats_per_char: float,
+    tolerance: float,
+    metadata: str,
+    pipeline_name: str,
+    run_id: str,
+    metrics: Output[Metrics],
+    report: Output[Markdown],
+    blessing: Output[Artifact],
+):
+    """Compare the candidate with the model in service on the same eval text; bless or not."""
+    from components import lineage
+    from components.evaluate import executor
+
+    params = {"serving_dir": serving_dir, "max_nats_per_char": max_nats_per_char,
+              "tolerance": tolerance}
+    with lineage.step(metadata, "evaluate", pipeline_name, run_id, params) as rec:
+        rec.input("examples", "Examples", examples.uri)
+        rec.input("model", "Model", model.uri)
+        result = executor.run(model.path, examples.path, serving_dir, blessing.path, report.path,
+                              max_nats_per_char=max_nats_per_char, tolerance=tolerance)
+        numbers = executor.metrics(result)
+        for name, value in numbers.items():
+            metrics.log_metric(name, value)
+        blessing.metadata.update({"blessed": int(result.blessed), "reason": result.reason,
+                                  "current_model": model.uri,
+                                  "baseline_model": result.baseline_model})
+        rec.output("evaluation", "ModelEvaluation", metrics.uri, numbers)
+        rec.output("blessing", "ModelBlessing", blessing.uri, dict(blessing.metadata))
+        rec.dataset_version = examples.metadata.get("dataset_version")
+
+
+def make(image: str) -> dsl.component:
+    """Return the evaluate component running in `image`."""
+    return dsl.component(evaluate, base_image=image, install_kfp_package=False)

@@ -1,0 +1,267 @@
+"""Evaluate: score the candidate and the model in service on the same eval text, and bless.
+
+Both models score the eval split's raw text through their own in-graph tokenizer (the
+SavedModel's `score` signature), so the comparison holds across tokenizers. nats/char is the
+tokenizer-independent number the blessing uses; nats/token and perplexity are reported too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from components import storage
+from trainer.errors import UserError
+
+log = logging.getLogger(__name__)
+
+SERVING_SUBDIR = "Format-Serving"  # TFX Model layout: the SavedModel inside the Model artifact
+CHUNK_CHARS = 2048  # eval text is scored in line-aligned chunks of about this many characters
+BATCH_CHUNKS = 8  # chunks per call of the `score` signature
+SAMPLE_PROMPTS = ("ROMEO:", "First Citizen:\n", "The king")  # prompts for the report's samples
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Corpus-level loss of one model on the eval text."""
+
+    nats_per_token: float  # mean next-token loss over the model's own tokens
+    nats_per_char: float  # total loss over total UTF-8 characters (tokenizer-independent)
+    perplexity: float  # exp(nats_per_token)
+    tokens: int  # tokens predicted
+    chars: int  # characters scored
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The evaluation outcome: the candidate's scores, the baseline's, and the blessing."""
+
+    candidate: Scores
+    baseline: Scores | None  # None when nothing is in service yet
+    baseline_model: str  # the baseline SavedModel folder, or "" when there is none
+    blessed: bool  # the candidate may be pushed
+    reason: str  # why it was or was not blessed
+
+
+def run(
+    model_dir: str,
+    examples_dir: str,
+    serving_dir: str,
+    blessing_dir: str,
+    report_path: str,
+    *,
+    max_nats_per_char: float,
+    tolerance: float,
+    num_samples: int = 3,
+    sample_tokens: int = 48,
+) -> EvalResult:
+    """Score candidate and baseline on the eval split, decide the blessing, write the outputs.
+
+    The candidate is blessed when its nats/char is at most `max_nats_per_char` and, if a model
+    is in service at `serving_dir`, at most the baseline's times `1 + tolerance`.
+    """
+    eval_text = _read_eval_text(examples_dir)
+    candidate_path = Path(model_dir) / SERVING_SUBDIR
+    candidate_model = _load(candidate_path)
+    candidate = score_text(candidate_model, eval_text)
+    baseline_path = _baseline(serving_dir)
+    baseline = score_text(_load(baseline_path), eval_text) if baseline_path else None
+    diverged = _diverged(model_dir)
+    blessed, reason = decide(candidate, baseline, max_nats_per_char, tolerance, diverged)
+    result = EvalResult(candidate, baseline, str(baseline_path or ""), blessed, reason)
+    samples = generate_samples(candidate_model, num_samples, sample_tokens)
+    _write_blessing(blessing_dir, result, model_dir)
+    storage.write_text_atomic(report_path, render_report(result, samples))
+    log.info("eval: %s", reason)
+    return result
+
+
+def decide(
+    candidate: Scores,
+    baseline: Scores | None,
+    max_nats_per_char: float,
+    tolerance: float,
+    diverged: str = "",
+) -> tuple[bool, str]:
+    """Return (blessed, reason) from the scores: absolute threshold, then change vs baseline."""
+    ours = candidate.nats_per_char
+    if diverged:
+        return False, f"training diverged ({diverged})"
+    if not math.isfinite(ours):
+        return False, f"eval loss is not finite ({ours})"
+    if ours > max_nats_per_char:
+        return False, f"eval {ours:.4f} nats/char is above the threshold {max_nats_per_char:.4f}"
+    if baseline is None:
+        return True, f"eval {ours:.4f} nats/char meets the threshold; no baseline in service"
+    limit = baseline.nats_per_char * (1.0 + tolerance)
+    if ours > limit:
+        return False, (
+            f"eval {ours:.4f} nats/char is worse than the baseline's "
+            f"{baseline.nats_per_char:.4f} by more than {tolerance:.1%}"
+        )
+    return True, (
+        f"eval {ours:.4f} nats/char meets the threshold and is within {tolerance:.1%} "
+        f"of the baseline's {baseline.nats_per_char:.4f}"
+    )
+
+
+def score_text(model, text: str) -> Scores:
+    """Score `text` with a loaded SavedModel's `score` signature, in line-aligned chunks."""
+    import tensorflow as tf
+
+    score = model.signatures["score"]
+    nats, tokens, chars = 0.0, 0, 0
+    for batch in _batches(chunk_text(text, CHUNK_CHARS), BATCH_CHUNKS):
+        out = score(text=tf.constant(batch))
+        nats += float(tf.reduce_sum(tf.cast(out["nats"], tf.float64)))
+        tokens += int(tf.reduce_sum(out["tokens"]))
+        chars += int(tf.reduce_sum(out["chars"]))
+    if tokens == 0:
+        raise UserError("eval split has no text to score: its raw/eval.txt is empty")
+    per_token = nats / tokens
+    return Scores(per_token, nats / chars, _safe_exp(per_token), tokens, chars)
+
+
+def chunk_text(text: str, max_chars: int) -> list[str]:
+    """Split text into consecutive chunks of whole lines, each at most about `max_chars`."""
+    chunks: list[str] = []
+    current: list[str] = []
+    size = 0
+    for line in text.splitlines(keepends=True):
+        if current and size + len(line) > max_chars:
+            chunks.append("".join(current))
+            current, size = [], 0
+        current.append(line)
+        size += len(line)
+    if current:
+        chunks.append("".join(current))
+    return chunks
+
+
+def generate_samples(model, num_samples: int, max_new_tokens: int) -> list[tuple[str, str]]:
+    """Return (prompt, completion) pairs from the model's `generate` signature."""
+    import tensorflow as tf
+
+    prompts = [SAMPLE_PROMPTS[i % len(SAMPLE_PROMPTS)] for i in range(num_samples)]
+    if not prompts:
+        return []
+    out = model.signatures["generate"](
+        prompt=tf.constant(prompts),
+        max_new_tokens=tf.constant(max_new_tokens, tf.int32),
+        temperature=tf.constant(0.8, tf.float32),
+    )
+    completions = [c.decode("utf-8", errors="replace") for c in out["completion"].numpy()]
+    return list(zip(prompts, completions, strict=True))
+
+
+def render_report(result: EvalResult, samples: list[tuple[str, str]]) -> str:
+    """Render the Markdown report shown in the KFP UI."""
+    rows = [("candidate", result.candidate)]
+    if result.baseline:
+        rows.append(("baseline", result.baseline))
+    lines = [
+        "# Evaluation",
+        "",
+        f"**{'Blessed' if result.blessed else 'Not blessed'}**: {result.reason}",
+        "",
+        "| model | nats/token | nats/char | perplexity | tokens | chars |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, s in rows:
+        lines.append(
+            f"| {name} | {s.nats_per_token:.4f} | {s.nats_per_char:.4f} | "
+            f"{s.perplexity:.2f} | {s.tokens} | {s.chars} |"
+        )
+    lines.append("")
+    if result.baseline is None:
+        lines += ["No model is in service yet, so the change check against a baseline was skipped.", ""]
+    else:
+        lines += [f"Baseline: `{result.baseline_model}`", ""]
+    lines += ["## Samples", ""]
+    for prompt, completion in samples:
+        lines += ["```text", prompt + completion, "```", ""]
+    return "\n".join(lines)
+
+
+def read_blessing(blessing_dir: str) -> tuple[bool, str]:
+    """Read a ModelBlessing folder (TFX contract: a `BLESSED` or `NOT_BLESSED` file)."""
+    folder = Path(blessing_dir)
+    if (folder / "BLESSED").is_file():
+        blessed = True
+    elif (folder / "NOT_BLESSED").is_file():
+        blessed = False
+    else:
+        raise UserError(f"not a ModelBlessing folder (no BLESSED or NOT_BLESSED file): {folder}")
+    info = json.loads((folder / "blessing.json").read_text()) if (folder / "blessing.json").is_file() else {}
+    return blessed, str(info.get("reason", ""))
+
+
+def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> None:
+    info = {
+        "blessed": int(result.blessed),
+        "reason": result.reason,
+        "current_model": model_dir,
+        "baseline_model": result.baseline_model,
+        "candidate": asdict(result.candidate),
+        "baseline": asdict(result.baseline) if result.baseline else None,
+    }
+    with storage.atomic_dir(blessing_dir) as tmp:
+        (tmp / ("BLESSED" if result.blessed else "NOT_BLESSED")).write_text("")
+        (tmp / "blessing.json").write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _baseline(serving_dir: str) -> Path | None:
+    versions = storage.serving_versions(serving_dir)
+    return Path(serving_dir) / str(versions[-1]) if versions else None
+
+
+def _diverged(model_dir: str) -> str:
+    metrics_path = Path(model_dir) / "train_metrics.json"
+    if not metrics_path.is_file():
+        return ""
+    metrics = json.loads(metrics_path.read_text())
+    if metrics.get("diverged"):
+        return f"NaN loss at step {metrics.get('diverged_at_step')}"
+    return ""
+
+
+def _read_eval_text(examples_dir: str) -> str:
+    path = Path(examples_dir) / "raw" / "eval.txt"
+    if not path.is_file():
+        raise UserError(f"Examples folder has no eval text: {path} is missing")
+    return path.read_text(encoding="utf-8")
+
+
+def _load(saved_model_dir: Path):
+    import tensorflow as tf
+
+    if not (saved_model_dir / "saved_model.pb").is_file():
+        raise UserError(f"no SavedModel at {saved_model_dir}")
+    return tf.saved_model.load(str(saved_model_dir))
+
+
+def _batches(items: list[str], size: int) -> Iterator[list[str]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _safe_exp(x: float) -> float:
+    return math.exp(x) if math.isfinite(x) and x < 700 else float("inf")
+
+
+def metrics(result: EvalResult) -> dict[str, float]:
+    """Flatten the outcome into the named numbers logged to the KFP Metrics artifact."""
+    numbers = {
+        "eval_nats_per_token": result.candidate.nats_per_token,
+        "eval_nats_per_char": result.candidate.nats_per_char,
+        "eval_perplexity": result.candidate.perplexity,
+        "blessed": float(result.blessed),
+    }
+    if result.baseline:
+        numbers["baseline_nats_per_token"] = result.baseline.nats_per_token
+        numbers["baseline_nats_per_char"] = result.baseline.nats_per_char
+    return numbers

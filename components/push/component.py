@@ -1,0 +1,33 @@
+"""KFP component for the push step: a thin shell over `executor.run`."""
+
+from kfp import dsl
+from kfp.dsl import Artifact, Input, Model, Output
+
+
+def push(
+    model: Input[Model],
+    blessing: Input[Artifact],
+    serving_dir: str,
+    metadata: str,
+    pipeline_name: str,
+    run_id: str,
+    pushed_model: Output[Artifact],
+):
+    """Publish the model to the serving destination if, and only if, it is blessed."""
+    from components import lineage
+    from components.push import executor
+
+    with lineage.step(metadata, "push", pipeline_name, run_id, {"serving_dir": serving_dir}) as rec:
+        rec.input("model", "Model", model.uri)
+        rec.input("blessing", "ModelBlessing", blessing.uri)
+        result = executor.run(model.path, blessing.path, serving_dir, pushed_model.path)
+        props = {"pushed": result.pushed, "pushed_destination": result.pushed_destination,
+                 "pushed_version": result.pushed_version, "reason": result.reason}
+        pushed_model.metadata.update(props)
+        rec.output("pushed_model", "PushedModel", executor.pushed_uri(result), props)
+        rec.dataset_version = model.metadata.get("dataset_version")
+
+
+def make(image: str) -> dsl.component:
+    """Return the push component running in `image`."""
+    return dsl.component(push, base_image=image, install_kfp_package=False)

@@ -1,0 +1,43 @@
+"""KFP component for the train step: launches the trainer workers and collects the Model."""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Model, Output
+
+
+def train(
+    examples: Input[Dataset],
+    config: str,
+    overrides: list,
+    launcher: str,
+    workers: int,
+    gpus_per_worker: int,
+    trainer_image: str,
+    work_root: str,
+    metadata: str,
+    pipeline_name: str,
+    run_id: str,
+    task_id: str,
+    model: Output[Model],
+):
+    """Train the GPT on the Examples with `workers` trainer processes (a TFJob or local)."""
+    from components import lineage
+    from components.train import executor
+
+    params = {"config": config, "overrides": overrides, "launcher": launcher,
+              "workers": workers, "gpus_per_worker": gpus_per_worker}
+    with lineage.step(metadata, "train", pipeline_name, run_id, params) as rec:
+        rec.input("examples", "Examples", examples.uri)
+        result = executor.run(
+            examples.uri, model.uri, f"{work_root}/work/{run_id}/train",
+            config=config, overrides=overrides, launcher=launcher, workers=workers,
+            gpus_per_worker=gpus_per_worker, image=trainer_image, run_id=run_id, task_id=task_id,
+        )
+        model.metadata.update(result.model_properties)
+        rec.set(**result.execution_properties)
+        rec.output("model", "Model", model.uri, result.model_properties)
+        rec.dataset_version = examples.metadata.get("dataset_version")
+
+
+def make(image: str) -> dsl.component:
+    """Return the train component running in `image`."""
+    return dsl.component(train, base_image=image, install_kfp_package=False)

@@ -1,0 +1,1 @@
+"""The pipeline DAG, and the code that compiles it and runs it."""

@@ -1,0 +1,48 @@
+"""Compile the pipeline to the YAML that the KFP UI and API accept."""
+
+import json
+from pathlib import Path
+
+from kfp import compiler
+
+from pipelines.pipeline import Images, build
+from trainer.errors import UserError
+
+DIGEST_LOCK = Path(__file__).resolve().parent.parent / "images" / "digests.json"
+UNPINNED_IMAGES = Images(
+    pipeline="ghcr.io/gptpipe/gptpipe-pipeline:latest",
+    trainer="ghcr.io/gptpipe/gptpipe-trainer:latest",
+)
+
+
+def load_images(lock: Path | None = None, allow_unpinned: bool = False) -> Images:
+    """Read image references from the digest lock (`make images` writes it).
+
+    Every reference must carry a digest (`repo@sha256:...`), so a cluster runs exactly the
+    images that were built; without a lock, `allow_unpinned` falls back to `:latest` tags.
+    """
+    lock = lock or DIGEST_LOCK
+    if not lock.is_file():
+        if allow_unpinned:
+            return UNPINNED_IMAGES
+        raise UserError(
+            f"no image digest lock at {lock}: run `make images REGISTRY=...` to build and pin the "
+            "images, or pass --allow-unpinned to compile with unpinned tags"
+        )
+    refs = json.loads(lock.read_text())
+    images = Images(pipeline=refs.get("pipeline", ""), trainer=refs.get("trainer", ""))
+    for name, ref in (("pipeline", images.pipeline), ("trainer", images.trainer)):
+        if "@sha256:" not in ref and not allow_unpinned:
+            raise UserError(
+                f"image {name!r} in {lock} is not pinned by digest ({ref!r}); "
+                "expected repo@sha256:..., or pass --allow-unpinned"
+            )
+    return images
+
+
+def compile_pipeline(output: str | Path, images: Images) -> Path:
+    """Write the compiled pipeline YAML to `output` and return its path."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(build(images), str(output))
+    return output

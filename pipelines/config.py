@@ -1,0 +1,26 @@
+"""Pipeline-level settings: every knob of the run that is not a model hyperparameter.
+
+Model and training hyperparameters live in `trainer.config` and travel as a preset name plus
+`key=value` overrides. The pipeline's parameter defaults are read from `RunConfig()`, never copied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KFP_METADATA_SERVICE = "metadata-grpc-service.kubeflow:8080"  # KFP's in-cluster MLMD gRPC service
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Defaults for one pipeline run."""
+
+    model_name: str = "gpt"  # serving name: models are pushed to <serving root>/<model_name>/
+    config: str = "tiny"  # trainer preset name or YAML file (see trainer.config)
+    eval_fraction: float = 0.1  # share of the corpus held out for evaluation
+    max_nats_per_char: float = 2.2  # blessing threshold on eval loss (tokenizer-independent)
+    tolerance: float = 0.01  # a candidate may be this much (relative) worse than the baseline
+    launcher: str = "tfjob"  # how training runs: "tfjob" on a cluster, "local" on one machine
+    workers: int = 2  # training worker processes (TFJob Worker replicas)
+    gpus_per_worker: int = 1  # nvidia.com/gpu per worker on a cluster; 0 locally
+    metadata: str = KFP_METADATA_SERVICE  # ML Metadata store: host:port or a SQLite file path

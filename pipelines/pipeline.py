@@ -1,0 +1,64 @@
+"""The gptpipe DAG: tokenize -> train -> evaluate -> push. Only the DAG; runners live elsewhere."""
+
+from dataclasses import dataclass
+
+from kfp import dsl
+
+from components.evaluate import component as evaluate_component
+from components.push import component as push_component
+from components.tokenize import component as tokenize_component
+from components.train import component as train_component
+from pipelines.config import RunConfig
+
+PIPELINE_NAME = "gptpipe"
+_DEFAULTS = RunConfig()
+
+
+@dataclass(frozen=True)
+class Images:
+    """Container images the steps run in, each a reference (pinned by digest on a cluster)."""
+
+    pipeline: str  # the component image: Python with this project installed
+    trainer: str  # the TFJob worker image: TensorFlow GPU with the trainer installed
+
+
+def build(images: Images) -> dsl.graph_component.GraphComponent:
+    """Return the pipeline with every step bound to its image."""
+    tokenize_op = tokenize_component.make(images.pipeline)
+    train_op = train_component.make(images.pipeline)
+    evaluate_op = evaluate_component.make(images.pipeline)
+    push_op = push_component.make(images.pipeline)
+
+    @dsl.pipeline(name=PIPELINE_NAME, description="Tokenize, train, evaluate and push a GPT.")
+    def gptpipe(
+        corpus: str,
+        serving_dir: str,
+        config: str = _DEFAULTS.config,
+        overrides: list = [],  # noqa: B006 -- KFP reads the default from the signature
+        eval_fraction: float = _DEFAULTS.eval_fraction,
+        max_nats_per_char: float = _DEFAULTS.max_nats_per_char,
+        tolerance: float = _DEFAULTS.tolerance,
+        launcher: str = _DEFAULTS.launcher,
+        workers: int = _DEFAULTS.workers,
+        gpus_per_worker: int = _DEFAULTS.gpus_per_worker,
+        metadata: str = _DEFAULTS.metadata,
+    ):
+        run = {"metadata": metadata, "pipeline_name": PIPELINE_NAME,
+               "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
+        tokenized = tokenize_op(corpus=corpus, config=config, overrides=overrides,
+                                eval_fraction=eval_fraction, **run).set_display_name("tokenize")
+        trained = train_op(
+            examples=tokenized.outputs["examples"], config=config, overrides=overrides,
+            launcher=launcher, workers=workers, gpus_per_worker=gpus_per_worker,
+            trainer_image=images.trainer, work_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+            task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER, **run,
+        ).set_display_name("train")
+        evaluated = evaluate_op(
+            examples=tokenized.outputs["examples"], model=trained.outputs["model"],
+            serving_dir=serving_dir, max_nats_per_char=max_nats_per_char, tolerance=tolerance,
+            **run,
+        ).set_display_name("evaluate")
+        push_op(model=trained.outputs["model"], blessing=evaluated.outputs["blessing"],
+                serving_dir=serving_dir, **run).set_display_name("push")
+
+    return gptpipe

@@ -1,0 +1,43 @@
+"""Evaluate: the blessing decision and the text chunking, without a model."""
+
+import math
+
+from components.evaluate import executor
+from components.evaluate.executor import Scores
+
+
+def scores(nats_per_char):
+    return Scores(nats_per_char * 3, nats_per_char, math.exp(nats_per_char * 3), 100, 300)
+
+
+def test_no_baseline_skips_the_change_check():
+    blessed, reason = executor.decide(scores(1.5), None, 2.0, 0.01)
+    assert blessed and "no baseline" in reason
+
+
+def test_threshold_is_absolute():
+    blessed, reason = executor.decide(scores(2.5), None, 2.0, 0.01)
+    assert not blessed and "above the threshold" in reason
+
+
+def test_small_regression_within_tolerance_is_blessed():
+    assert executor.decide(scores(1.505), scores(1.5), 2.0, 0.01)[0]
+
+
+def test_regression_beyond_tolerance_is_not_blessed():
+    blessed, reason = executor.decide(scores(1.6), scores(1.5), 2.0, 0.01)
+    assert not blessed and "worse than the baseline" in reason
+
+
+def test_nan_and_divergence_are_never_blessed():
+    assert not executor.decide(scores(float("nan")), None, 2.0, 0.01)[0]
+    blessed, reason = executor.decide(scores(1.0), None, 2.0, 0.01, "NaN loss at step 3")
+    assert not blessed and "diverged" in reason
+
+
+def test_chunks_are_whole_lines_and_lose_nothing():
+    text = "".join(f"line {i} " + "x" * (i % 50) + "\n" for i in range(200))
+    chunks = executor.chunk_text(text, 256)
+    assert "".join(chunks) == text
+    assert all(c.endswith("\n") for c in chunks)
+    assert all(len(c) <= 256 for c in chunks)

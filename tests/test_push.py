@@ -1,0 +1,89 @@
+"""Push: the blessing gate, increasing versions, and atomic publication."""
+
+import json
+import os
+
+import pytest
+
+from components import storage
+from components.push import executor
+from trainer.errors import UserError
+
+
+def make_model(tmp_path, name="model"):
+    saved = tmp_path / name / "Format-Serving"
+    (saved / "variables").mkdir(parents=True)
+    (saved / "saved_model.pb").write_bytes(b"graph")
+    (saved / "variables" / "variables.index").write_bytes(b"index")
+    return str(tmp_path / name)
+
+
+def make_blessing(tmp_path, blessed, name="blessing"):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / ("BLESSED" if blessed else "NOT_BLESSED")).write_text("")
+    (folder / "blessing.json").write_text(json.dumps({"reason": "because"}))
+    return str(folder)
+
+
+def test_blessed_model_is_pushed_as_next_version(tmp_path):
+    model = make_model(tmp_path)
+    dest = tmp_path / "serving" / "gpt"
+    first = executor.run(model, make_blessing(tmp_path, True), str(dest), str(tmp_path / "p1"))
+    second = executor.run(model, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"))
+    assert (first.pushed, first.pushed_version) == (1, "1")
+    assert (second.pushed, second.pushed_version) == (1, "2")
+    assert (dest / "2" / "saved_model.pb").read_bytes() == b"graph"
+    assert (dest / "2" / "variables" / "variables.index").is_file()
+    assert (tmp_path / "p2" / "PUSHED").is_file()
+    assert storage.serving_versions(dest) == [1, 2]
+    assert executor.pushed_uri(second) == f"{dest}/2"
+
+
+def test_unblessed_model_is_not_pushed_and_step_succeeds(tmp_path):
+    dest = tmp_path / "serving"
+    result = executor.run(make_model(tmp_path), make_blessing(tmp_path, False), str(dest),
+                          str(tmp_path / "pushed"))
+    assert result.pushed == 0 and result.pushed_version == ""
+    assert "not blessed: because" == result.reason
+    assert not dest.exists()
+    assert (tmp_path / "pushed" / "NOT_PUSHED").is_file()
+
+
+def test_incomplete_versions_are_skipped_and_never_reused(tmp_path):
+    dest = tmp_path / "serving"
+    (dest / "7").mkdir(parents=True)  # half-written: no saved_model.pb
+    (dest / ".8.tmp-dead").mkdir()
+    assert storage.serving_versions(dest) == []
+    result = executor.run(make_model(tmp_path), make_blessing(tmp_path, True), str(dest),
+                          str(tmp_path / "pushed"))
+    assert result.pushed_version == "8"
+
+
+def test_failed_copy_leaves_no_version_and_no_temporary(tmp_path, monkeypatch):
+    dest = tmp_path / "serving"
+
+    def broken_rename(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "rename", broken_rename)
+    with pytest.raises(OSError, match="disk full"):
+        executor.run(make_model(tmp_path), make_blessing(tmp_path, True), str(dest),
+                     str(tmp_path / "pushed"))
+    assert list(dest.iterdir()) == []
+    assert not (tmp_path / "pushed").exists()
+
+
+def test_destination_that_is_a_file_is_a_clear_error(tmp_path):
+    dest = tmp_path / "serving"
+    dest.write_text("not a folder")
+    with pytest.raises(UserError, match="not a folder"):
+        executor.run(make_model(tmp_path), make_blessing(tmp_path, True), str(dest),
+                     str(tmp_path / "pushed"))
+
+
+def test_blessing_folder_without_marker_is_rejected(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="not a ModelBlessing"):
+        executor.run(make_model(tmp_path), str(tmp_path / "empty"), str(tmp_path / "s"),
+                     str(tmp_path / "pushed"))
