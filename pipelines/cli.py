@@ -88,7 +88,7 @@ def _print_summary(summary: dict) -> None:
 
     table = Table(title="gptpipe run", show_header=False)
     for key, value in summary_rows(summary):
-        table.add_row(key, value)
+        table.add_row(key, value, overflow="fold")
     Console().print(table)
 
 

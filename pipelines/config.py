@@ -23,4 +23,6 @@ class RunConfig:
     launcher: str = "tfjob"  # how training runs: "tfjob" on a cluster, "local" on one machine
     workers: int = 2  # training worker processes (TFJob Worker replicas)
     gpus_per_worker: int = 1  # nvidia.com/gpu per worker on a cluster; 0 locally
+    backoff_limit: int = 3  # training restarts allowed after retryable worker exits (128-255)
+    deadline_seconds: int = 0  # training fails (and its TFJob is deleted) after this; 0: none
     metadata: str = KFP_METADATA_SERVICE  # ML Metadata store: host:port or a SQLite file path

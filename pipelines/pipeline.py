@@ -41,6 +41,10 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
         launcher: str = _DEFAULTS.launcher,
         workers: int = _DEFAULTS.workers,
         gpus_per_worker: int = _DEFAULTS.gpus_per_worker,
+        backoff_limit: int = _DEFAULTS.backoff_limit,
+        deadline_seconds: int = _DEFAULTS.deadline_seconds,
+        node_selector: dict = {},  # noqa: B006 -- TFJob worker nodeSelector
+        tolerations: list = [],  # noqa: B006 -- TFJob worker tolerations
         metadata: str = _DEFAULTS.metadata,
     ):
         run = {"metadata": metadata, "pipeline_name": PIPELINE_NAME,
@@ -50,7 +54,8 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
         trained = train_op(
             examples=tokenized.outputs["examples"], config=config, overrides=overrides,
             launcher=launcher, workers=workers, gpus_per_worker=gpus_per_worker,
-            trainer_image=images.trainer, work_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+            backoff_limit=backoff_limit, deadline_seconds=deadline_seconds,
+            node_selector=node_selector, tolerations=tolerations, trainer_image=images.trainer, work_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
             task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER, **run,
         ).set_display_name("train")
         evaluated = evaluate_op(

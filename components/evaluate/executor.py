@@ -68,11 +68,11 @@ def run(
     candidate_path = Path(model_dir) / SERVING_SUBDIR
     candidate_model = _load(candidate_path)
     candidate = score_text(candidate_model, eval_text)
-    baseline_path = _baseline(serving_dir)
-    baseline = score_text(_load(baseline_path), eval_text) if baseline_path else None
+    baseline_uri = baseline_version(serving_dir)
+    baseline = _score_baseline(baseline_uri, eval_text) if baseline_uri else None
     diverged = _diverged(model_dir)
     blessed, reason = decide(candidate, baseline, max_nats_per_char, tolerance, diverged)
-    result = EvalResult(candidate, baseline, str(baseline_path or ""), blessed, reason)
+    result = EvalResult(candidate, baseline, baseline_uri or "", blessed, reason)
     samples = generate_samples(candidate_model, num_samples, sample_tokens)
     _write_blessing(blessing_dir, result, model_dir)
     storage.write_text_atomic(report_path, render_report(result, samples))
@@ -214,9 +214,22 @@ def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> No
         (tmp / "blessing.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
-def _baseline(serving_dir: str) -> Path | None:
+def baseline_version(serving_dir: str) -> str | None:
+    """The model in service: the highest complete version under `serving_dir` (local or gs://)."""
     versions = storage.serving_versions(serving_dir)
-    return Path(serving_dir) / str(versions[-1]) if versions else None
+    return storage.join(serving_dir, str(versions[-1])) if versions else None
+
+
+def _score_baseline(uri: str, eval_text: str) -> Scores:
+    """Score the SavedModel at `uri`; a gs:// one is downloaded to a temporary folder first.
+
+    TensorFlow's built-in GCS file system ignores STORAGE_EMULATOR_HOST (it always calls
+    www.googleapis.com), and the tensorflow-io-gcs-filesystem plugin, which honours
+    CLOUD_STORAGE_EMULATOR_ENDPOINT, crashes TensorFlow 2.19; a local copy through the
+    storage layer works against GCS and the emulator alike and checks crc32c.
+    """
+    with storage.local_copy(uri) as local:
+        return score_text(_load(local), eval_text)
 
 
 def _diverged(model_dir: str) -> str:
@@ -238,6 +251,7 @@ def _read_eval_text(examples_dir: str) -> str:
 
 def _load(saved_model_dir: Path):
     import tensorflow as tf
+    import tensorflow_text  # noqa: F401 -- registers the in-graph SentencePiece ops
 
     if not (saved_model_dir / "saved_model.pb").is_file():
         raise UserError(f"no SavedModel at {saved_model_dir}")

@@ -11,6 +11,10 @@ def train(
     launcher: str,
     workers: int,
     gpus_per_worker: int,
+    backoff_limit: int,
+    deadline_seconds: int,
+    node_selector: dict,
+    tolerations: list,
     trainer_image: str,
     work_root: str,
     metadata: str,
@@ -19,18 +23,27 @@ def train(
     task_id: str,
     model: Output[Model],
 ):
-    """Train the GPT on the Examples with `workers` trainer processes (a TFJob or local)."""
+    """Train the GPT on the Examples with `workers` trainer processes (a TFJob or local).
+
+    `deadline_seconds` 0 means no deadline.
+    """
     from components import lineage
     from components.train import executor
 
+    job = executor.TrainJob(
+        launcher=launcher, workers=workers, gpus_per_worker=gpus_per_worker, image=trainer_image,
+        backoff_limit=backoff_limit, deadline_seconds=deadline_seconds or None,
+        node_selector=node_selector, tolerations=tolerations,
+    )
     params = {"config": config, "overrides": overrides, "launcher": launcher,
-              "workers": workers, "gpus_per_worker": gpus_per_worker}
+              "workers": workers, "gpus_per_worker": gpus_per_worker,
+              "backoff_limit": backoff_limit, "deadline_seconds": deadline_seconds,
+              "node_selector": node_selector, "tolerations": tolerations}
     with lineage.step(metadata, "train", pipeline_name, run_id, params) as rec:
         rec.input("examples", "Examples", examples.uri)
         result = executor.run(
             examples.uri, model.uri, f"{work_root}/work/{run_id}/train",
-            config=config, overrides=overrides, launcher=launcher, workers=workers,
-            gpus_per_worker=gpus_per_worker, image=trainer_image, run_id=run_id, task_id=task_id,
+            config=config, overrides=overrides, job=job, run_id=run_id, task_id=task_id,
         )
         model.metadata.update(result.model_properties)
         rec.set(**result.execution_properties)
