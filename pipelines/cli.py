@@ -87,8 +87,10 @@ def _print_summary(summary: dict) -> None:
     from rich.table import Table
 
     table = Table(title="gptpipe run", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value", overflow="fold")
     for key, value in summary_rows(summary):
-        table.add_row(key, value, overflow="fold")
+        table.add_row(key, value)
     Console().print(table)
 
 

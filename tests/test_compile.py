@@ -1,0 +1,56 @@
+"""The compiled pipeline YAML: a golden copy, pinned images, and clear refusals."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines import cli, compiler
+from trainer.errors import UserError
+
+HERE = Path(__file__).resolve().parent
+LOCK = HERE / "data" / "digests.json"
+GOLDEN = HERE / "golden" / "gptpipe.yaml"
+
+
+def test_compiled_pipeline_matches_golden(tmp_path, request):
+    out = compiler.compile_pipeline(tmp_path / "p.yaml", compiler.load_images(LOCK))
+    if request.config.getoption("--update-golden"):
+        GOLDEN.write_text(out.read_text())
+    assert out.read_text() == GOLDEN.read_text(), (
+        "compiled YAML changed; review it and rerun pytest with --update-golden"
+    )
+
+
+def test_every_executor_image_is_pinned_by_digest(tmp_path):
+    spec = yaml.safe_load(compiler.compile_pipeline(tmp_path / "p.yaml",
+                                                    compiler.load_images(LOCK)).read_text())
+    executors = spec["deploymentSpec"]["executors"]
+    assert set(executors) == {"exec-tokenize", "exec-train", "exec-evaluate", "exec-push"}
+    for executor in executors.values():
+        assert "@sha256:" in executor["container"]["image"]
+    trainer_image = json.loads(LOCK.read_text())["trainer"]
+    assert trainer_image in GOLDEN.read_text()
+
+
+def test_compile_without_lock_fails_unless_unpinned_is_allowed(tmp_path, capsys):
+    missing = tmp_path / "none.json"
+    with pytest.raises(UserError, match="--allow-unpinned"):
+        compiler.load_images(missing)
+    assert compiler.load_images(missing, allow_unpinned=True) == compiler.UNPINNED_IMAGES
+    code = cli.main(["compile", "--output", str(tmp_path / "p.yaml"), "--lock", str(missing)])
+    assert code == 2 and "no image digest lock" in capsys.readouterr().err
+
+
+def test_lock_with_a_tag_is_refused(tmp_path):
+    lock = tmp_path / "digests.json"
+    lock.write_text(json.dumps({"pipeline": "repo/p:1.0", "trainer": "repo/t@sha256:" + "a" * 64}))
+    with pytest.raises(UserError, match="'pipeline'.*not pinned by digest"):
+        compiler.load_images(lock)
+
+
+def test_cli_compile_writes_yaml(tmp_path, capsys):
+    out = tmp_path / "gptpipe.yaml"
+    assert cli.main(["compile", "--output", str(out), "--lock", str(LOCK)]) == 0
+    assert yaml.safe_load(out.read_text())["pipelineInfo"]["name"] == "gptpipe"

@@ -1,0 +1,108 @@
+"""The whole pipeline through kfp.local, twice, on a slice of the bundled corpus.
+
+The first run has no baseline and is pushed as version 1. The second run diverges on purpose
+(NaN loss): it finds version 1 as its baseline, is not blessed, and pushes nothing.
+"""
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from components import lineage
+from pipelines import local_runner
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parent.parent
+SMALL = (
+    "model.vocab_size=400", "model.seq_len=32", "model.n_layer=1", "model.n_head=2",
+    "model.d_model=32", "model.d_ff=64", "train.batch_size=8", "train.train_steps=30",
+    "train.warmup_steps=5", "train.checkpoint_every=15", "train.log_every=10",
+    "train.eval_batches=2", "train.shuffle_buffer=64",
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    text = (REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")
+    path = tmp_path_factory.mktemp("corpus") / "slice.txt"
+    path.write_text(text[:120_000], encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory, corpus):
+    root = tmp_path_factory.mktemp("runs")
+    common = {"root": root, "corpus": str(corpus), "workers": 2, "max_nats_per_char": 5.0}
+    first = local_runner.run_local(local_runner.LocalRun(overrides=SMALL, **common))
+    diverging = SMALL + ("train.learning_rate=1e9",)
+    second = local_runner.run_local(local_runner.LocalRun(overrides=diverging, **common))
+    return root, first, second
+
+
+def outputs(summary, step, key):
+    return summary["steps"][step]["outputs"][key][0]["properties"]
+
+
+def test_first_run_is_blessed_and_pushed(two_runs):
+    root, first, _ = two_runs
+    assert len(first["dataset_version"]) == 64
+    assert [e["state"] for e in first["executions"]] == ["COMPLETE"] * 4
+    blessing = outputs(first, "evaluate", "blessing")
+    assert blessing["blessed"] == 1 and "no baseline" in blessing["reason"]
+    pushed = outputs(first, "push", "pushed_model")
+    assert (pushed["pushed"], pushed["pushed_version"]) == (1, "1")
+    version = root / "serving" / "gpt" / "1"
+    assert (version / "saved_model.pb").is_file() and (version / "variables").is_dir()
+
+
+def test_pushed_model_answers_generate_and_score(two_runs):
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    root, _, _ = two_runs
+    model = tf.saved_model.load(str(root / "serving" / "gpt" / "1"))
+    out = model.signatures["generate"](prompt=tf.constant(["ROMEO:"]),
+                                        max_new_tokens=tf.constant(8),
+                                        temperature=tf.constant(0.0))
+    assert out["completion"].shape == (1,) and out["completion"][0].numpy()
+    scored = model.signatures["score"](text=tf.constant(["To be, or not to be."]))
+    assert 0 < float(scored["nats_per_char"][0]) < 10
+
+
+def test_second_run_uses_first_as_baseline_and_divergence_is_not_blessed(two_runs):
+    root, first, second = two_runs
+    assert second["dataset_version"] == first["dataset_version"]
+    blessing = outputs(second, "evaluate", "blessing")
+    assert blessing["blessed"] == 0 and "diverged" in blessing["reason"]
+    assert blessing["baseline_model"] == str(root / "serving" / "gpt" / "1")
+    assert outputs(second, "push", "pushed_model")["pushed"] == 0
+    assert sorted(p.name for p in (root / "serving" / "gpt").iterdir()) == ["1"]
+
+
+def test_lineage_links_the_pushed_model_to_its_data(two_runs):
+    root, first, _ = two_runs
+    store = str(root / "metadata.sqlite")
+    chain = lineage.trace(store, str(root / "serving" / "gpt" / "1"))
+    assert chain["examples"]["properties"]["dataset_version"] == first["dataset_version"]
+    assert chain["train"]["properties"]["run_id"] == first["run_id"]
+    assert len(lineage.models_for_dataset(store, first["dataset_version"])) == 2
+    with sqlite3.connect(store) as db:
+        (count,) = db.execute("select count(*) from Execution").fetchone()
+    assert count == 8
+
+
+def test_artifacts_follow_tfx_layouts(two_runs):
+    root, first, _ = two_runs
+    examples_uri = first["steps"]["tokenize"]["outputs"]["examples"][0]["uri"]
+    examples = Path(examples_uri)
+    manifest = json.loads((examples / "manifest.json").read_text())
+    assert manifest["dataset_version"] == first["dataset_version"]
+    assert list((examples / "Split-train").glob("data_tfrecord-*.gz"))
+    assert list((examples / "Split-eval").glob("data_tfrecord-*.gz"))
+    model_uri = first["steps"]["train"]["outputs"]["model"][0]["uri"]
+    assert (Path(model_uri) / "Format-Serving" / "saved_model.pb").is_file()
+    leftovers = [p for p in root.rglob(".*.tmp-*")]
+    assert leftovers == []
