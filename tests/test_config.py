@@ -1,0 +1,123 @@
+"""trainer.config: presets, YAML, overrides, validation and the derived-value functions."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.config import (
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_hash,
+    config_to_dict,
+    global_batch_size,
+    learning_rate_at,
+    precision_policy,
+    resolve_config,
+    scaled_learning_rate,
+)
+from trainer.errors import UserError
+
+
+def test_presets():
+    tiny = resolve_config("tiny")
+    assert tiny == Config()
+    small = resolve_config("gpt2-small")
+    m = small.model
+    assert (m.n_layer, m.n_head, m.d_model, m.d_ff, m.seq_len) == (12, 12, 768, 3072, 1024)
+    with pytest.raises(ConfigError, match="unknown preset"):
+        resolve_config("huge")
+
+
+def test_overrides_section_and_bare_keys_are_typed():
+    cfg = resolve_config(
+        "tiny", ["model.n_layer=3", "learning_rate=1e-4", "jit_compile=true", "precision=float32"]
+    )
+    assert cfg.model.n_layer == 3
+    assert cfg.train.learning_rate == pytest.approx(1e-4)
+    assert cfg.train.jit_compile is True
+    assert cfg.train.precision == "float32"
+
+
+def test_unknown_key_lists_valid_keys():
+    with pytest.raises(ConfigError, match="unknown key 'model.n_layers'.*model.n_layer"):
+        resolve_config("tiny", ["model.n_layers=3"])
+    with pytest.raises(UserError):  # ConfigError is a UserError, so the CLI exits 2
+        resolve_config("tiny", ["nope=1"])
+
+
+def test_wrong_type_names_key_and_type():
+    with pytest.raises(ConfigError, match=r"model.n_layer='two' is not a valid int"):
+        resolve_config("tiny", ["model.n_layer=two"])
+    with pytest.raises(ConfigError, match="jit_compile.*bool"):
+        resolve_config("tiny", ["jit_compile=maybe"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("model.n_head=3", "n_head=3 must divide model.d_model=128"),
+        ("model.dropout=1.0", "dropout must be in"),
+        ("model.vocab_size=0", "vocab_size must be positive"),
+        ("train.warmup_steps=1000", "warmup_steps=1000 must be in"),
+        ("train.precision=fp8", "precision must be one of"),
+    ],
+)
+def test_inconsistent_values(override, message):
+    with pytest.raises(ConfigError, match=message):
+        resolve_config("tiny", [override])
+
+
+def test_yaml_file_with_base_preset(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("base: gpt2-small\nmodel:\n  n_layer: 2\ntrain:\n  learning_rate: 1\n")
+    cfg = resolve_config(str(path), ["train.train_steps=5000"])
+    assert cfg.model.n_layer == 2 and cfg.model.d_model == 768
+    assert cfg.train.learning_rate == 1.0 and cfg.train.train_steps == 5000
+    path.write_text("model:\n  n_layer: two\n")
+    with pytest.raises(ConfigError, match="model.n_layer must be int"):
+        resolve_config(str(path))
+    with pytest.raises(ConfigError, match="not found"):
+        resolve_config(str(tmp_path / "missing.yml"))
+
+
+def test_dict_round_trip_and_hash():
+    cfg = resolve_config("tiny", ["model.n_layer=5"])
+    data = json.loads(json.dumps(config_to_dict(cfg)))
+    assert config_from_dict(data) == cfg
+    assert config_hash(cfg) == config_hash(config_from_dict(data))
+    assert config_hash(cfg) != config_hash(resolve_config("tiny"))
+    assert len(config_hash(cfg)) == 64
+    del data["train"]["seed"]
+    with pytest.raises(ConfigError, match="missing keys train.seed"):
+        config_from_dict(data)
+
+
+def test_derived_values():
+    assert global_batch_size(16, 4) == 64
+    assert scaled_learning_rate(3e-4, 512, 256) == pytest.approx(6e-4)
+    lr = [learning_rate_at(s, 1.0, 10, 110, 0.1) for s in range(110)]
+    assert lr[0] == pytest.approx(0.1) and lr[9] == pytest.approx(1.0)
+    assert all(a < b for a, b in zip(lr[:10], lr[1:10], strict=False))  # warmup rises
+    assert all(a >= b for a, b in zip(lr[10:], lr[11:], strict=False))  # cosine falls
+    assert lr[60] == pytest.approx(0.55)  # half-way through the decay
+    assert learning_rate_at(500, 1.0, 10, 110, 0.1) == pytest.approx(0.1)  # floor
+    assert learning_rate_at(0, 2.0, 0, 10, 0.0) == pytest.approx(2.0)  # no warmup
+
+
+def test_precision_policy():
+    assert precision_policy("auto", "cpu") == "float32"
+    assert precision_policy("auto", "gpu", (9, 0)) == "mixed_bfloat16"
+    assert precision_policy("auto", "gpu", (7, 5)) == "mixed_float16"
+    assert precision_policy("auto", "gpu", (6, 0)) == "float32"
+    assert precision_policy("mixed_float16", "cpu") == "mixed_float16"
+    with pytest.raises(ConfigError):
+        precision_policy("half", "gpu")
+
+
+def test_import_does_not_load_tensorflow():
+    code = "import sys, trainer.config; assert 'tensorflow' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])

@@ -1,0 +1,131 @@
+"""trainer.model (shapes, causality, window limit, layer configs) and trainer.data (pipeline)."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from trainer import data
+from trainer.config import ModelConfig
+from trainer.errors import UserError
+from trainer.model import Block, CausalSelfAttention, PositionEmbedding, TiedEmbedding, build_gpt
+
+TINY = ModelConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=16, d_ff=32)
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    keras.utils.set_random_seed(0)
+    return build_gpt(TINY)
+
+
+def test_output_shape_and_dtype(gpt):
+    ids = tf.random.uniform((3, 10), maxval=TINY.vocab_size, dtype=tf.int32)
+    logits = gpt(ids)
+    assert logits.shape == (3, 10, TINY.vocab_size)
+    assert logits.dtype == tf.float32
+
+
+def test_output_projection_is_tied_to_token_embedding(gpt):
+    names = [w.name for w in gpt.trainable_weights]
+    assert sum("embeddings" in n for n in names) == 1
+    assert not any("logits" in n for n in names)
+
+
+def test_causality_future_tokens_do_not_change_earlier_logits(gpt):
+    ids = np.random.default_rng(0).integers(0, TINY.vocab_size, (1, 12)).astype("int32")
+    changed = ids.copy()
+    changed[0, 7:] = (changed[0, 7:] + 1) % TINY.vocab_size
+    a, b = gpt(ids).numpy(), gpt(changed).numpy()
+    np.testing.assert_allclose(a[0, :7], b[0, :7], atol=1e-5)
+    assert not np.allclose(a[0, 7:], b[0, 7:])
+
+
+def test_window_longer_than_position_table_is_an_error(gpt):
+    ids = tf.zeros((1, TINY.seq_len + 1), tf.int32)
+    with pytest.raises(ValueError, match="longer than the position table"):
+        gpt(ids)
+
+
+def test_mixed_precision_logits_are_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        logits = build_gpt(TINY)(tf.zeros((1, 4), tf.int32))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert logits.dtype == tf.float32
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        TiedEmbedding(64, 16, 0.01),
+        PositionEmbedding(16, 8),
+        CausalSelfAttention(16, 4, 0.1),
+        Block(16, 2, 32, 0.1, 1e-6, 0.02, 0.01),
+    ],
+)
+def test_layers_round_trip_get_config(layer):
+    clone = type(layer).from_config(layer.get_config())
+    assert clone.get_config() == layer.get_config()
+
+
+def _write_windows(path, windows):
+    with tf.io.TFRecordWriter(str(path), options="GZIP") as w:
+        for window in windows:
+            feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
+            ex = tf.train.Example(features=tf.train.Features(feature={"input_ids": feature}))
+            w.write(ex.SerializeToString())
+
+
+def test_make_dataset_shapes_and_shift(tmp_path):
+    seq_len = 8
+    windows = [list(range(i, i + seq_len + 1)) for i in range(10)]
+    _write_windows(tmp_path / "a.gz", windows[:5])
+    _write_windows(tmp_path / "b.gz", windows[5:])
+    ds = data.make_dataset(str(tmp_path / "*.gz"), seq_len, batch_size=3)
+    batches = list(ds)
+    assert len(batches) == 3  # 10 windows, drop_remainder
+    x, y = batches[0]
+    assert x.shape == (3, seq_len) and y.shape == (3, seq_len) and x.dtype == tf.int32
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+    repeated = data.make_dataset([str(tmp_path / "a.gz")], seq_len, 4, shuffle=True, repeat=True)
+    assert len(list(repeated.take(5))) == 5
+
+
+@pytest.mark.parametrize("n_files", [1, 4])
+def test_make_dataset_shards_per_worker(tmp_path, n_files):
+    seq_len = 4
+    windows = [[i] * (seq_len + 1) for i in range(8)]
+    files = [str(tmp_path / f"{i}.gz") for i in range(n_files)]
+    for i, f in enumerate(files):
+        _write_windows(f, windows[i::n_files])
+    seen = []
+    for worker in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
+        ds = data.make_dataset(files, seq_len, 1, input_context=ctx)
+        seen.append({int(x[0, 0]) for x, _ in ds})
+    assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == set(range(8))
+
+
+def test_manifest_and_split_files(tmp_path):
+    with pytest.raises(UserError, match="manifest.json not found"):
+        data.read_manifest(str(tmp_path))
+    (tmp_path / "Split-train").mkdir()
+    _write_windows(tmp_path / "Split-train" / "data_tfrecord-00000-of-00001.gz", [[1, 2, 3]])
+    manifest = {
+        "seq_len": 2,
+        "vocab_size": 8,
+        "splits": {
+            "train": {"shards": ["Split-train/data_tfrecord-00000-of-00001.gz"]},
+            "eval": {"shards": ["Split-eval/data_tfrecord-00000-of-00001.gz"]},
+        },
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    manifest = data.read_manifest(str(tmp_path))
+    files = data.split_files(str(tmp_path), manifest, "train")
+    assert files == [str(tmp_path / "Split-train" / "data_tfrecord-00000-of-00001.gz")]
+    with pytest.raises(UserError, match="is missing"):
+        data.split_files(str(tmp_path), manifest, "eval")

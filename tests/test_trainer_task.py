@@ -1,0 +1,210 @@
+"""trainer.task: schedule, cluster helpers, CLI errors, and tiny end-to-end training runs."""
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
+
+from trainer import data
+from trainer.config import config_from_dict, learning_rate_at, resolve_config
+from trainer.errors import UserError
+from trainer.model import build_gpt
+from trainer.task import (
+    TrainMonitor,
+    WarmupCosine,
+    _cluster_size,
+    _is_chief,
+    choose_strategy,
+    main,
+    train,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+METRIC_KEYS = {
+    "steps",
+    "final_loss",
+    "diverged",
+    "diverged_at_step",
+    "tokens_per_second",
+    "global_batch_size",
+    "replicas",
+    "workers",
+}
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory):
+    return make_examples_dir(tmp_path_factory.mktemp("examples"))
+
+
+def test_schedule_matches_learning_rate_at():
+    schedule = WarmupCosine(3e-3, 10, 100, 0.1)
+    for step in (0, 5, 9, 10, 50, 99, 150):
+        assert float(schedule(step)) == pytest.approx(
+            learning_rate_at(step, 3e-3, 10, 100, 0.1), rel=1e-5
+        )
+
+
+def test_cluster_helpers_and_default_strategy():
+    two_workers = json.dumps(
+        {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
+    )
+    assert _cluster_size(two_workers) == 2 and not _is_chief(two_workers)
+    assert _is_chief(json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}))
+    with_chief = json.dumps(
+        {"cluster": {"chief": ["c:0"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}
+    )
+    assert _cluster_size(with_chief) == 2 and not _is_chief(with_chief)
+    assert _is_chief(None) and _cluster_size(None) == 0
+    assert choose_strategy(None) is tf.distribute.get_strategy()
+
+
+def test_cli_user_errors_exit_2(tmp_path, examples, capsys):
+    dirs = ["--model-dir", str(tmp_path / "m"), "--work-dir", str(tmp_path / "w")]
+    assert main(["--examples", str(tmp_path / "nope"), *dirs]) == 2
+    assert "examples" in capsys.readouterr().err
+    assert main(["--examples", str(examples), *dirs, "--set", "model.n_layerz=2"]) == 2
+    assert "unknown key 'model.n_layerz'" in capsys.readouterr().err
+    assert main(["--examples", str(examples), *dirs, "--set", "model.n_head=3"]) == 2
+    assert "n_head=3 must divide" in capsys.readouterr().err
+    sets = ["--set", "seq_len=16", "--set", "vocab_size=999"]
+    assert main(["--examples", str(examples), *dirs, *sets]) == 2
+    err = capsys.readouterr().err
+    assert "manifest vocab_size=320 but model.vocab_size=999" in err and "Traceback" not in err
+    assert not (tmp_path / "m").exists()
+
+
+def test_seq_len_must_match_manifest(tmp_path, examples):
+    cfg = resolve_config("tiny", TINY_OVERRIDES + ("model.seq_len=32",))
+    with pytest.raises(UserError, match="manifest seq_len=16 but model.seq_len=32"):
+        train(str(examples), str(tmp_path / "m"), str(tmp_path / "w"), cfg)
+
+
+def _keras_eval_loss(examples, model_dir, work_dir, cfg):
+    """Restore the last checkpoint into a fresh model; mean loss over the eval split windows."""
+    gpt = build_gpt(cfg.model)
+    latest = tf.train.latest_checkpoint(str(work_dir / "checkpoints"))
+    tf.train.Checkpoint(model=gpt).restore(latest).expect_partial()
+    manifest = data.read_manifest(str(examples))
+    ds = data.make_dataset(data.split_files(str(examples), manifest, "eval"), cfg.model.seq_len, 1)
+    losses = [
+        tf.keras.losses.sparse_categorical_crossentropy(y, gpt(x), from_logits=True) for x, y in ds
+    ]
+    return float(np.mean(losses))
+
+
+@pytest.mark.slow
+def test_train_end_to_end_exports_a_working_model(tmp_path, examples):
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    model_dir, work_dir = tmp_path / "model", tmp_path / "work"
+    metrics = train(str(examples), str(model_dir), str(work_dir), cfg)
+
+    saved = json.loads((model_dir / "train_metrics.json").read_text())
+    assert saved == metrics and set(saved) == METRIC_KEYS
+    assert saved["steps"] == cfg.train.train_steps and saved["diverged"] is False
+    assert saved["diverged_at_step"] is None
+    assert saved["final_loss"] < math.log(cfg.model.vocab_size) - 1.5  # it learned
+    assert saved["tokens_per_second"] > 0
+    assert (saved["global_batch_size"], saved["replicas"], saved["workers"]) == (8, 1, 1)
+    assert config_from_dict(json.loads((model_dir / "config.json").read_text())) == cfg
+    assert tf.train.latest_checkpoint(str(work_dir / "checkpoints")).endswith("ckpt-40")
+    assert list((work_dir / "logs").iterdir())
+    assert not list(tmp_path.glob(".model.tmp-*"))
+
+    loaded = tf.saved_model.load(str(model_dir / "Format-Serving"))
+    out = loaded.signatures["generate"](
+        prompt=tf.constant(["ROMEO:\n", ""]),
+        max_new_tokens=tf.constant(12),
+        temperature=tf.constant(0.0),
+    )["completion"].numpy()
+    assert all(len(c.decode("utf-8")) > 0 for c in out)
+    eval_text = (examples / "raw" / "eval.txt").read_text(encoding="utf-8")
+    scored = loaded.signatures["score"](text=tf.constant([eval_text]))
+    nats_per_token = float(scored["nats_per_token"][0])
+    keras_loss = _keras_eval_loss(examples, model_dir, work_dir, cfg)
+    assert nats_per_token == pytest.approx(keras_loss, rel=0.03)
+    assert int(scored["chars"][0]) == len(eval_text)
+
+
+@pytest.mark.slow
+def test_divergence_is_recorded_not_raised(tmp_path, examples):
+    cfg = resolve_config("tiny", TINY_OVERRIDES + ("learning_rate=1e9", "grad_clip_norm=0"))
+    model_dir = tmp_path / "model"
+    metrics = train(str(examples), str(model_dir), str(tmp_path / "work"), cfg)
+    saved = json.loads((model_dir / "train_metrics.json").read_text())
+    assert saved["diverged"] is True
+    assert 1 <= saved["diverged_at_step"] < cfg.train.train_steps
+    assert saved["steps"] == saved["diverged_at_step"] == metrics["diverged_at_step"]
+    assert (model_dir / "Format-Serving" / "saved_model.pb").exists()
+
+
+@pytest.mark.slow
+def test_restarted_job_resumes_from_backup(tmp_path, examples, monkeypatch):
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    args = (str(examples), str(tmp_path / "model"), str(tmp_path / "work"), cfg)
+    steps_run = []
+    original = TrainMonitor.on_train_batch_end
+
+    def on_batch_end(self, batch, logs=None):
+        steps_run.append(int(self.model.optimizer.iterations.numpy()))
+        if crash and steps_run[-1] == 25:
+            raise RuntimeError("worker preempted")
+        original(self, batch, logs)
+
+    monkeypatch.setattr(TrainMonitor, "on_train_batch_end", on_batch_end)
+    crash = True
+    with pytest.raises(RuntimeError, match="preempted"):
+        train(*args)
+    assert not (tmp_path / "model").exists()
+    crash, steps_run[:] = False, []
+    assert train(*args)["steps"] == cfg.train.train_steps
+    assert steps_run[0] == 21  # resumed after the backup taken at step 20, not from scratch
+
+
+def _free_ports(n):
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_multi_worker_training_with_real_worker_processes(tmp_path, examples):
+    workers = [f"localhost:{p}" for p in _free_ports(2)]
+    flags = ["--examples", str(examples), "--model-dir", str(tmp_path / "model")]
+    flags += ["--work-dir", str(tmp_path / "work")]
+    for item in TINY_OVERRIDES + ("train.train_steps=20", "train.checkpoint_every=10"):
+        flags += ["--set", item]
+    procs = []
+    for index in range(2):
+        tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
+        env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "trainer.task", *flags],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
+        )
+    outputs = [p.communicate(timeout=240)[0].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    metrics = json.loads((tmp_path / "model" / "train_metrics.json").read_text())
+    assert (metrics["workers"], metrics["replicas"], metrics["global_batch_size"]) == (2, 2, 16)
+    assert metrics["steps"] == 20 and metrics["final_loss"] < math.log(320)
+    assert not [p.name for p in (tmp_path / "work").iterdir() if "scratch" in p.name]
+    checkpoints = tmp_path / "work" / "checkpoints"
+    assert (checkpoints / "ckpt-20.index").exists()
+    assert not [p.name for p in checkpoints.iterdir() if "worker-tmp" in p.name]

@@ -1,0 +1,369 @@
+"""Model and training configuration: frozen dataclasses, presets, YAML files, key=value overrides.
+
+Resolution order: dataclass defaults, then a preset (`tiny`, `gpt2-small`) or a YAML file, then
+`key=value` overrides. This module must not import TensorFlow: pipeline components import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from trainer.errors import UserError
+
+PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+PRESET_NAMES = ("tiny", "gpt2-small")
+
+
+class ConfigError(UserError):
+    """A bad configuration: unknown key, wrong type or inconsistent values."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shape of the decoder-only GPT."""
+
+    vocab_size: int = 512  # tokens in the SentencePiece vocabulary (256 byte-fallback pieces incl.)
+    seq_len: int = 64  # context window in tokens; also the length of the position table
+    n_layer: int = 3  # transformer blocks
+    n_head: int = 4  # attention heads per block; must divide d_model
+    d_model: int = 128  # width of the residual stream
+    d_ff: int = 512  # hidden width of each block's MLP
+    dropout: float = 0.0  # dropout rate on embeddings, attention weights and residual branches
+    layer_norm_epsilon: float = 1e-5  # epsilon of every LayerNormalization
+    init_std: float = 0.02  # stddev of the normal weight initializer (GPT-2 uses 0.02)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimizer, schedule and loop settings."""
+
+    batch_size: int = 32  # sequences per replica per step; the global batch is this x replicas
+    train_steps: int = 500  # optimizer steps in total
+    learning_rate: float = 2e-3  # peak learning rate at reference_batch_size
+    reference_batch_size: int = 32  # global batch at which learning_rate applies (linear scaling)
+    warmup_steps: int = 50  # linear warmup steps from ~0 to the peak learning rate
+    min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of the peak learning rate
+    weight_decay: float = 0.1  # AdamW decoupled weight decay (not on biases and LayerNorm)
+    beta_1: float = 0.9  # AdamW first-moment decay
+    beta_2: float = 0.99  # AdamW second-moment decay
+    grad_clip_norm: float = 1.0  # clip gradients to this global norm; 0 turns clipping off
+    seed: int = 1337  # seed for weights, dropout and data shuffling
+    checkpoint_every: int = 100  # steps between checkpoints (and validation runs)
+    log_every: int = 25  # steps between log lines
+    eval_batches: int = 8  # batches of the eval split per validation run
+    shuffle_buffer: int = 2048  # examples in the training shuffle buffer
+    precision: str = "auto"  # auto | float32 | mixed_float16 | mixed_bfloat16
+    jit_compile: bool = False  # compile the train step with XLA
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole resolved configuration of one training run."""
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)  # network shape
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)  # optimization settings
+
+
+def _preset(name: str) -> dict[str, dict[str, Any]]:
+    """Return the section overrides that define preset `name` on top of the defaults."""
+    if name == "tiny":
+        return {}  # the defaults: ~45 s for 500 steps on 2 CPU cores, val loss ~3.2 on Shakespeare
+    if name == "gpt2-small":
+        return {
+            "model": {
+                "vocab_size": 32000,
+                "seq_len": 1024,
+                "n_layer": 12,
+                "n_head": 12,
+                "d_model": 768,
+                "d_ff": 3072,
+                "dropout": 0.0,
+            },
+            "train": {
+                "batch_size": 32,
+                "train_steps": 100_000,
+                "learning_rate": 6e-4,
+                "reference_batch_size": 256,
+                "warmup_steps": 2000,
+                "beta_2": 0.95,
+                "checkpoint_every": 1000,
+                "log_every": 100,
+                "eval_batches": 50,
+                "shuffle_buffer": 10_000,
+            },
+        }
+    raise ConfigError(
+        f"config: unknown preset {name!r}; use one of {PRESET_NAMES} or a .yaml/.yml file"
+    )
+
+
+def _sections() -> dict[str, type]:
+    return {"model": ModelConfig, "train": TrainConfig}
+
+
+def valid_keys() -> list[str]:
+    """All `section.field` keys an override may name."""
+    return [f"{s}.{f.name}" for s, cls in _sections().items() for f in dataclasses.fields(cls)]
+
+
+def _field_type(section: str, name: str) -> type:
+    types = {"int": int, "float": float, "bool": bool, "str": str}
+    field = {f.name: f for f in dataclasses.fields(_sections()[section])}[name]
+    return types[field.type] if isinstance(field.type, str) else field.type
+
+
+def _resolve_key(key: str) -> tuple[str, str]:
+    """Map `section.field` or a unique bare `field` to (section, field)."""
+    keys = valid_keys()
+    if key in keys:
+        section, name = key.split(".", 1)
+        return section, name
+    matches = [k for k in keys if k.split(".", 1)[1] == key]
+    if len(matches) == 1:
+        section, name = matches[0].split(".", 1)
+        return section, name
+    raise ConfigError(f"config: unknown key {key!r}; valid keys: {', '.join(keys)}")
+
+
+def _parse_str(key: str, text: str, kind: type) -> Any:
+    """Parse an override's text into the field's type."""
+    try:
+        if kind is bool:
+            lowered = text.strip().lower()
+            if lowered in ("true", "1", "yes"):
+                return True
+            if lowered in ("false", "0", "no"):
+                return False
+            raise ValueError(text)
+        return kind(text)
+    except ValueError:
+        raise ConfigError(
+            f"config: {key}={text!r} is not a valid {kind.__name__}; give a {kind.__name__} value"
+        ) from None
+
+
+def _check_type(key: str, value: Any, kind: type) -> Any:
+    """Accept `value` from YAML/JSON if it has the field's type (ints are valid floats)."""
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise ConfigError(
+        f"config: {key} must be {kind.__name__}, got {type(value).__name__} {value!r}"
+    )
+
+
+def _apply(cfg: Config, section: str, values: Mapping[str, Any]) -> Config:
+    """Return cfg with `values` (field -> typed value) replaced in `section`."""
+    return dataclasses.replace(
+        cfg, **{section: dataclasses.replace(getattr(cfg, section), **values)}
+    )
+
+
+def _apply_nested(cfg: Config, data: Mapping[str, Any], source: str) -> Config:
+    """Apply a {section: {field: value}} mapping, strictly typed."""
+    for section, values in data.items():
+        if section not in _sections() or not isinstance(values, Mapping):
+            raise ConfigError(
+                f"config: {source}: unknown section {section!r}; use 'model' and 'train' mappings"
+            )
+        typed = {}
+        for name, value in values.items():
+            key = f"{section}.{name}"
+            if key not in valid_keys():
+                raise ConfigError(
+                    f"config: {source}: unknown key {key!r}; valid keys: {', '.join(valid_keys())}"
+                )
+            typed[name] = _check_type(key, value, _field_type(section, name))
+        cfg = _apply(cfg, section, typed)
+    return cfg
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    import yaml  # only needed for YAML configs
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config: file {path!r} not found; give an existing YAML file") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config: {path!r} must hold a mapping with 'model' and 'train' sections")
+    return data
+
+
+def resolve_config(name: str = "tiny", overrides: Sequence[str] = ()) -> Config:
+    """Build a validated Config from a preset name or YAML file, then `key=value` overrides.
+
+    A YAML file holds `model:`/`train:` mappings and may name a preset to start from with
+    `base: <preset>`.
+    """
+    cfg = Config()
+    if name.endswith((".yaml", ".yml")):
+        data = _load_yaml(name)
+        cfg = _apply_nested(cfg, _preset(str(data.pop("base", "tiny"))), "preset")
+        cfg = _apply_nested(cfg, data, name)
+    else:
+        cfg = _apply_nested(cfg, _preset(name), f"preset {name}")
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ConfigError(f"config: override {item!r} must look like key=value")
+        section, field = _resolve_key(key.strip())
+        value = _parse_str(key, text.strip(), _field_type(section, field))
+        cfg = _apply(cfg, section, {field: value})
+    validate(cfg)
+    return cfg
+
+
+def _model_errors(m: ModelConfig) -> list[str]:
+    errors = [
+        f"model.{name} must be positive, got {getattr(m, name)}"
+        for name in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "d_ff")
+        if getattr(m, name) <= 0
+    ]
+    if m.n_head > 0 and m.d_model % m.n_head:
+        errors.append(
+            f"model.n_head={m.n_head} must divide model.d_model={m.d_model}; change either"
+        )
+    if not 0.0 <= m.dropout < 1.0:
+        errors.append(f"model.dropout must be in [0, 1), got {m.dropout}")
+    if m.layer_norm_epsilon <= 0 or m.init_std <= 0:
+        errors.append("model.layer_norm_epsilon and model.init_std must be positive")
+    return errors
+
+
+def _train_errors(t: TrainConfig) -> list[str]:
+    positive = (
+        "batch_size",
+        "train_steps",
+        "reference_batch_size",
+        "checkpoint_every",
+        "log_every",
+        "eval_batches",
+        "shuffle_buffer",
+    )
+    errors = [
+        f"train.{n} must be positive, got {getattr(t, n)}" for n in positive if getattr(t, n) <= 0
+    ]
+    if t.learning_rate <= 0:
+        errors.append(f"train.learning_rate must be positive, got {t.learning_rate}")
+    if not 0 <= t.warmup_steps <= t.train_steps:
+        errors.append(
+            f"train.warmup_steps={t.warmup_steps} must be in [0, train.train_steps="
+            f"{t.train_steps}]; lower warmup_steps or raise train_steps"
+        )
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        errors.append(f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
+    if t.weight_decay < 0 or t.grad_clip_norm < 0:
+        errors.append("train.weight_decay and train.grad_clip_norm must be >= 0")
+    for name in ("beta_1", "beta_2"):
+        if not 0.0 <= getattr(t, name) < 1.0:
+            errors.append(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
+    if t.precision not in PRECISIONS:
+        errors.append(f"train.precision must be one of {PRECISIONS}, got {t.precision!r}")
+    return errors
+
+
+def validate(cfg: Config) -> None:
+    """Raise ConfigError listing every inconsistent value (one line each)."""
+    errors = _model_errors(cfg.model) + _train_errors(cfg.train)
+    if errors:
+        raise ConfigError("config: " + "; ".join(errors))
+
+
+def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    """The config as plain JSON-able nested dicts."""
+    return dataclasses.asdict(cfg)
+
+
+def config_from_dict(data: Mapping[str, Any]) -> Config:
+    """Rebuild a Config from config_to_dict output; every field must be present and typed."""
+    missing = [k for k in valid_keys() if k.split(".")[1] not in data.get(k.split(".")[0], {})]
+    if missing:
+        raise ConfigError(f"config: missing keys {', '.join(missing)}; pass a complete config")
+    cfg = _apply_nested(Config(), data, "config dict")
+    validate(cfg)
+    return cfg
+
+
+def config_hash(cfg: Config) -> str:
+    """sha256 (hex) of the canonical JSON of the config."""
+    canonical = json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def global_batch_size(per_replica: int, replicas: int) -> int:
+    """Sequences per optimizer step across all replicas."""
+    return per_replica * replicas
+
+
+def scaled_learning_rate(base_lr: float, global_batch: int, reference_batch: int) -> float:
+    """Linear scaling rule: the peak LR grows with the global batch relative to the reference."""
+    return base_lr * global_batch / reference_batch
+
+
+def learning_rate_at(
+    step: int, peak_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float
+) -> float:
+    """LR at 0-based `step`: linear warmup to peak_lr, then cosine decay to min_lr_ratio * peak."""
+    if step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return peak_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
+
+
+def precision_policy(
+    precision: str, device_kind: str, compute_capability: tuple[int, int] | None = None
+) -> str:
+    """Keras mixed-precision policy name for `precision` on `device_kind` ("cpu", "gpu", "tpu").
+
+    "auto" picks float32 on CPU, bfloat16 on TPUs and Ampere+ GPUs (compute capability >= 8.0),
+    float16 on Volta/Turing GPUs (>= 7.0), and float32 on older GPUs.
+    """
+    if precision not in PRECISIONS:
+        raise ConfigError(f"config: train.precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision != "auto":
+        return precision
+    kind = device_kind.lower()
+    if kind == "tpu":
+        return "mixed_bfloat16"
+    if kind == "gpu" and compute_capability is not None:
+        if compute_capability >= (8, 0):
+            return "mixed_bfloat16"
+        if compute_capability >= (7, 0):
+            return "mixed_float16"
+    return "float32"
+
+
+def tokenizer_trainer_options(vocab_size: int) -> dict[str, Any]:
+    """SentencePiece trainer options whose models round-trip text through tensorflow_text.
+
+    Identity normalization and kept whitespace make decode(encode(text)) == text; byte fallback
+    covers characters outside the vocabulary; "\\n" is one piece because SentencePiece trains on
+    lines and would otherwise never see it. Add `input=` and `model_prefix=` (or `model_writer=`).
+    """
+    return {
+        "vocab_size": vocab_size,
+        "model_type": "bpe",
+        "byte_fallback": True,
+        "character_coverage": 1.0,
+        "normalization_rule_name": "identity",
+        "remove_extra_whitespaces": False,
+        "add_dummy_prefix": False,
+        "split_by_whitespace": True,
+        "allow_whitespace_only_pieces": True,
+        "user_defined_symbols": ["\n"],
+        "unk_id": 0,
+        "bos_id": -1,
+        "eos_id": -1,
+        "pad_id": -1,
+        "minloglevel": 2,
+    }

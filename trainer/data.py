@@ -1,0 +1,104 @@
+"""Input pipeline: the Examples artifact (manifest + GZIP TFRecord shards) -> (inputs, targets).
+
+Each tf.train.Example holds one window `input_ids` of seq_len + 1 tokens; inputs are its first
+seq_len tokens and targets the last seq_len (the next token at every position).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from trainer.errors import UserError
+
+
+def read_manifest(examples_dir: str) -> dict[str, Any]:
+    """Load `<examples_dir>/manifest.json` (local or gs://)."""
+    path = posixpath.join(examples_dir, "manifest.json")
+    if not tf.io.gfile.exists(path):
+        raise UserError(
+            f"examples: {path} not found; pass --examples a folder written by the tokenize step"
+        )
+    with tf.io.gfile.GFile(path, "r") as f:
+        manifest = json.load(f)
+    for key in ("seq_len", "vocab_size", "splits"):
+        if key not in manifest:
+            raise UserError(f"examples: {path} has no {key!r}; re-run the tokenize step")
+    return manifest
+
+
+def split_files(examples_dir: str, manifest: dict[str, Any], split: str) -> list[str]:
+    """Absolute paths of the shards of `split` ("train" or "eval") listed in the manifest."""
+    splits = manifest["splits"]
+    if split not in splits or not splits[split].get("shards"):
+        raise UserError(
+            f"examples: manifest lists no shards for split {split!r}; re-run the tokenize step"
+        )
+    files = [posixpath.join(examples_dir, rel) for rel in splits[split]["shards"]]
+    missing = [f for f in files if not tf.io.gfile.exists(f)]
+    if missing:
+        raise UserError(f"examples: shard {missing[0]} is missing; re-run the tokenize step")
+    return files
+
+
+def _list_files(files: str | Sequence[str]) -> list[str]:
+    if isinstance(files, str):
+        matched = sorted(tf.io.gfile.glob(files))
+        if not matched:
+            raise UserError(f"examples: no files match {files!r}")
+        return matched
+    return list(files)
+
+
+def make_dataset(
+    files: str | Sequence[str],
+    seq_len: int,
+    batch_size: int,
+    shuffle: bool = False,
+    seed: int = 0,
+    shuffle_buffer: int = 1024,
+    repeat: bool = False,
+    input_context: tf.distribute.InputContext | None = None,
+) -> tf.data.Dataset:
+    """Batches of (inputs (B, T), targets (B, T)) int32 from GZIP TFRecord shards.
+
+    `files` is a glob pattern or a list of paths. With an `input_context` of several input
+    pipelines, each worker reads its own files when there are at least as many files as
+    workers, else every worker reads all files and keeps every n-th example.
+    `batch_size` is the batch this dataset yields (per replica under a distribution strategy).
+    """
+    files = _list_files(files)
+    n_pipes = input_context.num_input_pipelines if input_context else 1
+    pipe_id = input_context.input_pipeline_id if input_context else 0
+    shard_by_file = n_pipes > 1 and len(files) >= n_pipes
+    if shard_by_file:
+        files = files[pipe_id::n_pipes]
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle:
+        ds = ds.shuffle(len(files), seed=seed)
+    ds = ds.interleave(
+        lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP"),
+        cycle_length=min(len(files), 4),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=not shuffle,
+    )
+    if n_pipes > 1 and not shard_by_file:
+        ds = ds.shard(n_pipes, pipe_id)
+    if shuffle:
+        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    ds = ds.batch(batch_size, drop_remainder=True)
+    ds = ds.map(lambda r: _parse_batch(r, seq_len), num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.prefetch(tf.data.AUTOTUNE)
+
+
+def _parse_batch(records: tf.Tensor, seq_len: int) -> tuple[tf.Tensor, tf.Tensor]:
+    """Serialized Examples (B,) -> inputs (B, T), targets (B, T)."""
+    features = {"input_ids": tf.io.FixedLenFeature([seq_len + 1], tf.int64)}
+    ids = tf.cast(tf.io.parse_example(records, features)["input_ids"], tf.int32)  # (B, T+1)
+    return ids[:, :-1], ids[:, 1:]

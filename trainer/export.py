@@ -1,0 +1,153 @@
+"""Export a trained GPT as a SavedModel with the tokenizer inside the graph.
+
+Signatures (the contract in docs/design.md):
+  generate(prompt string[B], max_new_tokens int32[], temperature float32[]) -> {"completion"}
+  score(text string[B]) -> {"nats", "tokens", "chars", "nats_per_token", "nats_per_char"}
+  serving_default = generate
+"""
+
+from __future__ import annotations
+
+import posixpath
+import uuid
+
+import tensorflow as tf
+import tensorflow_text as tf_text
+import tf_keras as keras
+
+from trainer.config import Config
+
+SCORE_CHUNK = 8  # windows per forward pass in score(), bounding its memory
+
+
+class GPTServing(tf.Module):
+    """The model plus its SentencePiece tokenizer, with tf.function serving signatures."""
+
+    def __init__(self, model: keras.Model, seq_len: int, tokenizer_model_path: str):
+        super().__init__(name="gpt_serving")
+        self.model = model
+        self.seq_len = seq_len
+        self.tokenizer_asset = tf.saved_model.Asset(tokenizer_model_path)
+        with tf.io.gfile.GFile(tokenizer_model_path, "rb") as f:
+            self.tokenizer = tf_text.SentencepieceTokenizer(model=f.read())
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None], tf.string, name="prompt"),
+            tf.TensorSpec([], tf.int32, name="max_new_tokens"),
+            tf.TensorSpec([], tf.float32, name="temperature"),
+        ]
+    )
+    def generate(self, prompt, max_new_tokens, temperature):
+        """Continue each prompt by max_new_tokens tokens; returns the continuation only."""
+        ids = self.tokenizer.tokenize(prompt)  # ragged (B, None)
+        newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)  # seeds an empty prompt
+        completion = tf.map_fn(
+            lambda row: self._generate_row(row, newline, max_new_tokens, temperature),
+            tf.cast(ids, tf.int32),
+            fn_output_signature=tf.TensorSpec([], tf.string),
+        )
+        return {"completion": completion}
+
+    def _generate_row(self, prompt_ids, newline, max_new_tokens, temperature):
+        """Sample max_new_tokens ids after prompt_ids (1-D), detokenized to one string."""
+        prompt_ids = tf.cond(tf.size(prompt_ids) > 0, lambda: prompt_ids, lambda: newline)
+        n_prompt = tf.size(prompt_ids)
+
+        def step(i, tokens):
+            context = tokens[-self.seq_len :][tf.newaxis]  # (1, T<=seq_len)
+            logits = tf.cast(self.model(context, training=False)[0, -1], tf.float32)  # (V,)
+            next_id = tf.cond(
+                temperature <= 0.0,
+                lambda: tf.argmax(logits, output_type=tf.int32),
+                lambda: tf.cast(
+                    tf.random.categorical(logits[tf.newaxis] / tf.maximum(temperature, 1e-6), 1)[
+                        0, 0
+                    ],
+                    tf.int32,
+                ),
+            )
+            return i + 1, tf.concat([tokens, next_id[tf.newaxis]], axis=0)
+
+        _, tokens = tf.while_loop(
+            lambda i, _: i < max_new_tokens,
+            step,
+            (tf.constant(0), prompt_ids),
+            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])),
+        )
+        return self.tokenizer.detokenize(tokens[n_prompt:])
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+    def score(self, text):
+        """Summed next-token loss (nats) of each string, over windows of seq_len + 1."""
+        ids = tf.cast(self.tokenizer.tokenize(text), tf.int32)  # ragged (B, None)
+        windows, mask = self._windows(ids)  # (B, W, T+1) each
+        b, w = tf.shape(windows)[0], tf.shape(windows)[1]
+        flat = tf.reshape(windows, (-1, self.seq_len + 1))  # (N, T+1)
+        flat_mask = tf.reshape(mask, (-1, self.seq_len + 1))
+        nats = tf.reshape(self._window_nats(flat, flat_mask), (b, w))  # (B, W)
+        nats = tf.reduce_sum(nats, axis=1)  # (B,)
+        tokens = tf.maximum(tf.cast(ids.row_lengths(), tf.int32) - 1, 0)  # (B,)
+        chars = tf.strings.length(text, unit="UTF8_CHAR")  # (B,)
+        return {
+            "nats": nats,
+            "tokens": tokens,
+            "chars": chars,
+            "nats_per_token": nats / tf.cast(tf.maximum(tokens, 1), tf.float32),
+            "nats_per_char": nats / tf.cast(tf.maximum(chars, 1), tf.float32),
+        }
+
+    def _windows(self, ids):
+        """Ragged ids (B, None) -> windows and validity mask (B, W, T+1), stride seq_len."""
+        t = self.seq_len
+        length = tf.maximum(tf.cast(ids.bounding_shape()[1], tf.int32), t + 1)
+        dense = ids.to_tensor(default_value=0)  # (B, L0)
+        valid = tf.sequence_mask(ids.row_lengths(), dtype=tf.int32)  # (B, L0)
+        pad = [[0, 0], [0, length - tf.shape(dense)[1]]]
+        dense, valid = tf.pad(dense, pad), tf.pad(valid, pad)  # (B, L)
+        windows = tf.signal.frame(dense, t + 1, t, pad_end=True, axis=1)  # (B, W, T+1)
+        mask = tf.signal.frame(valid, t + 1, t, pad_end=True, axis=1)
+        return windows, mask
+
+    def _window_nats(self, windows, mask):
+        """Summed masked next-token loss of each window: (N, T+1) -> (N,), in chunks."""
+        n = tf.shape(windows)[0]
+        padded_n = (n + SCORE_CHUNK - 1) // SCORE_CHUNK * SCORE_CHUNK
+        windows = tf.pad(windows, [[0, padded_n - n], [0, 0]])
+        mask = tf.pad(mask, [[0, padded_n - n], [0, 0]])
+        chunks = tf.reshape(windows, (-1, SCORE_CHUNK, self.seq_len + 1))  # (N/C, C, T+1)
+        mchunks = tf.reshape(mask, (-1, SCORE_CHUNK, self.seq_len + 1))
+
+        def chunk_nats(args):
+            win, m = args  # (C, T+1) each
+            logits = tf.cast(self.model(win[:, :-1], training=False), tf.float32)  # (C, T, V)
+            loss = tf.nn.sparse_softmax_cross_entropy_with_logits(win[:, 1:], logits)  # (C, T)
+            return tf.reduce_sum(loss * tf.cast(m[:, 1:], tf.float32), axis=1)  # (C,)
+
+        nats = tf.map_fn(
+            chunk_nats,
+            (chunks, mchunks),
+            fn_output_signature=tf.TensorSpec([SCORE_CHUNK], tf.float32),
+        )
+        return tf.reshape(nats, (-1,))[:n]  # (N,)
+
+
+def export_model(
+    keras_model: keras.Model, cfg: Config, tokenizer_model_path: str, export_dir: str
+) -> str:
+    """Write the serving SavedModel to export_dir atomically (temp sibling, then rename)."""
+    module = GPTServing(keras_model, cfg.model.seq_len, tokenizer_model_path)
+    generate = module.generate.get_concrete_function()
+    signatures = {
+        "serving_default": generate,
+        "generate": generate,
+        "score": module.score.get_concrete_function(),
+    }
+    export_dir = export_dir.rstrip("/")
+    parent, name = posixpath.split(export_dir)
+    tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    tf.saved_model.save(module, tmp, signatures=signatures)
+    if tf.io.gfile.exists(export_dir):
+        tf.io.gfile.rmtree(export_dir)
+    tf.io.gfile.rename(tmp, export_dir)
+    return export_dir

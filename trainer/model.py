@@ -1,0 +1,219 @@
+"""A decoder-only GPT in tf-keras, in one readable file (after nanoGPT's model.py).
+
+ids (B, T) -> token + learned position embeddings -> n_layer pre-LayerNorm blocks (causal
+self-attention, GELU MLP) -> final LayerNorm -> logits (B, T, V) through the tied token
+embedding matrix. Logits are float32 even under a mixed-precision policy.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tensorflow as tf
+import tf_keras as keras
+
+from trainer.config import ModelConfig
+
+
+def _init(std: float) -> keras.initializers.Initializer:
+    return keras.initializers.RandomNormal(stddev=std)
+
+
+class TiedEmbedding(keras.layers.Layer):
+    """Token embedding whose matrix also projects hidden states back to vocabulary logits.
+
+    `call(ids)` embeds (B, T) -> (B, T, C); `call(h, reverse=True)` gives logits (B, T, V).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, init_std: float = 0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.vocab_size = vocab_size
+        self.d_model = d_model
+        self.init_std = init_std
+
+    def build(self, input_shape):
+        self.embeddings = self.add_weight(
+            name="embeddings",
+            shape=(self.vocab_size, self.d_model),
+            initializer=_init(self.init_std),
+        )
+        super().build(input_shape)
+
+    def call(self, inputs, reverse: bool = False):
+        if reverse:
+            w = tf.cast(self.embeddings, self.compute_dtype)
+            return tf.matmul(inputs, w, transpose_b=True)  # (B, T, V)
+        return tf.gather(tf.cast(self.embeddings, self.compute_dtype), inputs)  # (B, T, C)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "vocab_size": self.vocab_size,
+            "d_model": self.d_model,
+            "init_std": self.init_std,
+        }
+
+
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned position vector to each of the first T positions; T must be <= seq_len."""
+
+    def __init__(self, seq_len: int, d_model: int, init_std: float = 0.02, **kwargs):
+        super().__init__(**kwargs)
+        self.seq_len = seq_len
+        self.d_model = d_model
+        self.init_std = init_std
+
+    def build(self, input_shape):
+        self.positions = self.add_weight(
+            name="positions", shape=(self.seq_len, self.d_model), initializer=_init(self.init_std)
+        )
+        super().build(input_shape)
+
+    def call(self, x):
+        t = x.shape[1]
+        if t is not None and t > self.seq_len:
+            raise ValueError(
+                f"input window of {t} tokens is longer than the position table "
+                f"(seq_len={self.seq_len}); crop the input to the last {self.seq_len} tokens"
+            )
+        t = tf.shape(x)[1]
+        tf.debugging.assert_less_equal(
+            t,
+            self.seq_len,
+            message=f"input window is longer than the position table (seq_len={self.seq_len})",
+        )
+        return x + tf.cast(self.positions[:t], x.dtype)[tf.newaxis]  # (B, T, C)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "seq_len": self.seq_len,
+            "d_model": self.d_model,
+            "init_std": self.init_std,
+        }
+
+
+class CausalSelfAttention(keras.layers.Layer):
+    """Multi-head self-attention where position t attends to positions <= t only."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        dropout: float = 0.0,
+        init_std: float = 0.02,
+        proj_std: float = 0.02,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.n_head = n_head
+        self.dropout = dropout
+        self.init_std = init_std
+        self.proj_std = proj_std
+        self.qkv = keras.layers.Dense(3 * d_model, kernel_initializer=_init(init_std), name="qkv")
+        self.proj = keras.layers.Dense(d_model, kernel_initializer=_init(proj_std), name="proj")
+        self.attn_drop = keras.layers.Dropout(dropout)
+        self.resid_drop = keras.layers.Dropout(dropout)
+
+    def call(self, x, training=None):
+        b, t = tf.shape(x)[0], tf.shape(x)[1]
+        hd = self.d_model // self.n_head
+        qkv = tf.reshape(self.qkv(x), (b, t, 3, self.n_head, hd))  # (B, T, 3, H, hd)
+        q, k, v = tf.unstack(tf.transpose(qkv, (2, 0, 3, 1, 4)))  # each (B, H, T, hd)
+        # Scores in float32 so the softmax and the -inf mask are stable under mixed precision.
+        att = tf.matmul(tf.cast(q, tf.float32), tf.cast(k, tf.float32), transpose_b=True)
+        att *= 1.0 / math.sqrt(hd)  # (B, H, T, T)
+        causal = tf.linalg.band_part(tf.ones((t, t), tf.bool), -1, 0)  # (T, T) lower triangle
+        att = tf.where(causal, att, tf.float32.min)
+        att = self.attn_drop(tf.nn.softmax(att, axis=-1), training=training)
+        y = tf.matmul(tf.cast(att, v.dtype), v)  # (B, H, T, hd)
+        y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (b, t, self.d_model))  # (B, T, C)
+        return self.resid_drop(self.proj(y), training=training)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "n_head": self.n_head,
+            "dropout": self.dropout,
+            "init_std": self.init_std,
+            "proj_std": self.proj_std,
+        }
+
+
+class Block(keras.layers.Layer):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        layer_norm_epsilon: float = 1e-5,
+        init_std: float = 0.02,
+        proj_std: float = 0.02,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.d_model = d_model
+        self.n_head = n_head
+        self.d_ff = d_ff
+        self.dropout = dropout
+        self.layer_norm_epsilon = layer_norm_epsilon
+        self.init_std = init_std
+        self.proj_std = proj_std
+        self.ln_1 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="ln_1")
+        self.attn = CausalSelfAttention(d_model, n_head, dropout, init_std, proj_std, name="attn")
+        self.ln_2 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="ln_2")
+        self.fc = keras.layers.Dense(
+            d_ff, activation="gelu", kernel_initializer=_init(init_std), name="fc"
+        )
+        self.fc_proj = keras.layers.Dense(
+            d_model, kernel_initializer=_init(proj_std), name="fc_proj"
+        )
+        self.mlp_drop = keras.layers.Dropout(dropout)
+
+    def call(self, x, training=None):
+        x = x + self.attn(self.ln_1(x), training=training)  # (B, T, C)
+        h = self.fc(self.ln_2(x))  # (B, T, d_ff)
+        return x + self.mlp_drop(self.fc_proj(h), training=training)  # (B, T, C)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "d_model": self.d_model,
+            "n_head": self.n_head,
+            "d_ff": self.d_ff,
+            "dropout": self.dropout,
+            "layer_norm_epsilon": self.layer_norm_epsilon,
+            "init_std": self.init_std,
+            "proj_std": self.proj_std,
+        }
+
+
+def build_gpt(cfg: ModelConfig) -> keras.Model:
+    """Functional GPT: int32 ids (B, T<=seq_len) -> float32 logits (B, T, vocab_size)."""
+    # GPT-2 scales the init of residual projections by 1/sqrt(2 * n_layer).
+    proj_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
+    ids = keras.Input(shape=(None,), dtype="int32", name="ids")  # (B, T)
+    wte = TiedEmbedding(cfg.vocab_size, cfg.d_model, cfg.init_std, name="wte")
+    x = wte(ids)  # (B, T, C)
+    x = PositionEmbedding(cfg.seq_len, cfg.d_model, cfg.init_std, name="wpe")(x)
+    x = keras.layers.Dropout(cfg.dropout, name="drop")(x)
+    for i in range(cfg.n_layer):
+        x = Block(
+            cfg.d_model,
+            cfg.n_head,
+            cfg.d_ff,
+            cfg.dropout,
+            cfg.layer_norm_epsilon,
+            cfg.init_std,
+            proj_std,
+            name=f"h_{i}",
+        )(x)
+    x = keras.layers.LayerNormalization(epsilon=cfg.layer_norm_epsilon, name="ln_f")(x)
+    logits = wte(x, reverse=True)  # (B, T, V)
+    logits = keras.layers.Activation("linear", dtype="float32", name="logits")(logits)
+    return keras.Model(ids, logits, name="gpt")
