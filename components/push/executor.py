@@ -2,6 +2,14 @@
 
 The blessing gate lives here, as in the TFX Pusher: an unblessed model is an outcome, not an
 error, and the step succeeds with `pushed=0`.
+
+The destination is a local folder or a `gs://` prefix. On GCS, which has no rename, a version
+is staged in `<destination>/.staging-<version>/` and copied into `<destination>/<version>/`
+with `saved_model.pb` last (storage.publish_dir), so TF Serving, which loads a version once
+`saved_model.pb` appears, never loads one with missing variables. Before choosing a version,
+a push finishes (or cleans up) whatever an interrupted push left (storage.finish_publishes);
+if that was this same model, the re-run reports the version it finished instead of
+publishing the model twice.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from trainer.errors import UserError
 log = logging.getLogger(__name__)
 
 SERVING_SUBDIR = "Format-Serving"  # TFX Model layout: the SavedModel inside the Model artifact
+READY = "saved_model.pb"  # TF Serving's sign that a version folder is complete
 _MAX_RACES = 5  # how many concurrent pushers may take our version number before we give up
 
 
@@ -35,7 +44,8 @@ def run(model_dir: str, blessing_dir: str, destination: str, pushed_dir: str) ->
     """Publish `<model_dir>/Format-Serving` as `<destination>/<version>/` if the model is blessed.
 
     The version is one more than the highest at the destination. The copy is written beside
-    the destination and renamed into place, so TF Serving never sees a half-written version.
+    the destination and renamed into place (gs://: staged and copied with saved_model.pb
+    last), so TF Serving never sees a half-written version.
     The outcome is written to `pushed_dir` (TFX PushedModel: a `PUSHED` or `NOT_PUSHED` file).
     """
     blessed, reason = read_blessing(blessing_dir)
@@ -43,7 +53,7 @@ def run(model_dir: str, blessing_dir: str, destination: str, pushed_dir: str) ->
     if blessed and not (saved_model / "saved_model.pb").is_file():
         raise UserError(f"model has no SavedModel: {saved_model}/saved_model.pb is missing")
     if blessed:
-        version = _publish(saved_model, Path(destination))
+        version = _publish(str(saved_model), destination)
         result = PushResult(1, destination, str(version), "blessed")
         log.info("pushed %s as version %d under %s", model_dir, version, destination)
     else:
@@ -53,18 +63,47 @@ def run(model_dir: str, blessing_dir: str, destination: str, pushed_dir: str) ->
     return result
 
 
-def _publish(saved_model: Path, destination: Path) -> int:
-    """Copy the SavedModel to the next free version, retrying if another pusher took it."""
-    if destination.exists() and not destination.is_dir():
-        raise UserError(f"push destination is not a folder: {destination}")
+def _publish(saved_model: str, destination: str) -> int:
+    """Finish interrupted pushes, then publish the SavedModel unless one of them was it."""
+    storage.check_folder(destination, "push destination")
+    finished = storage.finish_publishes(destination, ready=READY)
+    for final in finished:
+        log.info("finished an interrupted push: %s", final)
+        if finished[final] == "finished" and storage.same_files(saved_model, final):
+            return int(final.rstrip("/").rsplit("/", 1)[-1])
+    return _publish_next(saved_model, destination)
+
+
+def _publish_next(source: str, destination: str) -> int:
+    """Publish `source` as the next free version, retrying if another pusher took it."""
     for _ in range(_MAX_RACES):
         version = storage.next_serving_version(destination)
         try:
-            storage.publish_dir(saved_model, destination / str(version))
+            storage.publish_dir(source, storage.join(destination, str(version)), ready=READY)
             return version
         except FileExistsError:
             continue
     raise RuntimeError(f"could not claim a version under {destination} after {_MAX_RACES} tries")
+
+
+def rollback(destination: str, to_version: int) -> int:
+    """Re-publish version `to_version` of `destination` as a new, highest version; return it.
+
+    TF Serving serves the highest version, so this puts the earlier model back in service
+    while keeping every version for audit; the copy is atomic as a push is (server-side on
+    GCS). Recording it in lineage (as a push) is the caller's job.
+    """
+    versions = storage.serving_versions(destination)
+    if to_version not in versions:
+        raise UserError(
+            f"cannot roll back {destination} to version {to_version}: it is not a complete "
+            f"version there; complete versions are {versions or 'none'}"
+        )
+    source = storage.join(destination, str(to_version))
+    storage.finish_publishes(destination, ready=READY)
+    version = _publish_next(source, destination)
+    log.info("rolled %s back to version %d as version %d", destination, to_version, version)
+    return version
 
 
 def _write_outcome(pushed_dir: str, result: PushResult) -> None:

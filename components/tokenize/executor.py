@@ -92,11 +92,19 @@ def run(
     Bytes that are not UTF-8 raise UserError naming the file and byte offset: replacing them
     would silently train on U+FFFD and change the eval text's character count.
 
-    `dataset_version` is a sha256 over each source's content hash and its path relative to the
-    corpus root (the folder given, a file's folder or a glob's fixed part, so moving or
+    `corpus` and `output_dir` may be local or `gs://` (a prefix, an object or a glob such as
+    `gs://bucket/texts/*.txt`). Objects are listed with GCS's own fingerprints, then streamed;
+    an object replaced between the listing and the read raises a UserError naming it.
+
+    `dataset_version` is a sha256 over each source's content fingerprint and its path relative
+    to the corpus root (the folder given, a file's folder or a glob's fixed part, so moving or
     renaming that folder does not change it) and every parameter that changes the output
     (`parameters` in the manifest). Same inputs give the same version and byte-identical
-    shards; `workers` and `progress` change neither.
+    shards; `workers` and `progress` change neither. The fingerprint is the sha256 of a local
+    file, and for a `gs://` object its crc32c, md5 and size as GCS lists them (nothing is
+    downloaded to compute it). The version follows the bytes, not the object generation:
+    re-uploading the same bytes makes a new generation but the same dataset, so it keeps its
+    version (the manifest's `sources` still record each generation that was read, for lineage).
 
     Manifest counts per split: `tokens` and `chars` of the whole split, and the `windows`
     written (`windows * seq_len + 1 <= tokens`: the incomplete tail is dropped).
@@ -104,10 +112,10 @@ def run(
     _check_arguments(output_dir, vocab_size, seq_len, eval_fraction, shard_windows, workers)
     report = _Report(progress)
     sources = _list_sources(corpus)
-    splits = _split_corpus([_read_utf8(f.uri) for f in sources], eval_fraction, corpus)
+    splits = _split_corpus([_read_utf8(f) for f in sources], eval_fraction, corpus)
     given = _read_given_tokenizer(tokenizer, vocab_size) if tokenizer else None
     parameters = _parameters(vocab_size, seq_len, eval_fraction, shard_windows, given)
-    with storage.atomic_dir(output_dir) as tmp:
+    with storage.atomic_dir(output_dir, ready="manifest.json") as tmp:
         model = given or _train_tokenizer(splits["train"], vocab_size, corpus, report)
         (tmp / "tokenizer.model").write_bytes(model)
         ids = {}
@@ -165,8 +173,7 @@ def _check_arguments(
     ):
         if value < 1:
             raise UserError(f"{name} must be a positive integer, got {value}")
-    out = Path(output_dir)
-    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+    if storage.has_content(output_dir):
         raise UserError(
             f"output folder {output_dir!r} already exists and is not empty; "
             "choose a new folder or remove it"
@@ -182,8 +189,10 @@ def _list_sources(corpus: str) -> list[storage.FileInfo]:
     return sources
 
 
-def _read_utf8(path: str) -> str:
-    data = Path(path).read_bytes()
+def _read_utf8(source: storage.FileInfo) -> str:
+    """Stream one source's bytes (checked against its listing) and decode them strictly."""
+    path = source.uri
+    data = storage.read_bytes(path, expect=source)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -193,17 +202,30 @@ def _read_utf8(path: str) -> str:
         ) from None
 
 
-def _corpus_root(corpus: str) -> Path:
+def _corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
     """The folder sources are named relative to: the folder given, a file's, or a glob's fixed part.
 
     So a file and a folder holding only that file give the same dataset version.
     """
+    if storage.is_gcs(corpus):
+        return _gcs_corpus_root(corpus, sources)
     parts = Path(corpus).parts
     wild = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
     if wild is not None:
-        return Path(*parts[:wild]).resolve() if wild else Path.cwd()
+        return str(Path(*parts[:wild]).resolve() if wild else Path.cwd())
     path = Path(corpus).resolve()
-    return path.parent if path.is_file() else path
+    return str(path.parent if path.is_file() else path)
+
+
+def _gcs_corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
+    bucket, key = storage.split_gcs(corpus)
+    wild = next((i for i, c in enumerate(key) if c in "*?["), None)
+    if wild is not None:
+        key = key[:wild]
+        key = key[: key.rfind("/") + 1]
+    elif [s.uri for s in sources] == [corpus]:  # one object, named exactly
+        key = key[: key.rfind("/") + 1]
+    return f"gs://{bucket}/{key.rstrip('/')}"
 
 
 # ---- split ----------------------------------------------------------------------------------
@@ -406,17 +428,33 @@ def _parameters(
 def _dataset_version(
     corpus: str, sources: Sequence[storage.FileInfo], parameters: dict[str, Any]
 ) -> str:
-    root = _corpus_root(corpus)
-    fingerprints = [[_relative(f.uri, root), f.sha256] for f in sources]
+    root = _corpus_root(corpus, sources)
+    fingerprints = [[_relative(f.uri, root), f.fingerprint] for f in sources]
     canonical = json.dumps(
         {"sources": fingerprints, "parameters": parameters}, sort_keys=True, separators=(",", ":")
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def _relative(uri: str, root: Path) -> str:
+def _relative(uri: str, root: str) -> str:
+    if storage.is_gcs(uri):
+        folder = root.rstrip("/") + "/"
+        return uri[len(folder) :] if uri.startswith(folder) else uri.rsplit("/", 1)[-1]
     path = Path(uri)
     return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
+
+
+def _source_entry(source: storage.FileInfo) -> dict[str, Any]:
+    """A manifest `sources` entry: the sha256 locally; GCS's fingerprints and generation."""
+    if not storage.is_gcs(source.uri):
+        return {"uri": source.uri, "size": source.size, "sha256": source.sha256}
+    return {
+        "uri": source.uri,
+        "size": source.size,
+        "crc32c": source.crc32c,
+        "md5": source.md5,
+        "generation": source.generation,
+    }
 
 
 def _manifest(
@@ -439,7 +477,7 @@ def _manifest(
             "vocab_size": parameters["vocab_size"],
             "trained": trained,
         },
-        "sources": [{"uri": f.uri, "size": f.size, "sha256": f.sha256} for f in sources],
+        "sources": [_source_entry(f) for f in sources],
         "parameters": parameters,
     }
 

@@ -1,0 +1,83 @@
+"""The storage layer on local paths: the same functions the gs:// tests use, on disk."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from components import storage
+from components.push import executor as push
+from trainer.errors import UserError
+
+
+def _tree(root, files):
+    for rel, data in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return root
+
+
+def test_list_files_fingerprints_are_sha256_and_hidden_files_skipped(tmp_path):
+    _tree(tmp_path / "c", {"a.txt": b"a", "sub/b.txt": b"b", ".hidden": b"h"})
+    files = storage.list_files(str(tmp_path / "c"))
+    assert [f.uri for f in files] == [str(tmp_path / "c" / "a.txt"), str(tmp_path / "c/sub/b.txt")]
+    assert files[0].sha256 == files[0].fingerprint == hashlib.sha256(b"a").hexdigest()
+    assert files[0].generation is None and files[0].crc32c == ""
+    with pytest.raises(UserError, match="nope"):
+        storage.list_files(str(tmp_path / "nope"))
+
+
+def test_read_write_copy_and_streamed_read(tmp_path):
+    storage.write_text_atomic(tmp_path / "x" / "note.txt", "héllo\n")
+    with storage.open_read(str(tmp_path / "x" / "note.txt")) as f:
+        assert f.read(3) == b"h\xc3\xa9"[:3] and f.read() == b"llo\n"
+    storage.copy(str(tmp_path / "x" / "note.txt"), str(tmp_path / "y" / "copy.txt"))
+    assert storage.read_bytes(str(tmp_path / "y" / "copy.txt")) == "héllo\n".encode()
+    assert [p.name for p in (tmp_path / "x").iterdir()] == ["note.txt"]  # no temporaries left
+
+
+def test_publish_dir_is_atomic_and_refuses_to_overwrite(tmp_path):
+    source = _tree(tmp_path / "src", {"saved_model.pb": b"g", "variables/v": b"v"})
+    storage.publish_dir(source, tmp_path / "serving" / "1", ready="saved_model.pb")
+    assert storage.same_files(str(source), str(tmp_path / "serving" / "1"))
+    with pytest.raises(FileExistsError):
+        storage.publish_dir(source, tmp_path / "serving" / "1")
+    assert [p.name for p in (tmp_path / "serving").iterdir()] == ["1"]
+    assert storage.finish_publishes(str(tmp_path / "serving")) == {}
+
+
+def test_folder_checks(tmp_path):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "empty").mkdir()
+    assert storage.has_content(str(tmp_path / "file"))
+    assert not storage.has_content(str(tmp_path / "empty"))
+    assert not storage.has_content(str(tmp_path / "missing"))
+    with pytest.raises(UserError, match="destination is not a folder"):
+        storage.check_folder(str(tmp_path / "file"), "destination")
+    storage.check_folder(str(tmp_path / "empty"), "destination")
+
+
+def test_versions_and_rollback_on_disk(tmp_path):
+    dest = tmp_path / "serving"
+    for version, graph in ((1, b"one"), (2, b"two")):
+        _tree(dest / str(version), {"saved_model.pb": graph, "variables/v": graph})
+    (dest / "5").mkdir()  # incomplete: never a version, never reused
+    assert storage.serving_versions(dest) == [1, 2] and storage.next_serving_version(dest) == 6
+    assert push.rollback(str(dest), 1) == 6
+    assert (dest / "6" / "saved_model.pb").read_bytes() == b"one"
+    assert storage.serving_versions(dest) == [1, 2, 6]
+    with pytest.raises(UserError, match=r"version 5: .*complete versions are \[1, 2, 6\]"):
+        push.rollback(str(dest), 5)
+
+
+def test_uri_helpers():
+    assert storage.is_gcs("gs://b/k") and not storage.is_gcs("/tmp/gs://")
+    assert storage.split_gcs("gs://b/a/b.txt") == ("b", "a/b.txt")
+    assert storage.join("gs://b/a/", "1", "saved_model.pb") == "gs://b/a/1/saved_model.pb"
+    assert storage.staging_uri("gs://b/serving/3") == "gs://b/serving/.staging-3"
+    with pytest.raises(UserError, match="names no bucket"):
+        storage.split_gcs("gs:///x")
+    regex = storage._glob_regex("c/*.txt")
+    assert regex.match("c/a.txt") and not regex.match("c/d/a.txt")
+    assert storage._glob_regex("c/**/[ab].txt").match("c/d/e/b.txt")
