@@ -1,0 +1,321 @@
+"""Run a `JobSpec` as worker processes on this machine, the way the TFJob operator would.
+
+Each worker gets TF_CONFIG exactly as the operator writes it for Worker replicas, with the
+cluster on free localhost ports (fresh ones for every attempt, since a killed worker's port can
+linger in TIME_WAIT). As with the operator, a one-worker job gets no TF_CONFIG.
+
+Restarts follow `restart_policy` (ExitCode: codes >= 128, or death by a signal, which Kubernetes
+reports as 128 + signal number, are retryable; 1-127 are permanent). Unlike the operator, which
+recreates only the failed pod, a retryable exit restarts ALL workers: the collective ops of
+MultiWorkerMirroredStrategy cannot take back one worker, and the survivors would hang or fail.
+The whole group is restarted at most `backoff_limit` times; `active_deadline_seconds` bounds the
+whole job. Worker 0's output goes to our stdout with a prefix; every worker's output is kept in
+`<log_dir>/attempt-<n>/worker-<i>.log`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TextIO
+
+from components.train.launcher import (
+    JobSpec,
+    LaunchError,
+    LaunchResult,
+    LaunchTimeout,
+    cancel_on_sigterm,
+    format_failure,
+    is_retryable_exit_code,
+)
+
+POLL_SECONDS = 0.05  # how often the workers' exit status is checked
+
+
+def tf_config(ports: Sequence[int], index: int) -> str:
+    """TF_CONFIG for worker `index` of a Worker-only cluster, as the TFJob operator writes it."""
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    return json.dumps(
+        {"cluster": cluster, "task": {"type": "worker", "index": index}, "environment": "cloud"}
+    )
+
+
+def exit_code_of(returncode: int) -> int:
+    """A Popen return code in Kubernetes terms: death by signal N is exit code 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def free_ports(count: int, exclude: set[int]) -> list[int]:
+    """`count` distinct localhost ports that are free now and not in `exclude`."""
+    ports: list[int] = []
+    with contextlib.ExitStack() as stack:
+        while len(ports) < count:
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if port not in exclude and port not in ports:
+                ports.append(port)
+    return ports
+
+
+def tail_lines(path: Path, count: int) -> list[str]:
+    """The last `count` lines of a text file (reads at most its last 64 KiB)."""
+    if not path.exists():
+        return []
+    with path.open("rb") as f:
+        f.seek(max(0, path.stat().st_size - 65536))
+        text = f.read().decode("utf-8", errors="replace")
+    return text.splitlines()[-count:]
+
+
+def group_alive(pgid: int) -> bool:
+    """True while a process of group `pgid` runs (zombies, already dead, do not count)."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # no procfs (macOS): ask the kernel, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            state, _ppid, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(pgrp) == pgid and state != "Z":
+            return True
+    return False
+
+
+@dataclass(frozen=True)
+class _Exit:
+    """How an attempt ended: worker 0 succeeded, a worker failed, or the deadline passed."""
+
+    kind: str  # "succeeded", "failed" or "deadline"
+    index: int = -1  # the failing worker
+    code: int = 0  # its exit code, in Kubernetes terms
+
+
+class _WorkerGroup:
+    """One attempt: N worker processes, each in its own process group."""
+
+    def __init__(self, spec: JobSpec, attempt_dir: Path, ports: Sequence[int], out: TextIO):
+        self.spec, self.dir, self.out = spec, attempt_dir, out
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.files: list[IO[bytes]] = []
+        self.pump: threading.Thread | None = None
+        attempt_dir.mkdir(parents=True, exist_ok=True)
+        base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        for index in range(spec.workers):
+            env = {**base, "PYTHONUNBUFFERED": "1", **spec.env}
+            if spec.workers > 1:
+                env["TF_CONFIG"] = tf_config(ports, index)
+            self._start(index, env)
+
+    def log_path(self, index: int) -> Path:
+        return self.dir / f"worker-{index}.log"
+
+    def _start(self, index: int, env: Mapping[str, str]) -> None:
+        log_file = self.log_path(index).open("wb")
+        self.files.append(log_file)
+        proc = subprocess.Popen(
+            list(self.spec.command),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE if index == 0 else log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, so children die with it
+        )
+        self.procs.append(proc)
+        if index == 0:
+            self.pump = threading.Thread(target=self._pump, args=(proc, log_file), daemon=True)
+            self.pump.start()
+
+    def _pump(self, proc: subprocess.Popen[bytes], log_file: IO[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            log_file.write(raw)
+            log_file.flush()
+            self.out.write(f"[worker-0] {raw.decode('utf-8', errors='replace').rstrip()}\n")
+            self.out.flush()
+
+    def wait(self, deadline: float | None, grace: float) -> _Exit:
+        """Wait until worker 0 succeeds, any worker fails, or the deadline passes."""
+        while True:
+            for index, proc in enumerate(self.procs):
+                code = proc.poll()
+                if code is not None and code != 0:
+                    return _Exit("failed", index, exit_code_of(code))
+            if self.procs[0].poll() == 0:
+                # The operator's default success policy: the job succeeds when worker 0 does;
+                # the other workers get a moment to finish before they are stopped.
+                self._wait_all(time.monotonic() + grace)
+                return _Exit("succeeded")
+            if deadline is not None and time.monotonic() >= deadline:
+                return _Exit("deadline")
+            time.sleep(POLL_SECONDS)
+
+    def _wait_all(self, until: float) -> None:
+        while time.monotonic() < until and any(p.poll() is None for p in self.procs):
+            time.sleep(POLL_SECONDS)
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM every worker's process group, then SIGKILL what is left after `grace`.
+
+        Returns once no process of any group runs: a worker's children (data loaders, shells)
+        die with it, and nothing of this attempt can hold its ports or files afterwards.
+        """
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+            for proc in self.procs:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+            until = time.monotonic() + wait
+            while time.monotonic() < until and any(group_alive(p.pid) for p in self.procs):
+                for proc in self.procs:
+                    proc.poll()  # reap the workers themselves
+                time.sleep(POLL_SECONDS)
+        for proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=1)
+        if self.pump is not None:
+            self.pump.join(timeout=5)
+        for f in self.files:
+            f.close()
+
+
+class LocalLauncher:
+    """Runs a `JobSpec` with local worker processes and the operator's restart semantics."""
+
+    def __init__(
+        self,
+        log_dir: str | os.PathLike[str] | None = None,
+        out: TextIO | None = None,
+        *,
+        kill_grace_seconds: float = 10.0,
+        log_tail_lines: int = 30,
+    ) -> None:
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.out = out if out is not None else sys.stdout
+        self.kill_grace_seconds = kill_grace_seconds  # SIGTERM to SIGKILL, and success grace
+        self.log_tail_lines = log_tail_lines
+
+    def run(self, spec: JobSpec, *, timeout_seconds: float | None = None) -> LaunchResult:
+        """Run the workers to success; raise `LaunchError` (or a subclass) if the job fails.
+
+        The job's deadline is the smaller of `spec.active_deadline_seconds` and
+        `timeout_seconds`. SIGTERM and KeyboardInterrupt stop every worker before propagating.
+        """
+        log_dir = self.log_dir or Path(tempfile.mkdtemp(prefix=f"gptpipe-{spec.name}-"))
+        started = time.monotonic()
+        limits = [t for t in (spec.active_deadline_seconds, timeout_seconds) if t is not None]
+        deadline = started + min(limits) if limits else None
+        used_ports: set[int] = set()
+        restarts = 0
+        with cancel_on_sigterm():
+            while True:
+                attempt = restarts + 1
+                ports = free_ports(spec.workers, used_ports)
+                used_ports.update(ports)
+                self._say(f"attempt {attempt}: {spec.workers} workers, logs in {log_dir}")
+                group = _WorkerGroup(spec, log_dir / f"attempt-{attempt}", ports, self.out)
+                try:
+                    ended = group.wait(deadline, self.kill_grace_seconds)
+                finally:
+                    group.stop(self.kill_grace_seconds)
+                if ended.kind == "succeeded":
+                    break
+                if ended.kind == "deadline":
+                    raise self._deadline_error(spec, group)
+                retryable = self._retryable(spec, ended.code)
+                if not retryable or restarts >= spec.backoff_limit:
+                    raise self._failure(spec, group, ended, retryable, restarts)
+                restarts += 1
+                self._say(
+                    f"worker-{ended.index} exited with retryable code {ended.code}; restarting "
+                    f"all workers ({restarts}/{spec.backoff_limit})"
+                )
+        wall = time.monotonic() - started
+        self._say(f"succeeded in {wall:.1f} s after {attempt} attempt(s)")
+        return LaunchResult(
+            launcher="local",
+            job_name=spec.name,
+            workers=spec.workers,
+            attempts=attempt,
+            restarts=restarts,
+            wall_seconds=wall,
+            gpu_hours=0.0,
+        )
+
+    @staticmethod
+    def _retryable(spec: JobSpec, code: int) -> bool:
+        if spec.restart_policy == "ExitCode":
+            return is_retryable_exit_code(code)
+        return spec.restart_policy == "OnFailure"
+
+    def _show_other_tails(self, group: _WorkerGroup, skip: int) -> None:
+        for index in range(1, group.spec.workers):
+            if index != skip:
+                lines = tail_lines(group.log_path(index), self.log_tail_lines)
+                self._say(f"last lines of worker-{index} ({group.log_path(index)}):")
+                for line in lines:
+                    self.out.write(f"[worker-{index}] {line}\n")
+
+    def _failure(
+        self, spec: JobSpec, group: _WorkerGroup, ended: _Exit, retryable: bool, restarts: int
+    ) -> LaunchError:
+        self._show_other_tails(group, skip=ended.index)
+        tail = tail_lines(group.log_path(ended.index), self.log_tail_lines)
+        replica = f"worker-{ended.index}"
+        if retryable:
+            reason = "BackoffLimitExceeded"
+            head = (
+                f"job {spec.name} failed: worker-{ended.index} exited with retryable code "
+                f"{ended.code} after {restarts} restarts (backoff_limit={spec.backoff_limit})"
+            )
+        else:
+            reason = "WorkerFailed"
+            head = (
+                f"job {spec.name} failed: worker-{ended.index} exited with code {ended.code}, "
+                f"a permanent error under restart_policy={spec.restart_policy}"
+            )
+        return LaunchError(
+            format_failure(head, replica, ended.code, tail),
+            reason=reason,
+            job_name=spec.name,
+            replica=replica,
+            exit_code=ended.code,
+            log_tail=tail,
+        )
+
+    def _deadline_error(self, spec: JobSpec, group: _WorkerGroup) -> LaunchTimeout:
+        self._show_other_tails(group, skip=0)
+        tail = tail_lines(group.log_path(0), self.log_tail_lines)
+        limit = spec.active_deadline_seconds
+        return LaunchTimeout(
+            format_failure(
+                f"job {spec.name} ran past its deadline ({limit} s); stopped all workers",
+                None,
+                None,
+                tail,
+            ),
+            reason="DeadlineExceeded",
+            job_name=spec.name,
+            log_tail=tail,
+        )
+
+    def _say(self, message: str) -> None:
+        self.out.write(f"[local] {message}\n")
+        self.out.flush()

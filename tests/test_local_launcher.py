@@ -1,0 +1,220 @@
+"""The local launcher: real worker processes, TF_CONFIG, restarts, deadline, cancellation."""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout, launch
+from components.train.local_launcher import LocalLauncher, exit_code_of
+
+WORKER = r'''
+import json, os, signal, subprocess, sys, time
+from pathlib import Path
+
+mode, out = sys.argv[1], Path(sys.argv[2])
+tf_config = os.environ.get("TF_CONFIG")
+index = json.loads(tf_config)["task"]["index"] if tf_config else 0
+record = {"pid": os.getpid(), "tf_config": tf_config,
+          "extra": os.environ.get("GPTPIPE_EXTRA"), "parent": os.environ.get("GPTPIPE_PARENT")}
+with open(out / f"starts-{index}.jsonl", "a") as f:
+    f.write(json.dumps(record) + "\n")
+print(f"worker {index} started", flush=True)
+
+
+def starts(i):
+    path = out / f"starts-{i}.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def block():
+    """Sleep with a child in our process group, as a trainer with data workers would."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    with open(out / "pids.txt", "a") as f:
+        f.write(f"{os.getpid()}\n{child.pid}\n")
+    time.sleep(60)
+
+
+if mode == "ok":
+    sys.exit(0)
+if mode == "oom-once":  # worker 1 is OOM-killed once; worker 0 finishes once it is back
+    if index == 1 and starts(1) == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    for _ in range(600):
+        if starts(1) >= 2:
+            sys.exit(0)
+        time.sleep(0.05)
+    sys.exit(3)
+if mode == "bad-input":
+    if index == 1:
+        print("Traceback (most recent call last):")
+        print("ValueError: bad shard")
+        sys.exit(1)
+    block()
+if mode == "always-137":
+    if index == 1:
+        print("CUDA error: an illegal memory access was encountered", flush=True)
+        os._exit(137)
+    block()
+if mode == "hang":
+    block()
+if mode == "cancel":
+    if index == 0:
+        os.kill(os.getppid(), signal.SIGTERM)
+    block()
+'''
+
+
+@pytest.fixture
+def job(tmp_path: Path):
+    """Makes a JobSpec running the scripted worker in `mode`; records land in tmp_path/rec."""
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    records = tmp_path / "rec"
+    records.mkdir()
+
+    def make(mode: str, **overrides: Any) -> JobSpec:
+        fields: dict[str, Any] = dict(
+            name="local-test",
+            command=[sys.executable, str(script), mode, str(records)],
+            workers=2,
+            backoff_limit=2,
+        )
+        fields.update(overrides)
+        return JobSpec(**fields)
+
+    return make
+
+
+def starts(tmp_path: Path, index: int) -> list[dict[str, Any]]:
+    path = tmp_path / "rec" / f"starts-{index}.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def alive(pid: int) -> bool:
+    """True if `pid` runs (a zombie, which only waits for its parent to reap it, is not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"
+
+
+def recorded_pids(tmp_path: Path) -> list[int]:
+    path = tmp_path / "rec" / "pids.txt"
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def run_local(spec: JobSpec, tmp_path: Path, **kwargs: Any) -> tuple[Any, str]:
+    out = io.StringIO()
+    launcher = LocalLauncher(log_dir=tmp_path / "logs", out=out, kill_grace_seconds=2)
+    try:
+        return launcher.run(spec, **kwargs), out.getvalue()
+    finally:
+        run_local.output = out.getvalue()  # type: ignore[attr-defined]
+
+
+def test_two_workers_get_the_operators_tf_config_and_the_parent_env(job, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPTPIPE_PARENT", "inherited")
+    monkeypatch.setenv("TF_CONFIG", '{"stale": true}')  # never leaks into the workers
+    result, out = run_local(job("ok", env={"GPTPIPE_EXTRA": "extra"}), tmp_path)
+    configs = [json.loads(starts(tmp_path, i)[0]["tf_config"]) for i in (0, 1)]
+    cluster = configs[0]["cluster"]
+    assert list(cluster) == ["worker"] and len(cluster["worker"]) == 2
+    assert all(addr.startswith("127.0.0.1:") for addr in cluster["worker"])
+    assert len(set(cluster["worker"])) == 2
+    for index, config in enumerate(configs):
+        assert config == {
+            "cluster": cluster,
+            "task": {"type": "worker", "index": index},
+            "environment": "cloud",
+        }
+        record = starts(tmp_path, index)[0]
+        assert (record["extra"], record["parent"]) == ("extra", "inherited")
+    assert (result.launcher, result.attempts, result.restarts, result.gpu_hours) == (
+        "local",
+        1,
+        0,
+        0.0,
+    )
+    assert "[worker-0] worker 0 started" in out
+    assert "worker 1 started" not in out  # the others' output goes to their log files
+    assert "worker 1 started" in (tmp_path / "logs/attempt-1/worker-1.log").read_text()
+
+
+def test_one_worker_gets_no_tf_config_like_the_operator(job, tmp_path):
+    run_local(job("ok", workers=1), tmp_path)
+    assert starts(tmp_path, 0)[0]["tf_config"] is None
+
+
+def test_a_worker_killed_once_restarts_all_workers_on_fresh_ports(job, tmp_path):
+    result, out = run_local(job("oom-once"), tmp_path)
+    assert (result.attempts, result.restarts) == (2, 1)
+    assert len(starts(tmp_path, 0)) == 2 and len(starts(tmp_path, 1)) == 2
+    clusters = [json.loads(s["tf_config"])["cluster"]["worker"] for s in starts(tmp_path, 0)]
+    assert not set(clusters[0]) & set(clusters[1])
+    assert "worker-1 exited with retryable code 137" in out
+
+
+def test_a_permanent_exit_code_fails_with_worker_index_and_log_tail(job, tmp_path):
+    with pytest.raises(LaunchError) as err:
+        run_local(job("bad-input"), tmp_path)
+    e = err.value
+    assert (e.reason, e.replica, e.exit_code) == ("WorkerFailed", "worker-1", 1)
+    assert e.log_tail[-1] == "ValueError: bad shard"
+    assert "worker-1 exited with code 1" in str(e) and "ValueError: bad shard" in str(e)
+    assert len(starts(tmp_path, 1)) == 1  # no restart
+    assert not any(alive(p) for p in recorded_pids(tmp_path))
+
+
+@pytest.mark.parametrize("policy, attempts", [("ExitCode", 2), ("Never", 1)])
+def test_retryable_exits_past_the_backoff_limit_fail(job, tmp_path, policy, attempts):
+    with pytest.raises(LaunchError) as err:
+        run_local(job("always-137", backoff_limit=1, restart_policy=policy), tmp_path)
+    e = err.value
+    assert (e.replica, e.exit_code) == ("worker-1", 137)
+    assert e.reason == ("BackoffLimitExceeded" if policy == "ExitCode" else "WorkerFailed")
+    assert len(starts(tmp_path, 1)) == attempts
+    assert "CUDA error" in e.log_tail[-1]
+    assert not any(alive(p) for p in recorded_pids(tmp_path))
+
+
+def test_the_deadline_stops_every_worker_and_fails(job, tmp_path):
+    with pytest.raises(LaunchTimeout) as err:
+        run_local(job("hang", active_deadline_seconds=3), tmp_path)
+    assert err.value.reason == "DeadlineExceeded"
+    workers = [s["pid"] for i in (0, 1) for s in starts(tmp_path, i)]
+    assert len(workers) == 2
+    assert not any(alive(p) for p in workers + recorded_pids(tmp_path))  # and their children
+
+
+def test_sigterm_stops_every_worker_and_fails(job, tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(LaunchCancelled, match="SIGTERM"):
+        run_local(job("cancel"), tmp_path)
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert not any(alive(p) for p in recorded_pids(tmp_path))
+
+
+def test_launch_dispatches_to_the_local_launcher(job, tmp_path):
+    result = launch(job("ok"), "local", log_dir=str(tmp_path / "logs"), out=io.StringIO())
+    assert result.launcher == "local" and result.attempts == 1
+
+
+def test_exit_codes_in_kubernetes_terms():
+    assert exit_code_of(-signal.SIGKILL) == 137
+    assert exit_code_of(-signal.SIGTERM) == 143
+    assert exit_code_of(1) == 1 and exit_code_of(0) == 0
+
+
+def test_unknown_launcher_is_a_user_error(job):
+    from trainer.errors import UserError
+
+    with pytest.raises(UserError, match="launcher"):
+        launch(job("ok"), "slurm")
