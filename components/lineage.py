@@ -18,10 +18,11 @@ import functools
 import hashlib
 import importlib.metadata
 import json
+import math
 import re
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
@@ -59,6 +60,9 @@ _RESERVED = frozenset(
         "environment_digest",
         "start_time_ms",
         "end_time_ms",
+        "parameters",
+        "cached_from_execution_id",
+        "cached_from_run_id",
     }
 )
 _STATES = ("NEW", "RUNNING", "COMPLETE", "FAILED", "CACHED", "CANCELED")
@@ -120,6 +124,11 @@ def store_config(uri: str) -> Any:
     return config
 
 
+def is_service(uri: str) -> bool:
+    """True when a store address names an MLMD gRPC service rather than a SQLite file."""
+    return _GRPC_RE.fullmatch(uri.strip()) is not None
+
+
 def open_store(uri: str) -> metadata_store.MetadataStore:
     """Open the raw MLMD store at an address; for tests and tools that need the MLMD API.
 
@@ -165,12 +174,17 @@ def record_execution(
     start_time: float | None = None,
     end_time: float | None = None,
     dataset_version: str | None = None,
+    upstream: Collection[str] = (),
 ) -> int:
     """Record one step execution with its inputs, outputs and contexts, atomically.
 
     Inputs already in the store (same type and URI, latest wins) are reused, so the lineage
     graph connects across steps; outputs are always new LIVE artifacts. Times are epoch
     seconds; `end_time` defaults to now. Returns the execution id.
+
+    `upstream` names the input keys that an upstream task of this pipeline produced. When such
+    an input was made in another run, KFP served that task from its cache and nothing ran it
+    in this run: a CACHED execution of it is recorded here first (see `_record_cached`).
     """
     if not _STEP_RE.fullmatch(step):
         raise ValueError(f"step {step!r} must be a lowercase identifier such as 'train'")
@@ -199,6 +213,12 @@ def record_execution(
         for key, records in inputs.items()
         for index, record in enumerate(records)
     ]
+    cached_from = [
+        artifact.id
+        for (artifact, event) in pairs
+        if artifact.HasField("id") and _event_key(event) in upstream
+    ]
+    _record_cached(store, run_id, pipeline_name, cached_from)
     pairs += [
         (_new_artifact(store, record), _event(mlmd.Event.OUTPUT, key, index))
         for key, records in outputs.items()
@@ -233,6 +253,7 @@ def _execution_values(
         raise ValueError(f"execution property names used twice or reserved: {sorted(clash)}")
     values: dict[str, Any] = {**parameters, **properties}
     values.update(
+        parameters=json.dumps(dict(parameters), sort_keys=True, default=str),
         step=step,
         pipeline_name=pipeline_name,
         run_id=run_id,
@@ -244,6 +265,94 @@ def _execution_values(
     if dataset_version:
         values["dataset_version"] = dataset_version
     return values
+
+
+def _record_cached(
+    store: metadata_store.MetadataStore, run_id: str, pipeline_name: str, artifact_ids: list[int]
+) -> None:
+    """Record, in this run, a CACHED execution for each upstream step KFP skipped.
+
+    A skipped step leaves no trace of its own, but the step that reads its output sees an
+    artifact made by another run. Like KFP's driver, the CACHED execution copies the original's
+    properties (image, parameters, code version...), adds `cached_from_execution_id` and
+    `cached_from_run_id`, and has OUTPUT events to the same artifacts. The original's own
+    upstream inputs from its run are followed too, so a chain of skipped steps is complete.
+    """
+    done = {view["step"] for view in _run_executions(store, run_id)}
+    pending: list[tuple[int, str | None]] = [(a, None) for a in artifact_ids]
+    while pending:
+        artifact_id, from_run = pending.pop()
+        producer = _original_producer(store, artifact_id)
+        if producer is None:
+            continue
+        props = producer.custom_properties
+        step, its_run = props["step"].string_value, props["run_id"].string_value
+        if its_run == run_id or step in done or (from_run is not None and its_run != from_run):
+            continue
+        done.add(step)
+        _put_cached(store, producer, run_id, pipeline_name)
+        inputs = store.get_events_by_execution_ids([producer.id])
+        pending += [(e.artifact_id, its_run) for e in inputs if e.type == mlmd.Event.INPUT]
+
+
+def _put_cached(
+    store: metadata_store.MetadataStore, original: Any, run_id: str, pipeline_name: str
+) -> None:
+    execution = mlmd.Execution(
+        type_id=original.type_id, last_known_state=mlmd.Execution.State.Value("CACHED")
+    )
+    execution.custom_properties.MergeFrom(original.custom_properties)
+    now_ms = int(time.time() * 1000)
+    _set_values(
+        execution.custom_properties,
+        {
+            "run_id": run_id,
+            "pipeline_name": pipeline_name,
+            "cached_from_execution_id": original.id,
+            "cached_from_run_id": original.custom_properties["run_id"].string_value,
+            "start_time_ms": now_ms,
+            "end_time_ms": now_ms,
+        },
+    )
+    outputs = [
+        e for e in store.get_events_by_execution_ids([original.id]) if e.type == mlmd.Event.OUTPUT
+    ]
+    artifacts = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in outputs])}
+    pairs = [
+        (artifacts[e.artifact_id], _event(mlmd.Event.OUTPUT, _event_key(e), _event_index(e)))
+        for e in outputs
+    ]
+    contexts = [
+        _context(store, PIPELINE_CONTEXT, pipeline_name),
+        _run_context(store, run_id, pipeline_name),
+    ]
+    version = original.custom_properties["dataset_version"].string_value
+    if version:
+        contexts.append(_context(store, DATASET_CONTEXT, version))
+    store.put_execution(
+        execution, pairs, contexts, reuse_context_if_already_exist=True, force_reuse_context=True
+    )
+
+
+def _original_producer(store: metadata_store.MetadataStore, artifact_id: int) -> Any:
+    """The execution that really made an artifact: the first non-CACHED one with an OUTPUT."""
+    ids = sorted(
+        e.execution_id
+        for e in store.get_events_by_artifact_ids([artifact_id])
+        if e.type == mlmd.Event.OUTPUT
+    )
+    if not ids:
+        return None
+    executions = store.get_executions_by_id(ids)
+    ran = [e for e in executions if e.last_known_state != mlmd.Execution.CACHED]
+    return min(ran or executions, key=lambda e: e.id)
+
+
+def _run_executions(store: metadata_store.MetadataStore, run_id: str) -> list[ExecutionView]:
+    context = store.get_context_by_type_and_name(RUN_CONTEXT, run_id)
+    if context is None:
+        return []
+    return _execution_views(store, store.get_executions_by_context(context.id))
 
 
 def _event(kind: int, key: str, index: int) -> Any:
@@ -298,7 +407,13 @@ def _set_values(target: Any, values: Mapping[str, Any]) -> None:
 
 
 def _plain(value: Any) -> Scalar | None:
-    """Map a Python value onto MLMD's scalars: bool as 0/1, lists and dicts as JSON."""
+    """Map a Python value onto MLMD's scalars: bool as 0/1, lists and dicts as JSON.
+
+    SQL has no NaN or infinity, so a non-finite float (a diverged loss) is stored as the
+    string "nan", "inf" or "-inf".
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
     if value is None or isinstance(value, str | float):
         return value
     if isinstance(value, bool):
@@ -460,7 +575,11 @@ def models_for_dataset(store_uri: str, dataset_version: str) -> list[dict[str, A
     context = store.get_context_by_type_and_name(DATASET_CONTEXT, dataset_version)
     if context is None:
         return []
-    executions = _execution_views(store, store.get_executions_by_context(context.id))
+    executions = [
+        e
+        for e in _execution_views(store, store.get_executions_by_context(context.id))
+        if e["state"] != "CACHED"  # a cached train made no new model
+    ]
     found = [
         {"model": model, "execution": execution}
         for execution in executions
@@ -480,12 +599,8 @@ def _find_artifact(
 
 
 def _producer_of(store: metadata_store.MetadataStore, artifact_id: int) -> ExecutionView | None:
-    events = [
-        e for e in store.get_events_by_artifact_ids([artifact_id]) if e.type == mlmd.Event.OUTPUT
-    ]
-    if not events:
-        return None
-    return _execution_views(store, store.get_executions_by_id([events[-1].execution_id]))[0]
+    producer = _original_producer(store, artifact_id)
+    return _execution_views(store, [producer])[0] if producer is not None else None
 
 
 def _linked(
@@ -575,6 +690,23 @@ def _values(values: Any) -> dict[str, Any]:
     return plain
 
 
+def parameters_of(execution: ExecutionView) -> dict[str, Any]:
+    """The parameters an execution was recorded with, exactly as the step passed them."""
+    recorded = execution["properties"].get("parameters")
+    return dict(json.loads(recorded)) if isinstance(recorded, str) else {}
+
+
+def latest_pushed_model(store_uri: str) -> str | None:
+    """The URI of the most recently pushed model (a PushedModel with pushed=1), or None."""
+    store = open_store(store_uri)
+    pushed = [
+        v
+        for v in _artifact_views(store, store.get_artifacts_by_type("PushedModel"))
+        if v["properties"].get("pushed") == 1
+    ]
+    return max(pushed, key=lambda v: (v["create_time_ms"], v["id"]))["uri"] if pushed else None
+
+
 def latest_run_id(store_uri: str, pipeline_name: str) -> str:
     """Return the id of the most recently created run of `pipeline_name`."""
     store = open_store(store_uri)
@@ -597,14 +729,23 @@ class StepRecorder:
         self.outputs: dict[str, list[ArtifactRecord]] = {}
         self.properties: dict[str, Any] = {}
         self.dataset_version: str | None = None
+        self.upstream: set[str] = set()
 
     def input(
-        self, key: str, type_name: str, uri: str, properties: Mapping[str, Any] | None = None
+        self,
+        key: str,
+        type_name: str,
+        uri: str,
+        properties: Mapping[str, Any] | None = None,
+        *,
+        upstream: bool = False,
     ) -> None:
-        """Name an artifact the step read."""
+        """Name an artifact the step read; `upstream` if a task of this pipeline made it."""
         self.inputs.setdefault(key, []).append(
             ArtifactRecord(type_name, uri, dict(properties or {}))
         )
+        if upstream:
+            self.upstream.add(key)
 
     def output(
         self, key: str, type_name: str, uri: str, properties: Mapping[str, Any] | None = None
@@ -641,9 +782,14 @@ def step(
         yield recorder
         state = "COMPLETE"
     except UserError as err:
-        # A mistake in the input, not a bug: one clear line in the step's log, no traceback.
+        # A mistake in the input, not a bug: one clear line in the step's log, no traceback,
+        # and the message on the FAILED execution so a runner can show it (`failure_of`).
+        recorder.set(error=str(err))
         print(f"gptpipe {step_name}: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Exception as err:
+        recorder.set(error=f"{type(err).__name__}: {err}")
+        raise
     finally:
         record_execution(
             store_uri,
@@ -657,4 +803,19 @@ def step(
             state=state,
             start_time=start,
             dataset_version=recorder.dataset_version,
+            upstream=recorder.upstream,
         )
+
+
+def failure_of(store_uri: str, run_id: str) -> tuple[str, str] | None:
+    """Return (step, error message) of the run's first FAILED execution, or None."""
+    store = open_store(store_uri)
+    context = store.get_context_by_type_and_name(RUN_CONTEXT, run_id)
+    if context is None:
+        return None
+    for view in _execution_views(
+        store, sorted(store.get_executions_by_context(context.id), key=lambda e: e.id)
+    ):
+        if view["state"] == "FAILED":
+            return view["step"], str(view["properties"].get("error", "see the step's log"))
+    return None

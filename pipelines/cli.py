@@ -1,12 +1,16 @@
 """The `gptpipe` command line. The environment is read here, once, and passed down."""
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
+import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
+from pipelines.config import RunConfig
 from trainer.errors import UserError
 
 DEFAULT_ROOT = Path("runs")
@@ -17,6 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="google")
     args = _parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
@@ -31,7 +36,10 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the whole pipeline")
     run.add_argument("--local", action="store_true", help="run on this machine with kfp.local")
-    run.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="run root (default ./runs)")
+    run.add_argument("--root", default=str(DEFAULT_ROOT),
+                     help="run root, local or gs:// (default ./runs); models go to ROOT/serving/")
+    run.add_argument("--state-dir", type=Path, default=None,
+                     help="local folder for step artifacts and metadata.sqlite (default: ROOT)")
     run.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="text file, folder or glob")
     run.add_argument("--config", default=None, help="trainer preset or YAML file (default tiny)")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -42,10 +50,78 @@ def _parser() -> argparse.ArgumentParser:
 
     comp = sub.add_parser("compile", help="write the pipeline YAML for the KFP UI")
     comp.add_argument("--output", type=Path, required=True, help="YAML file to write")
-    comp.add_argument("--lock", type=Path, default=None, help="image digest lock (images/digests.json)")
+    comp.add_argument("--lock", type=Path, default=None,
+                      help="image digest lock (images/digests.json)")
     comp.add_argument("--allow-unpinned", action="store_true", help="allow images without digests")
     comp.set_defaults(func=_cmd_compile)
+
+    tfjob = sub.add_parser("tfjob-manifest", help="print the TFJob manifest the train step submits")
+    tfjob.add_argument("--workers", type=int, default=RunConfig().workers, help="worker replicas")
+    tfjob.add_argument("--gpus-per-worker", type=int, default=RunConfig().gpus_per_worker)
+    tfjob.add_argument("--image", default=None, help="trainer image (default: the digest lock's)")
+    tfjob.add_argument("--config", default=RunConfig().config, help="trainer preset or YAML file")
+    tfjob.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    tfjob.add_argument("--examples", default="gs://BUCKET/examples", help="Examples artifact URI")
+    tfjob.add_argument("--model-dir", default="gs://BUCKET/model", help="Model artifact URI")
+    tfjob.add_argument("--work-dir", default="gs://BUCKET/work/RUN/train", help="checkpoints")
+    tfjob.add_argument("--run-id", default="manual", help="pipeline run id (names the job)")
+    tfjob.add_argument("--allow-unpinned", action="store_true", help="allow an image by tag")
+    tfjob.set_defaults(func=_cmd_tfjob_manifest)
+
+    lin = sub.add_parser("lineage", help="what produced a pushed model, back to its data")
+    lin.add_argument("model_uri", nargs="?", metavar="MODEL_URI",
+                     help="a pushed model version (e.g. runs/serving/gpt/1)")
+    lin.add_argument("--latest", action="store_true", help="the most recently pushed model")
+    _store_options(lin)
+    lin.add_argument("--json", action="store_true", help="print the chain as JSON")
+    lin.set_defaults(func=_cmd_lineage)
+
+    rep = sub.add_parser("reproduce", help="write a pipeline + arguments that redo a model's run")
+    rep.add_argument("model_uri", metavar="MODEL_URI", help="a pushed model version")
+    rep.add_argument("--output", type=Path, required=True,
+                     help="pipeline YAML to write; its arguments go to OUTPUT.params.json")
+    _store_options(rep)
+    rep.add_argument("--allow-unpinned", action="store_true",
+                     help="reuse recorded image references that carry no digest")
+    rep.set_defaults(func=_cmd_reproduce)
+
+    roll = sub.add_parser("rollback", help="re-publish an earlier model version as the newest")
+    roll.add_argument("--destination", required=True, help="serving folder (local or gs://)")
+    roll.add_argument("--to", dest="to_version", type=int, required=True, help="version to restore")
+    roll.add_argument("--metadata", default=str(DEFAULT_ROOT / "metadata.sqlite"),
+                      help="ML Metadata store: SQLite path or host:port")
+    roll.set_defaults(func=_cmd_rollback)
     return parser
+
+
+def _store_options(parser: argparse.ArgumentParser) -> None:
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--root", default=None, help="local run root (default ./runs)")
+    store.add_argument("--mlmd", default=None, metavar="HOST:PORT",
+                       help="an ML Metadata gRPC service, e.g. metadata-grpc-service.kubeflow:8080")
+
+
+def _cmd_lineage(args: argparse.Namespace) -> int:
+    from pipelines import lineage_cmd
+
+    store = lineage_cmd.store_address(args.root, args.mlmd)
+    found = lineage_cmd.report(store, lineage_cmd.resolve_model(store, args.model_uri, args.latest))
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True, default=str))
+    else:
+        lineage_cmd.print_report(found)
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    from pipelines import lineage_cmd
+
+    store = lineage_cmd.store_address(args.root, args.mlmd)
+    model = lineage_cmd.resolve_model(store, args.model_uri, latest=False)
+    pipeline, params = lineage_cmd.reproduce(store, model, args.output,
+                                             allow_unpinned=args.allow_unpinned)
+    print(f"wrote {pipeline} and {params}")
+    return 0
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -57,6 +133,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     run = local_runner.LocalRun(
         root=args.root,
         corpus=args.corpus,
+        state_dir=args.state_dir,
         config=args.config or defaults.config,
         overrides=tuple(args.overrides),
         workers=args.workers or defaults.workers,
@@ -79,6 +156,40 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     images = compiler.load_images(args.lock, allow_unpinned=args.allow_unpinned)
     path = compiler.compile_pipeline(args.output, images)
     print(f"wrote {path}")
+    return 0
+
+
+def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
+    from components.train import executor, tfjob
+    from pipelines import compiler
+
+    image = args.image or compiler.load_images(allow_unpinned=args.allow_unpinned).trainer
+    job = executor.TrainJob(launcher="tfjob", workers=args.workers,
+                            gpus_per_worker=args.gpus_per_worker, image=image)
+    spec = executor.job_spec(args.examples, args.model_dir, args.work_dir, config=args.config,
+                             overrides=args.overrides, job=job, run_id=args.run_id, task_id="train")
+    if args.allow_unpinned:
+        spec = dataclasses.replace(spec, allow_unpinned=True)
+    print(tfjob.render_yaml(spec), end="")
+    return 0
+
+
+def _cmd_rollback(args: argparse.Namespace) -> int:
+    from components import lineage, provenance
+    from components.push import executor
+
+    params = {"destination": args.destination, "rollback_to": args.to_version}
+    run_id = f"rollback-{int(time.time())}"
+    found = provenance.detect(provenance.LOCAL_IMAGE, os.environ).properties()
+    with lineage.step(args.metadata, "push", "gptpipe", run_id, params, found) as rec:
+        source = f"{args.destination.rstrip('/')}/{args.to_version}"
+        rec.input("model", "PushedModel", source)
+        version = executor.rollback(args.destination, args.to_version)
+        target = f"{args.destination.rstrip('/')}/{version}"
+        rec.output("pushed_model", "PushedModel", target, {
+            "pushed": 1, "pushed_destination": args.destination, "pushed_version": str(version),
+            "reason": f"rollback to version {args.to_version}"})
+    print(f"version {args.to_version} of {args.destination} is now served as version {version}")
     return 0
 
 

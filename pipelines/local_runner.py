@@ -5,14 +5,16 @@ from pathlib import Path
 
 from kfp import local
 
-from components import lineage
+from components import lineage, storage
+from components.provenance import LOCAL_IMAGE
 from pipelines.config import RunConfig
 from pipelines.pipeline import PIPELINE_NAME, Images, build
 from trainer.config import resolve_config
 from trainer.errors import UserError
 
-# SubprocessRunner runs every step in this Python environment; there is no image to pull.
-LOCAL_IMAGES = Images(pipeline="local-python-environment", trainer="local-python-environment")
+# SubprocessRunner runs every step in this Python environment; there is no image to pull, and
+# lineage records each execution as `unpinned`.
+LOCAL_IMAGES = Images(pipeline=LOCAL_IMAGE, trainer=LOCAL_IMAGE)
 _DEFAULTS = RunConfig()
 
 
@@ -20,7 +22,7 @@ _DEFAULTS = RunConfig()
 class LocalRun:
     """What to run locally. Paths are resolved against the working directory."""
 
-    root: Path  # run root: pipeline artifacts, metadata.sqlite and serving/ live here
+    root: str | Path  # run root: serving/ lives here; a local root also holds the state below
     corpus: str  # text file, folder or glob
     config: str = _DEFAULTS.config  # trainer preset or YAML file
     overrides: tuple[str, ...] = ()  # key=value trainer overrides
@@ -29,22 +31,36 @@ class LocalRun:
     max_nats_per_char: float = _DEFAULTS.max_nats_per_char  # blessing threshold
     tolerance: float = _DEFAULTS.tolerance  # allowed relative regression vs the baseline
     model_name: str = _DEFAULTS.model_name  # pushed to <root>/serving/<model_name>/
+    state_dir: Path | None = None  # kfp.local artifacts + metadata.sqlite; default: local root
     extra: dict = field(default_factory=dict)  # further pipeline arguments, by name
 
     @property
-    def metadata(self) -> Path:
-        return self.root / "metadata.sqlite"
+    def state(self) -> Path:
+        """Where kfp.local keeps step artifacts and ML Metadata: always on local disk."""
+        if self.state_dir is not None:
+            return Path(self.state_dir).resolve()
+        if storage.is_gcs(self.root):
+            raise UserError(
+                f"--root {self.root} is on GCS: also give --state-dir, a local folder "
+                "for the step artifacts and metadata.sqlite that kfp.local keeps"
+            )
+        return Path(self.root).resolve()
 
     @property
-    def serving_dir(self) -> Path:
-        return self.root / "serving" / self.model_name
+    def metadata(self) -> str:
+        return str(self.state / "metadata.sqlite")
+
+    @property
+    def serving_dir(self) -> str:
+        root = str(self.root) if storage.is_gcs(self.root) else str(Path(self.root).resolve())
+        return storage.join(root, "serving", self.model_name)
 
 
 def preflight(run: LocalRun) -> None:
     """Check what can be checked before any step starts, so mistakes fail fast and clearly."""
     resolve_config(run.config, run.overrides)
-    if not any(ch in run.corpus for ch in "*?[") and not Path(run.corpus).exists():
-        raise UserError(f"corpus not found: {run.corpus!r} (give a text file, folder or glob)")
+    if not storage.list_files(run.corpus):
+        raise UserError(f"corpus {run.corpus!r} has no files (give a text file, folder or glob)")
     if run.workers < 1:
         raise UserError(f"--workers must be at least 1, got {run.workers}")
 
@@ -52,19 +68,20 @@ def preflight(run: LocalRun) -> None:
 def run_local(run: LocalRun) -> dict:
     """Run the whole pipeline through kfp.local and return the run's summary from lineage."""
     preflight(run)
-    root = run.root.resolve()
-    root.mkdir(parents=True, exist_ok=True)
+    run.state.mkdir(parents=True, exist_ok=True)
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
-        pipeline_root=str(root / "pipeline_root"),
+        pipeline_root=str(run.state / "pipeline_root"),
         raise_on_error=True,
     )
-    corpus = run.corpus if any(ch in run.corpus for ch in "*?[") else str(Path(run.corpus).resolve())
+    corpus = run.corpus
+    if not storage.is_gcs(corpus) and not any(ch in corpus for ch in "*?["):
+        corpus = str(Path(corpus).resolve())
     pipeline = build(LOCAL_IMAGES)
     try:
         pipeline(
             corpus=corpus,
-            serving_dir=str(run.serving_dir.resolve()),
+            serving_dir=run.serving_dir,
             config=run.config,
             overrides=list(run.overrides),
             eval_fraction=run.eval_fraction,
@@ -73,15 +90,22 @@ def run_local(run: LocalRun) -> dict:
             launcher="local",
             workers=run.workers,
             gpus_per_worker=0,
-            metadata=str(run.metadata.resolve()),
+            metadata=run.metadata,
             **run.extra,
         )
     except RuntimeError as err:
-        raise PipelineFailed(str(err)) from None
-    store = str(run.metadata.resolve())
-    return lineage.run_summary(store, lineage.latest_run_id(store, PIPELINE_NAME))
+        raise PipelineFailed(_failure_message(run.metadata, str(err))) from None
+    return lineage.run_summary(run.metadata, lineage.latest_run_id(run.metadata, PIPELINE_NAME))
+
+
+def _failure_message(metadata: str, fallback: str) -> str:
+    """The failed step and its recorded error, read back from lineage."""
+    try:
+        failure = lineage.failure_of(metadata, lineage.latest_run_id(metadata, PIPELINE_NAME))
+    except UserError:
+        failure = None
+    return f"step {failure[0]!r} failed: {failure[1]}" if failure else fallback
 
 
 class PipelineFailed(RuntimeError):
     """A step failed; its own log above says why."""
-

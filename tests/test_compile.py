@@ -24,8 +24,9 @@ def test_compiled_pipeline_matches_golden(tmp_path, request):
 
 
 def test_every_executor_image_is_pinned_by_digest(tmp_path):
-    spec = yaml.safe_load(compiler.compile_pipeline(tmp_path / "p.yaml",
-                                                    compiler.load_images(LOCK)).read_text())
+    spec = yaml.safe_load(
+        compiler.compile_pipeline(tmp_path / "p.yaml", compiler.load_images(LOCK)).read_text()
+    )
     executors = spec["deploymentSpec"]["executors"]
     assert set(executors) == {"exec-tokenize", "exec-train", "exec-evaluate", "exec-push"}
     for executor in executors.values():

@@ -385,3 +385,97 @@ def test_sqlite_addresses(tmp_path, monkeypatch):
     for bad in ("", "gs://bucket/metadata.sqlite", "mysql://db:3306"):
         with pytest.raises(UserError):
             lineage.store_config(bad)
+
+
+def test_non_finite_numbers_are_stored_as_strings(tmp_path):
+    store = str(tmp_path / "m.sqlite")
+    lineage.record_execution(
+        store,
+        step="evaluate",
+        pipeline_name="p",
+        run_id="r",
+        parameters={},
+        inputs={},
+        outputs={
+            "evaluation": [
+                lineage.ArtifactRecord(
+                    "ModelEvaluation", "/e", {"perplexity": float("inf"), "loss": float("nan")}
+                )
+            ]
+        },
+    )
+    evaluation = lineage.find_artifact(store, "/e")
+    assert evaluation["properties"] == {"perplexity": "inf", "loss": "nan"}
+
+
+def test_steps_kfp_skipped_are_recorded_cached_in_the_run_that_used_them(store_uri, tmp_path):
+    old = fake_run(store_uri, tmp_path / "r0", "run-0")
+    run = fake_run(store_uri, tmp_path / "r1", "run-1")
+    # run-2: KFP served tokenize and train from its cache, so only evaluate ran (twice: a retry).
+    for _ in range(2):
+        lineage.record_execution(
+            store_uri,
+            step="evaluate",
+            pipeline_name=PIPELINE,
+            run_id="run-2",
+            parameters={},
+            inputs={
+                "examples": [ArtifactRecord("Examples", run["examples"])],
+                "model": [ArtifactRecord("Model", run["model"])],
+                "baseline_model": [ArtifactRecord("Model", old["model"])],
+            },
+            outputs={},
+            upstream={"examples", "model"},
+            dataset_version=DATASET,
+        )
+    executions = lineage.run_summary(store_uri, "run-2")["executions"]
+    states = [(e["step"], e["state"]) for e in executions]
+    assert sorted(states) == [
+        ("evaluate", "COMPLETE"),
+        ("evaluate", "COMPLETE"),
+        ("tokenize", "CACHED"),
+        ("train", "CACHED"),
+    ]
+    store = lineage.open_store(store_uri)
+    run_ctx = store.get_context_by_type_and_name("pipeline_run", "run-2")
+    (train,) = [
+        e
+        for e in store.get_executions_by_context(run_ctx.id)
+        if e.last_known_state == mlmd.Execution.CACHED
+        and e.custom_properties["step"].string_value == "train"
+    ]
+    props = train.custom_properties
+    assert props["cached_from_run_id"].string_value == "run-1"
+    assert props["cached_from_execution_id"].int_value == run["ids"]["train"]
+    assert props["run_id"].string_value == "run-2"
+    assert props["steps"].int_value == 20  # the original's parameters, copied
+    (output,) = [e for e in store.get_events_by_execution_ids([train.id])]
+    assert output.type == mlmd.Event.OUTPUT
+    assert store.get_artifacts_by_id([output.artifact_id])[0].uri == run["model"]
+    (tokenize,) = [
+        e
+        for e in store.get_executions_by_context(run_ctx.id)
+        if e.custom_properties["step"].string_value == "tokenize"
+    ]
+    assert tokenize.custom_properties["image_digest"].string_value == "sha256:" + "a" * 64
+    # The original producer stays the producer; a cached model is not a new model.
+    chain = lineage.trace(store_uri, run["pushed"])
+    assert (chain["train"]["state"], chain["train"]["properties"]["run_id"]) == (
+        "COMPLETE",
+        "run-1",
+    )
+    models = [m["model"]["uri"] for m in lineage.models_for_dataset(store_uri, DATASET)]
+    assert models == [old["model"], run["model"]]
+
+
+def test_parameters_round_trip_and_latest_pushed_model(store_uri, tmp_path):
+    assert lineage.latest_pushed_model(store_uri) is None
+    fake_run(store_uri, tmp_path / "a", "run-1")
+    second = fake_run(store_uri, tmp_path / "b", "run-2")
+    assert lineage.latest_pushed_model(store_uri) == second["pushed"]
+    train = lineage.trace(store_uri, second["pushed"])["train"]
+    assert lineage.parameters_of(train) == {
+        "learning_rate": 3e-4,
+        "steps": 20,
+        "overrides": ["model.n_layer=1"],
+    }

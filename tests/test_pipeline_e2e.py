@@ -5,22 +5,33 @@ The first run has no baseline and is pushed as version 1. The second run diverge
 """
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
 import pytest
+from ml_metadata.proto import metadata_store_pb2 as mlmd
 
 from components import lineage
-from pipelines import local_runner
+from pipelines import cli, local_runner
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = (
-    "model.vocab_size=400", "model.seq_len=32", "model.n_layer=1", "model.n_head=2",
-    "model.d_model=32", "model.d_ff=64", "train.batch_size=8", "train.train_steps=30",
-    "train.warmup_steps=5", "train.checkpoint_every=15", "train.log_every=10",
-    "train.eval_batches=2", "train.shuffle_buffer=64",
+    "model.vocab_size=400",
+    "model.seq_len=32",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "train.batch_size=8",
+    "train.train_steps=30",
+    "train.warmup_steps=5",
+    "train.checkpoint_every=15",
+    "train.log_every=10",
+    "train.eval_batches=2",
+    "train.shuffle_buffer=64",
 )
 
 
@@ -64,9 +75,9 @@ def test_pushed_model_answers_generate_and_score(two_runs):
 
     root, _, _ = two_runs
     model = tf.saved_model.load(str(root / "serving" / "gpt" / "1"))
-    out = model.signatures["generate"](prompt=tf.constant(["ROMEO:"]),
-                                        max_new_tokens=tf.constant(8),
-                                        temperature=tf.constant(0.0))
+    out = model.signatures["generate"](
+        prompt=tf.constant(["ROMEO:"]), max_new_tokens=tf.constant(8), temperature=tf.constant(0.0)
+    )
     assert out["completion"].shape == (1,) and out["completion"][0].numpy()
     scored = model.signatures["score"](text=tf.constant(["To be, or not to be."]))
     assert 0 < float(scored["nats_per_char"][0]) < 10
@@ -106,3 +117,73 @@ def test_artifacts_follow_tfx_layouts(two_runs):
     assert (Path(model_uri) / "Format-Serving" / "saved_model.pb").is_file()
     leftovers = [p for p in root.rglob(".*.tmp-*")]
     assert leftovers == []
+
+
+def test_raw_mlmd_from_the_pushed_uri_reaches_examples_and_train_provenance(two_runs):
+    root, first, second = two_runs
+    store = lineage.open_store(str(root / "metadata.sqlite"))
+
+    def producer(artifact_id):
+        (event,) = [e for e in store.get_events_by_artifact_ids([artifact_id])
+                    if e.type == mlmd.Event.OUTPUT]
+        return store.get_executions_by_id([event.execution_id])[0]
+
+    def inputs(execution_id):
+        events = [e for e in store.get_events_by_execution_ids([execution_id])
+                  if e.type == mlmd.Event.INPUT]
+        by_id = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in events])}
+        return {e.path.steps[0].key: by_id[e.artifact_id] for e in events}
+
+    (pushed,) = store.get_artifacts_by_uri(str(root / "serving" / "gpt" / "1"))
+    train = producer(inputs(producer(pushed.id).id)["model"].id)
+    props = train.custom_properties
+    assert props["run_id"].string_value == first["run_id"]
+    assert props["image"].string_value == "local-python-environment"
+    assert props["unpinned"].int_value == 1 and "image_digest" not in props
+    assert json.loads(props["worker_image_digests"].string_value) == {}  # local processes
+    assert props["trainer_image"].string_value == "local-python-environment"
+    assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?|unknown", props["code_version"].string_value)
+    assert props["config_hash"].string_value == outputs(first, "train", "model")["config_hash"]
+    examples = inputs(train.id)["examples"]
+    assert examples.custom_properties["dataset_version"].string_value == first["dataset_version"]
+    (source,) = json.loads(examples.custom_properties["sources"].string_value)
+    assert source["size"] == 120_000 and len(source["sha256"]) == 64
+    assert examples.custom_properties["tokens"].int_value > 0
+    # Every execution of both runs carries its provenance and times.
+    for execution in store.get_executions():
+        p = execution.custom_properties
+        assert {"image", "code_version", "environment_digest", "parameters", "start_time_ms",
+                "end_time_ms"} <= set(p), p["step"].string_value
+    # Two runs on the same data share one dataset context.
+    context = store.get_context_by_type_and_name("dataset_version", first["dataset_version"])
+    runs = {e.custom_properties["run_id"].string_value
+            for e in store.get_executions_by_context(context.id)}
+    assert runs == {first["run_id"], second["run_id"]}
+
+
+def test_lineage_json_and_reproduce_from_a_local_run(two_runs, tmp_path, capsys):
+    root, first, _ = two_runs
+    pushed = str(root / "serving" / "gpt" / "1")
+    assert cli.main(["lineage", pushed, "--root", str(root), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["pushed_model"]["uri"], out["pushed_model"]["version"]) == (pushed, "1")
+    assert out["train"]["run_id"] == first["run_id"]
+    assert (out["train"]["image"], out["train"]["unpinned"]) == ("local-python-environment", 1)
+    assert out["train"]["parameters"]["overrides"] == list(SMALL)
+    assert out["train"]["gpu_hours"] == 0
+    assert out["examples"]["dataset_version"] == first["dataset_version"]
+    assert out["tokenize"]["state"] == "COMPLETE"
+    assert out["evaluation"]["blessed"] == 1 and out["evaluation"]["baseline_model"] is None
+    assert out["evaluation"]["metrics"]["eval_nats_per_char"] == pytest.approx(
+        outputs(first, "evaluate", "evaluation")["eval_nats_per_char"])
+    assert cli.main(["lineage", "--latest", "--root", str(root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["pushed_model"]["uri"] == pushed
+
+    target = tmp_path / "again.yaml"
+    assert cli.main(["reproduce", pushed, "--root", str(root), "--output", str(target)]) == 2
+    assert "has no digest" in capsys.readouterr().err
+    assert cli.main(["reproduce", pushed, "--root", str(root), "--output", str(target),
+                     "--allow-unpinned"]) == 0
+    arguments = json.loads(target.with_suffix(".params.json").read_text())["arguments"]
+    assert arguments["overrides"] == list(SMALL) and arguments["workers"] == 2
+    assert arguments["max_nats_per_char"] == 5.0 and arguments["launcher"] == "local"

@@ -30,7 +30,9 @@ def test_blessed_model_is_pushed_as_next_version(tmp_path):
     model = make_model(tmp_path)
     dest = tmp_path / "serving" / "gpt"
     first = executor.run(model, make_blessing(tmp_path, True), str(dest), str(tmp_path / "p1"))
-    second = executor.run(model, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"))
+    second = executor.run(
+        model, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2")
+    )
     assert (first.pushed, first.pushed_version) == (1, "1")
     assert (second.pushed, second.pushed_version) == (1, "2")
     assert (dest / "2" / "saved_model.pb").read_bytes() == b"graph"
@@ -42,10 +44,11 @@ def test_blessed_model_is_pushed_as_next_version(tmp_path):
 
 def test_unblessed_model_is_not_pushed_and_step_succeeds(tmp_path):
     dest = tmp_path / "serving"
-    result = executor.run(make_model(tmp_path), make_blessing(tmp_path, False), str(dest),
-                          str(tmp_path / "pushed"))
+    result = executor.run(
+        make_model(tmp_path), make_blessing(tmp_path, False), str(dest), str(tmp_path / "pushed")
+    )
     assert result.pushed == 0 and result.pushed_version == ""
-    assert "not blessed: because" == result.reason
+    assert result.reason == "not blessed: because"
     assert not dest.exists()
     assert (tmp_path / "pushed" / "NOT_PUSHED").is_file()
 
@@ -55,8 +58,9 @@ def test_incomplete_versions_are_skipped_and_never_reused(tmp_path):
     (dest / "7").mkdir(parents=True)  # half-written: no saved_model.pb
     (dest / ".8.tmp-dead").mkdir()
     assert storage.serving_versions(dest) == []
-    result = executor.run(make_model(tmp_path), make_blessing(tmp_path, True), str(dest),
-                          str(tmp_path / "pushed"))
+    result = executor.run(
+        make_model(tmp_path), make_blessing(tmp_path, True), str(dest), str(tmp_path / "pushed")
+    )
     assert result.pushed_version == "8"
 
 
@@ -68,8 +72,9 @@ def test_failed_copy_leaves_no_version_and_no_temporary(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "rename", broken_rename)
     with pytest.raises(OSError, match="disk full"):
-        executor.run(make_model(tmp_path), make_blessing(tmp_path, True), str(dest),
-                     str(tmp_path / "pushed"))
+        executor.run(
+            make_model(tmp_path), make_blessing(tmp_path, True), str(dest), str(tmp_path / "pushed")
+        )
     assert list(dest.iterdir()) == []
     assert not (tmp_path / "pushed").exists()
 
@@ -78,12 +83,17 @@ def test_destination_that_is_a_file_is_a_clear_error(tmp_path):
     dest = tmp_path / "serving"
     dest.write_text("not a folder")
     with pytest.raises(UserError, match="not a folder"):
-        executor.run(make_model(tmp_path), make_blessing(tmp_path, True), str(dest),
-                     str(tmp_path / "pushed"))
+        executor.run(
+            make_model(tmp_path), make_blessing(tmp_path, True), str(dest), str(tmp_path / "pushed")
+        )
 
 
 def test_blessing_folder_without_marker_is_rejected(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="not a ModelBlessing"):
-        executor.run(make_model(tmp_path), str(tmp_path / "empty"), str(tmp_path / "s"),
-                     str(tmp_path / "pushed"))
+        executor.run(
+            make_model(tmp_path),
+            str(tmp_path / "empty"),
+            str(tmp_path / "s"),
+            str(tmp_path / "pushed"),
+        )

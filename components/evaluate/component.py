@@ -13,24 +13,29 @@ def evaluate(
     metadata: str,
     pipeline_name: str,
     run_id: str,
+    image: str,
     metrics: Output[Metrics],
     report: Output[Markdown],
     blessing: Output[Artifact],
 ):
     """Compare the candidate with the model in service on the same eval text; bless or not."""
-    from components import lineage
+    import os
+
+    from components import lineage, provenance
     from components.evaluate import executor
 
     params = {"serving_dir": serving_dir, "max_nats_per_char": max_nats_per_char,
               "tolerance": tolerance}
-    with lineage.step(metadata, "evaluate", pipeline_name, run_id, params) as rec:
-        rec.input("examples", "Examples", examples.uri)
-        rec.input("model", "Model", model.uri)
+    found = provenance.detect(image, os.environ).properties()
+    with lineage.step(metadata, "evaluate", pipeline_name, run_id, params, found) as rec:
+        rec.input("examples", "Examples", examples.uri, upstream=True)
+        rec.input("model", "Model", model.uri, upstream=True)
         result = executor.run(model.path, examples.path, serving_dir, blessing.path, report.path,
                               max_nats_per_char=max_nats_per_char, tolerance=tolerance)
         numbers = executor.metrics(result)
         for name, value in numbers.items():
-            metrics.log_metric(name, value)
+            if value == value and abs(value) != float("inf"):  # KFP's JSON has no NaN/inf
+                metrics.log_metric(name, value)
         blessing.metadata.update({"blessed": int(result.blessed), "reason": result.reason,
                                   "current_model": model.uri,
                                   "baseline_model": result.baseline_model})

@@ -73,7 +73,9 @@ def run(
     diverged = _diverged(model_dir)
     blessed, reason = decide(candidate, baseline, max_nats_per_char, tolerance, diverged)
     result = EvalResult(candidate, baseline, baseline_uri or "", blessed, reason)
-    samples = generate_samples(candidate_model, num_samples, sample_tokens)
+    # A diverged model's logits are NaN: sampling from them is meaningless, so show none.
+    healthy = not diverged and math.isfinite(candidate.nats_per_char)
+    samples = generate_samples(candidate_model, num_samples, sample_tokens) if healthy else []
     _write_blessing(blessing_dir, result, model_dir)
     storage.write_text_atomic(report_path, render_report(result, samples))
     log.info("eval: %s", reason)
@@ -178,10 +180,15 @@ def render_report(result: EvalResult, samples: list[tuple[str, str]]) -> str:
         )
     lines.append("")
     if result.baseline is None:
-        lines += ["No model is in service yet, so the change check against a baseline was skipped.", ""]
+        lines += [
+            "No model is in service yet, so the change check against a baseline was skipped.",
+            "",
+        ]
     else:
         lines += [f"Baseline: `{result.baseline_model}`", ""]
     lines += ["## Samples", ""]
+    if not samples:
+        lines += ["No samples: the model's loss is not finite.", ""]
     for prompt, completion in samples:
         lines += ["```text", prompt + completion, "```", ""]
     return "\n".join(lines)
@@ -196,7 +203,11 @@ def read_blessing(blessing_dir: str) -> tuple[bool, str]:
         blessed = False
     else:
         raise UserError(f"not a ModelBlessing folder (no BLESSED or NOT_BLESSED file): {folder}")
-    info = json.loads((folder / "blessing.json").read_text()) if (folder / "blessing.json").is_file() else {}
+    info = (
+        json.loads((folder / "blessing.json").read_text())
+        if (folder / "blessing.json").is_file()
+        else {}
+    )
     return blessed, str(info.get("reason", ""))
 
 

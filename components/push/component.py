@@ -11,15 +11,20 @@ def push(
     metadata: str,
     pipeline_name: str,
     run_id: str,
+    image: str,
     pushed_model: Output[Artifact],
 ):
     """Publish the model to the serving destination if, and only if, it is blessed."""
-    from components import lineage
+    import os
+
+    from components import lineage, provenance
     from components.push import executor
 
-    with lineage.step(metadata, "push", pipeline_name, run_id, {"serving_dir": serving_dir}) as rec:
-        rec.input("model", "Model", model.uri)
-        rec.input("blessing", "ModelBlessing", blessing.uri)
+    params = {"serving_dir": serving_dir}
+    found = provenance.detect(image, os.environ).properties()
+    with lineage.step(metadata, "push", pipeline_name, run_id, params, found) as rec:
+        rec.input("model", "Model", model.uri, upstream=True)
+        rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
         result = executor.run(model.path, blessing.path, serving_dir, pushed_model.path)
         props = {"pushed": result.pushed, "pushed_destination": result.pushed_destination,
                  "pushed_version": result.pushed_version, "reason": result.reason}

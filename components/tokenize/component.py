@@ -1,5 +1,7 @@
 """KFP component for the tokenize step: a thin shell over `executor.run`."""
 
+from typing import NamedTuple
+
 from kfp import dsl
 from kfp.dsl import Dataset, Output
 
@@ -12,24 +14,33 @@ def tokenize(
     metadata: str,
     pipeline_name: str,
     run_id: str,
+    image: str,
     examples: Output[Dataset],
-):
-    """Tokenize a text corpus into sharded TFRecords (TFX Examples layout)."""
-    from components import lineage
+) -> NamedTuple("TokenizeOutputs", [("dataset_version", str), ("config_hash", str)]):  # type: ignore[valid-type]  # noqa: E501 -- KFP reads this form
+    """Tokenize a text corpus into sharded TFRecords (TFX Examples layout).
+
+    Returns the dataset version and the trainer config's hash as output parameters, so the
+    train task's KFP cache key changes with the data and the config (docs/lineage.md).
+    """
+    import os
+
+    from components import lineage, provenance
     from components.tokenize import executor
-    from trainer.config import resolve_config
+    from trainer.config import config_hash, resolve_config
 
     cfg = resolve_config(config, overrides)
     params = {"corpus": corpus, "config": config, "overrides": overrides,
               "eval_fraction": eval_fraction, "vocab_size": cfg.model.vocab_size,
               "seq_len": cfg.model.seq_len}
-    with lineage.step(metadata, "tokenize", pipeline_name, run_id, params) as rec:
+    found = provenance.detect(image, os.environ).properties()
+    with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
         manifest = executor.run(corpus, examples.path, vocab_size=cfg.model.vocab_size,
                                 seq_len=cfg.model.seq_len, eval_fraction=eval_fraction)
         props = executor.artifact_properties(manifest)
         examples.metadata.update(props)
         rec.output("examples", "Examples", examples.uri, props)
         rec.dataset_version = manifest["dataset_version"]
+    return (manifest["dataset_version"], config_hash(cfg))
 
 
 def make(image: str) -> dsl.component:

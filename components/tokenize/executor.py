@@ -137,7 +137,10 @@ def run(
 
 
 def artifact_properties(manifest: dict[str, Any]) -> dict[str, Any]:
-    """Flat scalar properties of the Examples artifact for KFP and ML Metadata (TFX names)."""
+    """Flat scalar properties of the Examples artifact for KFP and ML Metadata (TFX names).
+
+    `dataset_version`, per-split and total `windows` and `tokens`, and `sources` (JSON).
+    """
     props: dict[str, Any] = {
         "dataset_version": manifest["dataset_version"],
         "split_names": json.dumps(list(manifest["splits"])),
@@ -149,6 +152,11 @@ def artifact_properties(manifest: dict[str, Any]) -> dict[str, Any]:
     for split, stats in manifest["splits"].items():
         for key in ("windows", "tokens", "chars"):
             props[f"{split}_{key}"] = stats[key]
+    for key in ("windows", "tokens"):
+        props[key] = sum(stats[key] for stats in manifest["splits"].values())
+    # Each source with its content fingerprint (size + sha256 locally; size, generation,
+    # crc32c and md5 on GCS), so `gptpipe reproduce` can tell whether the data is still there.
+    props["sources"] = json.dumps(manifest["sources"], sort_keys=True)
     return props
 
 

@@ -21,26 +21,37 @@ def train(
     pipeline_name: str,
     run_id: str,
     task_id: str,
+    image: str,
+    dataset_version: str,
+    config_hash: str,
     model: Output[Model],
 ):
     """Train the GPT on the Examples with `workers` trainer processes (a TFJob or local).
 
-    `deadline_seconds` 0 means no deadline.
+    `deadline_seconds` 0 means no deadline. `dataset_version` and `config_hash` come from the
+    tokenize task: they put the data and the resolved config into this task's KFP cache key.
     """
-    from components import lineage
+    import os
+
+    from components import lineage, provenance
     from components.train import executor
 
+    placement = executor.cluster_placement(os.environ) if launcher == "tfjob" else {}
     job = executor.TrainJob(
         launcher=launcher, workers=workers, gpus_per_worker=gpus_per_worker, image=trainer_image,
         backoff_limit=backoff_limit, deadline_seconds=deadline_seconds or None,
-        node_selector=node_selector, tolerations=tolerations,
+        node_selector=node_selector, tolerations=tolerations, **placement,
     )
     params = {"config": config, "overrides": overrides, "launcher": launcher,
               "workers": workers, "gpus_per_worker": gpus_per_worker,
               "backoff_limit": backoff_limit, "deadline_seconds": deadline_seconds,
-              "node_selector": node_selector, "tolerations": tolerations}
-    with lineage.step(metadata, "train", pipeline_name, run_id, params) as rec:
-        rec.input("examples", "Examples", examples.uri)
+              "node_selector": node_selector, "tolerations": tolerations,
+              "trainer_image": trainer_image, "config_hash": config_hash}
+    found = provenance.detect(image, os.environ).properties()
+    with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
+        rec.input("examples", "Examples", examples.uri, upstream=True)
+        executor.check_cache_inputs(examples.metadata, dataset_version, config_hash,
+                                    config=config, overrides=overrides)
         result = executor.run(
             examples.uri, model.uri, f"{work_root}/work/{run_id}/train",
             config=config, overrides=overrides, job=job, run_id=run_id, task_id=task_id,

@@ -1,4 +1,4 @@
-"""Train: run the trainer program on `workers` workers (local processes or a TFJob), collect the Model.
+"""Train: run the trainer on `workers` workers (local processes or a TFJob), collect the Model.
 
 The trainer (`python -m trainer.task`) is the same program in both places; only the launcher
 changes. This module builds its command line from the config route (preset + overrides), hands a
@@ -11,12 +11,13 @@ import json
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from components import storage
 from components.train import launcher as launchers
 from components.train.tfjob import job_name
 from trainer.config import config_hash, resolve_config
+from trainer.errors import UserError
 
 CONTAINER_PYTHON = "python"  # the interpreter on the trainer image's PATH
 
@@ -33,7 +34,8 @@ class TrainJob:
     deadline_seconds: int | None = None  # the job fails after this long
     node_selector: Mapping[str, str] = field(default_factory=dict)  # tfjob pod nodeSelector
     tolerations: Sequence[Mapping[str, Any]] = ()  # tfjob pod tolerations
-    namespace: str = "kubeflow"  # namespace of the TFJob (KFP's, by default)
+    namespace: str = "kubeflow"  # namespace of the TFJob (the launcher pod's, in a cluster)
+    owner: launchers.OwnerPod | None = None  # the launcher's pod; deleting it deletes the TFJob
 
 
 @dataclass(frozen=True)
@@ -61,24 +63,21 @@ def run(
     restarted job (or a retried step) resumes instead of starting over.
     """
     cfg = resolve_config(config, overrides)  # fail here, before any worker starts
-    python = sys.executable if job.launcher == "local" else CONTAINER_PYTHON
-    spec = launchers.JobSpec(
-        name=job_name(run_id, task_id),
-        command=trainer_command(python, examples_uri, model_uri, work_dir, config, overrides),
-        image=job.image,
-        namespace=job.namespace,
-        run_id=_label_safe(run_id),
-        workers=job.workers,
-        gpus_per_worker=job.gpus_per_worker,
-        backoff_limit=job.backoff_limit,
-        active_deadline_seconds=job.deadline_seconds,
-        node_selector=dict(job.node_selector),
-        tolerations=tuple(job.tolerations),
-        allow_unpinned=job.launcher == "local",
+    spec = job_spec(
+        examples_uri,
+        model_uri,
+        work_dir,
+        config=config,
+        overrides=overrides,
+        job=job,
+        run_id=run_id,
+        task_id=task_id,
     )
-    log_dir = f"{work_dir}/logs" if job.launcher == "local" else None
+    log_dir = None  # tfjob: the pods keep their logs; local: beside the checkpoints when on disk
+    if job.launcher == "local":
+        log_dir = storage.join(work_dir, "logs") if not storage.is_gcs(work_dir) else None
     launched = launchers.launch(spec, job.launcher, log_dir=log_dir)
-    metrics = json.loads((Path(model_uri) / "train_metrics.json").read_text())
+    metrics = json.loads(storage.read_bytes(storage.join(model_uri, "train_metrics.json")))
     model_properties = {
         "config_hash": config_hash(cfg),
         "steps": metrics.get("steps"),
@@ -98,6 +97,82 @@ def run(
     return TrainResult(model_properties, execution_properties)
 
 
+def check_cache_inputs(
+    examples_properties: Mapping[str, Any],
+    dataset_version: str,
+    expected_config_hash: str,
+    *,
+    config: str,
+    overrides: Sequence[str],
+) -> None:
+    """Fail if the cache-key inputs disagree with the Examples and the config they stand for.
+
+    The pipeline passes both from the tokenize task; a disagreement means a hand-edited
+    pipeline, and training on it would file the model under the wrong data or config.
+    """
+    found = examples_properties.get("dataset_version")
+    if found and found != dataset_version:
+        raise UserError(f"dataset_version input {dataset_version!r} is not the Examples' {found!r}")
+    resolved = config_hash(resolve_config(config, overrides))
+    if resolved != expected_config_hash:
+        raise UserError(
+            f"config_hash input {expected_config_hash!r} is not that of config {config!r} with "
+            f"overrides {list(overrides)} ({resolved!r})"
+        )
+
+
+def job_spec(
+    examples_uri: str,
+    model_uri: str,
+    work_dir: str,
+    *,
+    config: str,
+    overrides: Sequence[str],
+    job: TrainJob,
+    run_id: str,
+    task_id: str,
+) -> launchers.JobSpec:
+    """The launcher's description of this job (also what `gptpipe tfjob-manifest` prints)."""
+    python = sys.executable if job.launcher == "local" else CONTAINER_PYTHON
+    return launchers.JobSpec(
+        name=job_name(run_id, task_id),
+        command=trainer_command(python, examples_uri, model_uri, work_dir, config, overrides),
+        image=job.image,
+        namespace=job.namespace,
+        run_id=_label_safe(run_id),
+        workers=job.workers,
+        gpus_per_worker=job.gpus_per_worker,
+        backoff_limit=job.backoff_limit,
+        active_deadline_seconds=job.deadline_seconds,
+        node_selector=dict(job.node_selector),
+        tolerations=tuple(job.tolerations),
+        owner=job.owner,
+        allow_unpinned=job.launcher == "local",
+    )
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def cluster_placement(
+    env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
+) -> dict[str, Any]:
+    """Where the TFJob goes when the launcher runs in a KFP pod: its namespace, owned by the pod.
+
+    KFP v2 gives every executor pod KFP_POD_NAME and KFP_POD_UID (downward API); outside a pod
+    this returns {} and the TrainJob defaults apply.
+    """
+    placement: dict[str, Any] = {}
+    if env.get("KFP_POD_NAME") and env.get("KFP_POD_UID"):
+        placement["owner"] = launchers.OwnerPod(env["KFP_POD_NAME"], env["KFP_POD_UID"])
+    try:
+        with open(namespace_file, encoding="utf-8") as f:
+            placement["namespace"] = f.read().strip()
+    except OSError:
+        pass
+    return placement
+
+
 def trainer_command(
     python: str,
     examples_uri: str,
@@ -107,8 +182,19 @@ def trainer_command(
     overrides: Sequence[str],
 ) -> list[str]:
     """The command line every worker runs: `python -m trainer.task ...`."""
-    command = [python, "-m", "trainer.task", "--examples", examples_uri, "--model-dir", model_uri,
-               "--work-dir", work_dir, "--config", config]
+    command = [
+        python,
+        "-m",
+        "trainer.task",
+        "--examples",
+        examples_uri,
+        "--model-dir",
+        model_uri,
+        "--work-dir",
+        work_dir,
+        "--config",
+        config,
+    ]
     for override in overrides:
         command += ["--set", override]
     return command

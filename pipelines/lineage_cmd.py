@@ -1,0 +1,326 @@
+"""`gptpipe lineage` and `gptpipe reproduce`: what produced a pushed model, and how to redo it.
+
+Both read the chain the steps recorded in ML Metadata (through `components.lineage`, never
+MLMD directly): PushedModel <- push <- Model <- train <- Examples <- tokenize, plus the
+evaluation that blessed the model and the baseline it was compared with.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from components import lineage, provenance, storage
+from pipelines.pipeline import Images
+from trainer.errors import UserError
+
+# Pipeline parameters, by the step whose recorded parameters hold them (see pipelines/pipeline.py).
+PIPELINE_PARAMETERS = {
+    "tokenize": ("corpus", "config", "overrides", "eval_fraction"),
+    "train": (
+        "launcher",
+        "workers",
+        "gpus_per_worker",
+        "backoff_limit",
+        "deadline_seconds",
+        "node_selector",
+        "tolerations",
+    ),
+    "evaluate": ("serving_dir", "max_nats_per_char", "tolerance"),
+}
+# Execution properties the lineage report shows for every execution.
+_PROVENANCE = (
+    "image",
+    "image_digest",
+    "unpinned",
+    "image_digest_observed",
+    "image_digest_mismatch",
+    "code_version",
+    "environment_digest",
+    "run_id",
+    "start_time_ms",
+    "end_time_ms",
+    "cached_from_run_id",
+)
+
+
+def store_address(root: str | None, mlmd: str | None) -> str:
+    """The ML Metadata store to read: a gRPC host:port, or ROOT/metadata.sqlite (default ./runs)."""
+    if mlmd:
+        return mlmd
+    path = Path(root or "runs") / "metadata.sqlite"
+    if not path.is_file():
+        raise UserError(
+            f"no metadata store at {path}: pass --root of a local run or --mlmd HOST:PORT"
+        )
+    return str(path.resolve())
+
+
+def resolve_model(store_uri: str, model_uri: str | None, latest: bool) -> str:
+    """The PushedModel URI to start from: the one given, or the latest pushed with --latest."""
+    if latest:
+        found = lineage.latest_pushed_model(store_uri)
+        if found is None:
+            raise UserError(f"no pushed model in metadata store {store_uri}")
+        return found
+    if not model_uri:
+        raise UserError("give a MODEL_URI (e.g. runs/serving/gpt/1) or --latest")
+    if storage.is_gcs(model_uri):
+        return model_uri.rstrip("/")
+    return str(Path(model_uri).resolve())
+
+
+# --- lineage -------------------------------------------------------------------------------
+
+
+def report(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
+    """The chain behind a pushed model as plain JSON-able values (the `--json` output)."""
+    chain = lineage.trace(store_uri, pushed_model_uri)
+    pushed = chain["pushed_model"]["properties"]
+    return {
+        "store": store_uri,
+        "pushed_model": {
+            "uri": chain["pushed_model"]["uri"],
+            "pushed": pushed.get("pushed"),
+            "destination": pushed.get("pushed_destination"),
+            "version": pushed.get("pushed_version"),
+            "push": _execution(chain["push"]),
+        },
+        "model": _artifact(chain["model"]),
+        "train": _train(chain["train"]),
+        "examples": _examples(chain["examples"]),
+        "tokenize": _execution(chain["tokenize"]),
+        "evaluation": _evaluation(chain),
+    }
+
+
+def _execution(view: lineage.ExecutionView | None) -> dict[str, Any] | None:
+    if view is None:
+        return None
+    props = view["properties"]
+    found = {"id": view["id"], "step": view["step"], "state": view["state"]}
+    found.update({key: props[key] for key in _PROVENANCE if key in props})
+    found["parameters"] = lineage.parameters_of(view)
+    return found
+
+
+def _artifact(view: lineage.ArtifactView | None) -> dict[str, Any] | None:
+    return None if view is None else {"uri": view["uri"], "properties": view["properties"]}
+
+
+def _train(view: lineage.ExecutionView | None) -> dict[str, Any] | None:
+    found = _execution(view)
+    if view is None or found is None:
+        return None
+    props = view["properties"]
+    found.update(
+        trainer_image=found["parameters"].get("trainer_image"),
+        worker_image_digests=_json(props.get("worker_image_digests"), {}),
+        gpu_hours=props.get("gpu_hours"),
+        job_name=props.get("job_name"),
+    )
+    return found
+
+
+def _examples(view: lineage.ArtifactView | None) -> dict[str, Any] | None:
+    if view is None:
+        return None
+    props = view["properties"]
+    return {
+        "uri": view["uri"],
+        "dataset_version": props.get("dataset_version"),
+        "sources": _json(props.get("sources"), []),
+        "windows": props.get("windows"),
+        "tokens": props.get("tokens"),
+        "splits": {
+            split: {k: props.get(f"{split}_{k}") for k in ("windows", "tokens", "chars")}
+            for split in _json(props.get("split_names"), [])
+        },
+    }
+
+
+def _evaluation(chain: dict[str, Any]) -> dict[str, Any] | None:
+    blessing = chain["blessing"]
+    if blessing is None:
+        return None
+    metrics = chain["evaluations"][0] if chain["evaluations"] else None
+    props = blessing["properties"]
+    return {
+        "execution": _execution(chain["evaluate"]),
+        "metrics": metrics["properties"] if metrics else {},
+        "blessed": props.get("blessed"),
+        "reason": props.get("reason"),
+        "baseline_model": props.get("baseline_model") or None,
+    }
+
+
+def _json(value: Any, default: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) and value else default
+
+
+def print_report(found: dict[str, Any]) -> None:
+    """The chain as a rich tree, from the pushed model down to its data."""
+    from rich.console import Console
+    from rich.tree import Tree
+
+    pushed = found["pushed_model"]
+    tree = Tree(
+        f"[bold]PushedModel[/] {pushed['uri']} (version {pushed['version']}, "
+        f"pushed={pushed['pushed']})"
+    )
+    _add_execution(tree, "push", pushed["push"])
+    model = tree.add(f"[bold]Model[/] {(found['model'] or {}).get('uri', 'not recorded')}")
+    train = found["train"]
+    node = _add_execution(model, "train", train)
+    if node is not None and train is not None:
+        node.add(
+            f"trainer image {train['trainer_image']}; job {train['job_name']}; "
+            f"GPU-hours {train['gpu_hours']}"
+        )
+        for pod, digest in train["worker_image_digests"].items():
+            node.add(f"worker {pod}: {digest}")
+    examples = found["examples"]
+    if examples is not None:
+        data = model.add(f"[bold]Examples[/] {examples['uri']}")
+        data.add(
+            f"dataset version {examples['dataset_version']}; "
+            f"{examples['tokens']} tokens, {examples['windows']} windows"
+        )
+        for source in examples["sources"]:
+            data.add(f"source {_source_line(source)}")
+        _add_execution(data, "tokenize", found["tokenize"])
+    evaluation = found["evaluation"]
+    if evaluation is not None:
+        node = tree.add(
+            f"[bold]Evaluation[/] blessed={evaluation['blessed']}: {evaluation['reason']}"
+        )
+        node.add(f"baseline {evaluation['baseline_model'] or 'none (first model)'}")
+        for name, value in sorted(evaluation["metrics"].items()):
+            node.add(f"{name} = {value}")
+    Console().print(tree)
+
+
+def _add_execution(parent: Any, name: str, found: dict[str, Any] | None) -> Any:
+    if found is None:
+        parent.add(f"[bold]{name}[/] not recorded")
+        return None
+    pin = found.get("image_digest") or "UNPINNED"
+    node = parent.add(
+        f"[bold]{name}[/] execution {found['id']} {found['state']}, run {found.get('run_id')}"
+    )
+    node.add(f"image {found.get('image')} ({pin}); code {found.get('code_version')}")
+    if found.get("image_digest_mismatch"):
+        node.add(f"[red]pod ran {found.get('image_digest_observed')}[/]")
+    node.add("parameters " + json.dumps(found["parameters"], sort_keys=True))
+    return node
+
+
+def _source_line(source: dict[str, Any]) -> str:
+    keys = ("size", "sha256", "generation", "crc32c")
+    return source["uri"] + " " + " ".join(f"{k}={source[k]}" for k in keys if source.get(k))
+
+
+# --- reproduce -----------------------------------------------------------------------------
+
+
+def reproduce(
+    store_uri: str, pushed_model_uri: str, output: str | Path, *, allow_unpinned: bool = False
+) -> tuple[Path, Path]:
+    """Write a compiled pipeline and its arguments that redo the run behind a pushed model.
+
+    Same images by digest, same parameters, same corpus URIs; refused (UserError) when a
+    source no longer matches its recorded fingerprint. Returns (pipeline YAML, params JSON).
+    """
+    from pipelines import compiler
+
+    found = report(store_uri, pushed_model_uri)
+    steps = {
+        "tokenize": found["tokenize"],
+        "train": found["train"],
+        "evaluate": (found["evaluation"] or {}).get("execution"),
+    }
+    missing = [name for name, execution in steps.items() if execution is None]
+    if missing or found["examples"] is None:
+        lacks = ", ".join(missing or ["Examples"])
+        raise UserError(
+            f"the lineage of {pushed_model_uri} lacks {lacks} (a rollback or a "
+            "partial record): reproduce the model that the original push published"
+        )
+    arguments = {
+        name: steps[step]["parameters"][name]  # type: ignore[index]
+        for step, names in PIPELINE_PARAMETERS.items()
+        for name in names
+    }
+    if lineage.is_service(store_uri):
+        arguments["metadata"] = store_uri  # a gRPC store: record the reproduction beside it
+    images = Images(pipeline=found["train"]["image"], trainer=found["train"]["trainer_image"])
+    _check_pinned(images, allow_unpinned)
+    check_sources(
+        arguments["corpus"], found["examples"]["sources"], found["examples"]["dataset_version"]
+    )
+    pipeline = compiler.compile_pipeline(output, images)
+    params = Path(output).with_suffix(".params.json")
+    params.write_text(
+        json.dumps(
+            {
+                "arguments": arguments,
+                "reproduces": {
+                    "pushed_model": found["pushed_model"]["uri"],
+                    "run_id": found["train"].get("run_id"),
+                    "dataset_version": found["examples"]["dataset_version"],
+                    "code_version": found["train"].get("code_version"),
+                    "images": {"pipeline": images.pipeline, "trainer": images.trainer},
+                },
+            },
+            indent=2,
+            sort_keys=True,
+        )
+        + "\n"
+    )
+    return pipeline, params
+
+
+def _check_pinned(images: Images, allow_unpinned: bool) -> None:
+    for name, ref in (("pipeline", images.pipeline), ("trainer", images.trainer)):
+        if not provenance.is_pinned(ref) and not allow_unpinned:
+            raise UserError(
+                f"the recorded {name} image {ref!r} has no digest, so the same image "
+                "cannot be named again; pass --allow-unpinned to reuse the reference"
+            )
+
+
+def check_sources(corpus: str, recorded: list[dict[str, Any]], dataset_version: str) -> None:
+    """Raise UserError unless `corpus` lists exactly the recorded sources, unchanged."""
+    try:
+        current = {f.uri: f for f in storage.list_files(corpus)}
+    except UserError:  # the corpus itself is gone: say which recorded source is missing
+        current = {}
+    version = f"dataset version {dataset_version[:12]}"
+    for source in recorded:
+        uri = source["uri"]
+        if uri not in current:
+            raise UserError(f"source {uri} of {version} is gone: the data cannot be reproduced")
+        changed = _fingerprint_change(source, current[uri])
+        if changed:
+            raise UserError(
+                f"source {uri} changed since {version} was made ({changed}): "
+                "the same data version cannot be reproduced from it"
+            )
+    extra = sorted(set(current) - {s["uri"] for s in recorded})
+    if extra:
+        raise UserError(
+            f"corpus {corpus!r} now also holds {extra[0]}, which {version} did not "
+            "include: the same data version cannot be reproduced from it"
+        )
+
+
+def _fingerprint_change(recorded: dict[str, Any], now: storage.FileInfo) -> str:
+    """'' if the content fingerprint still matches, else what differs."""
+    keys = ("size", "sha256") if not storage.is_gcs(now.uri) else ("size", "crc32c", "md5")
+    diffs = [
+        f"{k} {recorded.get(k)} -> {getattr(now, k)}"
+        for k in keys
+        if recorded.get(k) != getattr(now, k)
+    ]
+    return "; ".join(diffs)

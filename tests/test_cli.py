@@ -1,0 +1,66 @@
+"""Bad input through `gptpipe run --local`: one clear message, and nothing half-written."""
+
+from pathlib import Path
+
+import pytest
+
+from pipelines import cli
+
+
+SHAKESPEARE = (Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt").read_bytes()
+
+
+def run_cli(tmp_path, capsys, corpus, *extra):
+    root = tmp_path / "runs"
+    code = cli.main(["run", "--local", "--root", str(root), "--corpus", str(corpus), *extra])
+    return code, capsys.readouterr().err, root
+
+
+def artifacts(root: Path, name: str) -> list[Path]:
+    return [p for p in root.rglob(name) if p.is_dir()]
+
+
+def write(tmp_path, data: bytes) -> Path:
+    path = tmp_path / "corpus.txt"
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["--set", "model.n_heads=2"], "unknown key 'model.n_heads'"),
+        (["--set", "model.n_head=3"], "n_head=3 must divide"),
+        (["--set", "model.seq_len=lots"], "model.seq_len"),
+    ],
+)
+def test_bad_config_fails_before_any_step(tmp_path, capsys, overrides, message):
+    code, err, root = run_cli(tmp_path, capsys, write(tmp_path, b"hello\n" * 100), *overrides)
+    assert code == 2
+    assert message in err and err.count("\n") == 1
+    assert not root.exists()
+
+
+def test_missing_corpus_is_named(tmp_path, capsys):
+    code, err, root = run_cli(tmp_path, capsys, tmp_path / "nope.txt")
+    assert code == 2 and "nope.txt" in err and "not found" in err
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        (b"", "empty"),
+        (b"caf\xe9 au lait\n" * 50, "not UTF-8"),
+        (SHAKESPEARE[:20_000], "fewer than one window"),
+    ],
+    ids=["empty", "not-utf8", "smaller-than-a-window"],
+)
+def test_bad_corpus_fails_tokenize_with_its_message_and_no_examples(tmp_path, capsys, data,
+                                                                    message):
+    # A window of 8192 tokens is longer than 20 kB of text, yet the model config stays valid.
+    code, err, root = run_cli(tmp_path, capsys, write(tmp_path, data), "--set", "model.seq_len=8192")
+    assert code == 1
+    assert "step 'tokenize' failed" in err and message in err and "corpus.txt" in err
+    assert artifacts(root, "examples") == []
+    assert list(root.rglob(".*.tmp-*")) == []
