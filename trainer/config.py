@@ -17,6 +17,7 @@ from typing import Any
 from trainer.errors import UserError
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
+JIT_COMPILE = ("auto", "on", "off")
 PRESET_NAMES = ("tiny", "gpt2-small")
 
 
@@ -59,7 +60,7 @@ class TrainConfig:
     eval_batches: int = 8  # batches of the eval split per validation run
     shuffle_buffer: int = 2048  # examples in the training shuffle buffer
     precision: str = "auto"  # auto | float32 | mixed_float16 | mixed_bfloat16
-    jit_compile: bool = False  # compile the train step with XLA
+    jit_compile: str = "auto"  # XLA for train/eval steps: auto (see use_jit_compile) | on | off
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,8 @@ def _train_errors(t: TrainConfig) -> list[str]:
             errors.append(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
     if t.precision not in PRECISIONS:
         errors.append(f"train.precision must be one of {PRECISIONS}, got {t.precision!r}")
+    if t.jit_compile not in JIT_COMPILE:
+        errors.append(f"train.jit_compile must be one of {JIT_COMPILE}, got {t.jit_compile!r}")
     return errors
 
 
@@ -341,6 +344,30 @@ def precision_policy(
         if compute_capability >= (7, 0):
             return "mixed_float16"
     return "float32"
+
+
+def use_jit_compile(setting: str, device_kind: str, workers: int) -> bool:
+    """Whether Keras compiles the train and eval steps with XLA (`jit_compile`).
+
+    "auto" turns XLA on only for a single worker on a GPU or TPU: on CPU it measured no faster,
+    and under MultiWorkerMirroredStrategy the compiled step holds the cross-worker all-reduce,
+    which XLA cannot compile on CPU (UnimplementedError, then the process aborts) and which is
+    unmeasured on GPU (docs/training.md). "on" with several CPU workers is refused for that
+    reason; other "on"/"off" settings are obeyed.
+    """
+    if setting not in JIT_COMPILE:
+        raise ConfigError(
+            f"config: train.jit_compile must be one of {JIT_COMPILE}, got {setting!r}"
+        )
+    kind = device_kind.lower()
+    if setting == "on" and workers > 1 and kind == "cpu":
+        raise ConfigError(
+            f"config: train.jit_compile=on cannot run on {workers} CPU workers: XLA does not "
+            "compile cross-worker collectives on CPU; use train.jit_compile=auto or off"
+        )
+    if setting != "auto":
+        return setting == "on"
+    return workers <= 1 and kind in ("gpu", "tpu")
 
 
 def tokenizer_trainer_options(vocab_size: int) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Reads the Examples artifact, trains the GPT with Keras `fit` under a distribution strategy
 (resumable through BackupAndRestore in the work folder), and has the chief write the Model
-artifact: Format-Serving/ (SavedModel), config.json and train_metrics.json.
+artifact: Format-Serving/ (SavedModel), config.json and train_metrics.json. On SIGTERM every
+worker backs up at the same step and exits 143, which the operator retries (docs/training.md).
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import logging
 import math
 import os
 import posixpath
+import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import tensorflow as tf
@@ -28,6 +32,47 @@ from trainer.config import Config
 from trainer.errors import UserError
 
 log = logging.getLogger("trainer")
+
+# 128 + SIGTERM, what Kubernetes reports for a container stopped by SIGTERM: retryable under the
+# operator's ExitCode restart policy. The trainer exits with it when preempted (after its backup)
+# and when it loses a peer worker.
+EXIT_PREEMPTED = 128 + signal.SIGTERM
+FAULT_SIGNALS = ("KILL", "TERM")
+
+
+class Preempted(Exception):
+    """The worker group stopped at `step` because a worker got SIGTERM; the backup is at `step`."""
+
+    def __init__(self, step: int):
+        super().__init__(f"preempted: backed up at step {step}")
+        self.step = step
+
+
+class PreemptionWatch:
+    """Turns SIGTERM into a flag that training polls; the process keeps running until it saves."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        """Handle SIGTERM from now on (in the main thread only, where Python allows it)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum, frame) -> None:
+        if not self.requested:
+            log.warning("received SIGTERM: backing up and stopping at the end of this step")
+        self.requested = True
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Test-only fault injection (`--fault-at-step`): worker `worker` sends itself `signal_name`
+    after step `step`, only in a run that started from step 0, so the restarted job runs clean."""
+
+    step: int  # optimizer step after which the signal is sent
+    worker: int = 1  # TF_CONFIG task index of the worker that signals itself
+    signal_name: str = "KILL"  # one of FAULT_SIGNALS
 
 
 def choose_strategy(tf_config: str | None = None) -> tf.distribute.Strategy:
@@ -46,6 +91,11 @@ def choose_strategy(tf_config: str | None = None) -> tf.distribute.Strategy:
 def _cluster_size(tf_config: str | None) -> int:
     cluster = json.loads(tf_config).get("cluster", {}) if tf_config else {}
     return sum(len(cluster.get(kind, [])) for kind in ("chief", "worker"))
+
+
+def _task_index(tf_config: str | None) -> int:
+    """This worker's TF_CONFIG task index (0 without TF_CONFIG)."""
+    return int(json.loads(tf_config).get("task", {}).get("index", 0)) if tf_config else 0
 
 
 def _is_chief(tf_config: str | None) -> bool:
@@ -165,6 +215,85 @@ class PeriodicCheckpoint(keras.callbacks.Callback):
                 tf.io.gfile.rmtree(self._manager.directory)
 
 
+class PreemptibleBackup(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore every `save_freq` steps that also backs up and stops when preempted.
+
+    A SIGTERM reaches one worker; the others must stop at the same step, because the backup is
+    a collective save under MultiWorkerMirroredStrategy. So at every step end all workers sum
+    their preemption flags (`agree`, one scalar all-reduce); when the sum is non-zero each takes
+    the backup and raises `Preempted`, which skips on_train_end (it would delete the backup).
+    """
+
+    def __init__(self, backup_dir: str, save_freq: int, watch: PreemptionWatch, agree):
+        super().__init__(backup_dir=backup_dir, save_freq=save_freq)
+        self.watch = watch
+        self.agree = agree  # local flag (0.0/1.0) -> the sum over all workers
+        self.initial_step = 0
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)  # restores the backup, if any
+        self.initial_step = int(self.model.optimizer.iterations.numpy())
+        if self.initial_step:
+            log.info("resumed at step %d from the backup in %s", self.initial_step, self.backup_dir)
+
+    def on_train_batch_end(self, batch, logs=None):
+        super().on_train_batch_end(batch, logs)
+        if self.agree(1.0 if self.watch.requested else 0.0) > 0:
+            step = int(self.model.optimizer.iterations.numpy())
+            self._backup(epoch=self._current_epoch, batch=batch)
+            log.warning("preempted: backed up at step %d; exiting %d", step, EXIT_PREEMPTED)
+            raise Preempted(step)
+
+    def on_train_end(self, logs=None):
+        # A non-chief worker's write folder (backup/workertemp_<i>) is made when training starts
+        # but only removed after a save; an attempt that saves nothing would leave it behind.
+        state = self._training_state
+        if state.write_checkpoint_manager is not state.read_checkpoint_manager:
+            scratch = state.write_checkpoint_manager.directory
+            if tf.io.gfile.exists(scratch):
+                tf.io.gfile.rmtree(scratch)
+        super().on_train_end(logs)
+
+
+def preemption_agreement(strategy: tf.distribute.Strategy, workers: int):
+    """A function: this worker's flag -> the sum of all workers' flags (all-reduce when >1)."""
+    if workers <= 1:
+        return lambda flag: flag
+
+    @tf.function
+    def all_reduce(flag):
+        def replica_fn(value):
+            ctx = tf.distribute.get_replica_context()
+            # identity places the value on this replica's device: all_reduce reduces to there.
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(value))
+
+        per_replica = strategy.run(replica_fn, args=(flag,))
+        return strategy.experimental_local_results(per_replica)[0]
+
+    return lambda flag: float(all_reduce(tf.constant(flag, tf.float32)))
+
+
+class InjectFault(keras.callbacks.Callback):
+    """Test-only: signals this process after `fault.step` when training started from step 0."""
+
+    def __init__(self, fault: Fault, task_index: int):
+        super().__init__()
+        self.fault = fault
+        self.armed = fault.worker == task_index
+        self._checked = False
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self._checked:  # after every on_train_begin, so after the backup's restore
+            self._checked = True
+            self.armed = self.armed and int(self.model.optimizer.iterations.numpy()) == 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.armed and int(self.model.optimizer.iterations.numpy()) == self.fault.step:
+            name = self.fault.signal_name
+            log.warning("fault injection: SIG%s at step %d", name, self.fault.step)
+            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+
+
 def _device_kind() -> tuple[str, tuple[int, int] | None]:
     """("gpu", compute capability) for a GPU host, else ("cpu", None)."""
     gpus = tf.config.list_physical_devices("GPU")
@@ -223,8 +352,14 @@ def _datasets(strategy, examples_dir: str, manifest: dict[str, Any], cfg: Config
     return train_ds, strategy.distribute_datasets_from_function(eval_fn), eval_steps
 
 
-def build_optimizer(cfg: Config, global_batch: int) -> tuple[keras.optimizers.Optimizer, Any]:
-    """AdamW with a warmup+cosine schedule whose peak LR is scaled to the global batch."""
+def build_optimizer(
+    cfg: Config, global_batch: int, policy: str = "float32"
+) -> tuple[keras.optimizers.Optimizer, Any]:
+    """AdamW with a warmup+cosine schedule whose peak LR is scaled to the global batch.
+
+    Under mixed_float16 it is wrapped in a dynamic LossScaleOptimizer: float16 gradients of a
+    small loss underflow. bfloat16 has float32's exponent range and needs no loss scaling.
+    """
     t = cfg.train
     peak = config_lib.scaled_learning_rate(t.learning_rate, global_batch, t.reference_batch_size)
     schedule = WarmupCosine(peak, t.warmup_steps, t.train_steps, t.min_lr_ratio)
@@ -236,17 +371,19 @@ def build_optimizer(cfg: Config, global_batch: int) -> tuple[keras.optimizers.Op
         global_clipnorm=t.grad_clip_norm or None,
     )
     optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    if policy == "mixed_float16":
+        optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
     return optimizer, schedule
 
 
-def _compiled_model(strategy, cfg: Config, global_batch: int):
+def _compiled_model(strategy, cfg: Config, global_batch: int, policy: str, jit_compile: bool):
     """(model, optimizer, schedule), created under the strategy's scope and compiled."""
     with strategy.scope():
         gpt = model.build_gpt(cfg.model)
-        optimizer, schedule = build_optimizer(cfg, global_batch)
+        optimizer, schedule = build_optimizer(cfg, global_batch, policy)
         gpt.compile(
             optimizer=optimizer,
-            jit_compile=cfg.train.jit_compile,
+            jit_compile=jit_compile,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
         # Logged metrics are already global means; the default "sum" would add them up again
@@ -255,11 +392,15 @@ def _compiled_model(strategy, cfg: Config, global_batch: int):
     return gpt, optimizer, schedule
 
 
-def _fit(gpt, cfg, datasets, work_dir, is_chief, monitor) -> None:
-    """Run fit in chunks of checkpoint_every steps so that backups and validation happen."""
+def _fit(gpt, cfg, datasets, work_dir, is_chief, monitor, backup, fault_cb) -> None:
+    """Run fit in epochs of checkpoint_every steps so that validation happens that often.
+
+    `backup` (PreemptibleBackup) restores in on_train_begin, before the callbacks after it start.
+    """
     t = cfg.train
     callbacks = [
-        keras.callbacks.BackupAndRestore(backup_dir=posixpath.join(work_dir, "backup")),
+        *([fault_cb] if fault_cb else []),  # first: the backup sees its signal in the same step
+        backup,
         monitor,
         PeriodicCheckpoint(posixpath.join(work_dir, "checkpoints"), t.checkpoint_every, is_chief),
         keras.callbacks.TensorBoard(
@@ -298,6 +439,26 @@ def _write_model_dir(gpt, cfg, tokenizer_path: str, metrics: dict, model_dir: st
     tf.io.gfile.rename(tmp, model_dir)
 
 
+def _precision_and_xla(cfg: Config, workers: int) -> tuple[str, bool]:
+    """The mixed-precision policy, set globally before any layer exists, and whether to use XLA."""
+    device_kind, capability = _device_kind()
+    policy = config_lib.precision_policy(cfg.train.precision, device_kind, capability)
+    keras.mixed_precision.set_global_policy(policy)
+    return policy, config_lib.use_jit_compile(cfg.train.jit_compile, device_kind, workers)
+
+
+def _export(gpt, cfg, tokenizer_path, metrics, model_dir, work_dir, is_chief) -> None:
+    """The chief writes the Model artifact; the others export too (saving may need collectives)
+    but into scratch space that they remove."""
+    scratch = posixpath.join(work_dir, f"scratch-model-{uuid.uuid4().hex[:8]}")
+    target = model_dir if is_chief else scratch
+    try:
+        _write_model_dir(gpt, cfg, tokenizer_path, metrics, target)
+    finally:
+        if not is_chief and tf.io.gfile.exists(target):
+            tf.io.gfile.rmtree(target)
+
+
 def train(
     examples_dir: str,
     model_dir: str,
@@ -305,22 +466,29 @@ def train(
     cfg: Config,
     strategy: tf.distribute.Strategy | None = None,
     tf_config: str | None = None,
+    watch: PreemptionWatch | None = None,
+    fault: Fault | None = None,
 ) -> dict[str, Any]:
-    """Train on the Examples artifact and write the Model artifact; returns train_metrics."""
+    """Train on the Examples artifact and write the Model artifact; returns train_metrics.
+
+    Raises `Preempted` after backing up when `watch` saw SIGTERM (on any worker). `fault` is a
+    test-only fault injection.
+    """
     strategy = strategy or choose_strategy(tf_config)
     manifest = data.read_manifest(examples_dir)
     check_manifest(manifest, cfg)
     keras.utils.set_random_seed(cfg.train.seed)
-    policy = config_lib.precision_policy(cfg.train.precision, *_device_kind())
-    keras.mixed_precision.set_global_policy(policy)
+    workers = max(1, _cluster_size(tf_config))
+    policy, jit = _precision_and_xla(cfg, workers)
     replicas = strategy.num_replicas_in_sync
     global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
     datasets = _datasets(strategy, examples_dir, manifest, cfg)
-    gpt, optimizer, schedule = _compiled_model(strategy, cfg, global_batch)
+    gpt, optimizer, schedule = _compiled_model(strategy, cfg, global_batch, policy, jit)
     log.info(
-        "training %d params, policy %s, %d replicas, global batch %d",
+        "training %d params, policy %s, jit_compile %s, %d replicas, global batch %d",
         gpt.count_params(),
         policy,
+        jit,
         replicas,
         global_batch,
     )
@@ -328,7 +496,14 @@ def train(
         cfg.train.train_steps, cfg.train.log_every, global_batch * cfg.model.seq_len, schedule
     )
     is_chief = _is_chief(tf_config)
-    _fit(gpt, cfg, datasets, work_dir, is_chief, monitor)
+    backup = PreemptibleBackup(
+        posixpath.join(work_dir, "backup"),
+        cfg.train.checkpoint_every,
+        watch or PreemptionWatch(),
+        preemption_agreement(strategy, workers),
+    )
+    fault_cb = InjectFault(fault, _task_index(tf_config)) if fault else None
+    _fit(gpt, cfg, datasets, work_dir, is_chief, monitor, backup, fault_cb)
     metrics = {
         "steps": int(optimizer.iterations.numpy()),
         "final_loss": monitor.last_loss,
@@ -337,16 +512,11 @@ def train(
         "tokens_per_second": monitor.tokens_per_second(),
         "global_batch_size": global_batch,
         "replicas": replicas,
-        "workers": max(1, _cluster_size(tf_config)),
+        "workers": workers,
     }
     tokenizer_file = manifest.get("tokenizer", {}).get("file", "tokenizer.model")
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
-    # Non-chief workers export too (saving may need collectives) but into scratch space.
-    scratch = posixpath.join(work_dir, f"scratch-model-{uuid.uuid4().hex[:8]}")
-    target = model_dir if is_chief else scratch
-    _write_model_dir(gpt, cfg, tokenizer_path, metrics, target)
-    if not is_chief:
-        tf.io.gfile.rmtree(target)
+    _export(gpt, cfg, tokenizer_path, metrics, model_dir, work_dir, is_chief)
     log.info("done: %s", json.dumps(metrics))
     return metrics
 
@@ -365,6 +535,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override a config field, e.g. --set train.train_steps=100",
     )
+    p.add_argument("--intra-op-threads", type=int, default=0, help="TF intra-op threads (0: TF's)")
+    p.add_argument("--inter-op-threads", type=int, default=0, help="TF inter-op threads (0: TF's)")
+    testing = p.add_argument_group("testing only: fault injection")
+    testing.add_argument(
+        "--fault-at-step", type=int, default=0, help="send the fault signal after this step"
+    )
+    testing.add_argument("--fault-worker", type=int, default=1, help="task index that signals")
+    testing.add_argument("--fault-signal", choices=FAULT_SIGNALS, default="KILL")
     return p.parse_args(argv)
 
 
@@ -373,15 +551,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     tf_config = os.environ.get("TF_CONFIG")  # the process edge: read the environment once
+    watch = PreemptionWatch()
+    watch.install()
+    fault = (
+        Fault(args.fault_at_step, args.fault_worker, args.fault_signal)
+        if args.fault_at_step > 0
+        else None
+    )
     try:
+        # Thread pools and collectives are configured before anything initializes TensorFlow.
+        if args.intra_op_threads:
+            tf.config.threading.set_intra_op_parallelism_threads(args.intra_op_threads)
+        if args.inter_op_threads:
+            tf.config.threading.set_inter_op_parallelism_threads(args.inter_op_threads)
         strategy = choose_strategy(tf_config)
+        # MultiWorkerMirrored starts TF's coordination agent, whose C++ preemption notifier
+        # takes SIGTERM over (it feeds tf.distribute's PreemptionCheckpointHandler): take it back.
+        watch.install()
         cfg = config_lib.resolve_config(args.config, args.set)
         if not tf.io.gfile.isdir(args.examples):
             raise UserError(f"examples: folder {args.examples!r} not found; pass --examples DIR")
-        train(args.examples, args.model_dir, args.work_dir, cfg, strategy, tf_config)
+        train(args.examples, args.model_dir, args.work_dir, cfg, strategy, tf_config, watch, fault)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Preempted:
+        return EXIT_PREEMPTED
+    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
+        # How collectives report a lost peer worker. The whole group must restart, so this one
+        # exits retryably too; exit 1 would make the operator fail the job.
+        log.error("lost a peer worker or the cluster (%s); exiting %d", e.message, EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
     return 0
 
 

@@ -1,0 +1,78 @@
+"""Mixed precision and XLA choices of the trainer: the pure rules, and what compile does."""
+
+import pytest
+import tf_keras as keras
+from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
+
+from trainer.config import ConfigError, precision_policy, resolve_config, use_jit_compile
+from trainer.model import build_gpt
+from trainer.task import build_optimizer, train
+
+
+@pytest.fixture
+def policy_reset():
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+
+
+@pytest.mark.parametrize(
+    ("precision", "device", "capability", "expected"),
+    [
+        ("auto", "cpu", None, "float32"),
+        ("auto", "gpu", (9, 0), "mixed_bfloat16"),  # Hopper
+        ("auto", "gpu", (8, 0), "mixed_bfloat16"),  # Ampere
+        ("auto", "gpu", (7, 0), "mixed_float16"),  # Volta: no bfloat16 tensor cores
+        ("auto", "gpu", (6, 1), "float32"),
+        ("auto", "tpu", None, "mixed_bfloat16"),
+        ("mixed_float16", "cpu", None, "mixed_float16"),  # an explicit choice is obeyed
+    ],
+)
+def test_precision_policy(precision, device, capability, expected):
+    assert precision_policy(precision, device, capability) == expected
+
+
+@pytest.mark.parametrize(
+    ("setting", "device", "workers", "expected"),
+    [
+        ("auto", "gpu", 1, True),
+        ("auto", "tpu", 1, True),
+        ("auto", "cpu", 1, False),
+        ("auto", "gpu", 2, False),  # MultiWorkerMirrored: the all-reduce stays outside XLA
+        ("auto", "cpu", 2, False),
+        ("on", "cpu", 1, True),
+        ("on", "gpu", 2, True),
+        ("off", "gpu", 1, False),
+    ],
+)
+def test_use_jit_compile(setting, device, workers, expected):
+    assert use_jit_compile(setting, device, workers) is expected
+
+
+def test_jit_compile_on_several_cpu_workers_is_refused():
+    with pytest.raises(ConfigError, match="jit_compile=on cannot run on 2 CPU workers"):
+        use_jit_compile("on", "cpu", 2)
+    with pytest.raises(ConfigError, match="jit_compile must be one of"):
+        resolve_config("tiny", ["train.jit_compile=true"])
+
+
+@pytest.mark.parametrize(("policy", "scaled"), [("mixed_float16", True), ("mixed_bfloat16", False)])
+def test_loss_scaling_only_for_float16(policy, scaled, policy_reset):
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    keras.mixed_precision.set_global_policy(policy)
+    optimizer, _ = build_optimizer(cfg, 8, policy)
+    gpt = build_gpt(cfg.model)
+    gpt.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+    is_scaled = isinstance(gpt.optimizer, keras.mixed_precision.LossScaleOptimizer)
+    assert is_scaled is scaled
+    if scaled:
+        assert gpt.optimizer.dynamic and gpt.optimizer.inner_optimizer is not None
+
+
+@pytest.mark.slow
+def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
+    examples = make_examples_dir(tmp_path / "examples")
+    overrides = ("train.train_steps=10", "train.checkpoint_every=10", "precision=mixed_bfloat16")
+    cfg = resolve_config("tiny", TINY_OVERRIDES + overrides)
+    metrics = train(str(examples), str(tmp_path / "model"), str(tmp_path / "work"), cfg)
+    assert metrics["steps"] == 10 and not metrics["diverged"]
+    assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").exists()
