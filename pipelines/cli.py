@@ -36,22 +36,36 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run the whole pipeline")
     run.add_argument("--local", action="store_true", help="run on this machine with kfp.local")
-    run.add_argument("--root", default=str(DEFAULT_ROOT),
-                     help="run root, local or gs:// (default ./runs); models go to ROOT/serving/")
-    run.add_argument("--state-dir", type=Path, default=None,
-                     help="local folder for step artifacts and metadata.sqlite (default: ROOT)")
+    run.add_argument(
+        "--root",
+        default=str(DEFAULT_ROOT),
+        help="run root, local or gs:// (default ./runs); models go to ROOT/serving/",
+    )
+    run.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help="local folder for step artifacts and metadata.sqlite (default: ROOT)",
+    )
     run.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="text file, folder or glob")
     run.add_argument("--config", default=None, help="trainer preset or YAML file (default tiny)")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                     help="trainer config override, repeatable")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="trainer config override, repeatable",
+    )
     run.add_argument("--workers", type=int, default=None, help="trainer worker processes")
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(func=_cmd_run)
 
     comp = sub.add_parser("compile", help="write the pipeline YAML for the KFP UI")
     comp.add_argument("--output", type=Path, required=True, help="YAML file to write")
-    comp.add_argument("--lock", type=Path, default=None,
-                      help="image digest lock (images/digests.json)")
+    comp.add_argument(
+        "--lock", type=Path, default=None, help="image digest lock (images/digests.json)"
+    )
     comp.add_argument("--allow-unpinned", action="store_true", help="allow images without digests")
     comp.set_defaults(func=_cmd_compile)
 
@@ -69,8 +83,12 @@ def _parser() -> argparse.ArgumentParser:
     tfjob.set_defaults(func=_cmd_tfjob_manifest)
 
     lin = sub.add_parser("lineage", help="what produced a pushed model, back to its data")
-    lin.add_argument("model_uri", nargs="?", metavar="MODEL_URI",
-                     help="a pushed model version (e.g. runs/serving/gpt/1)")
+    lin.add_argument(
+        "model_uri",
+        nargs="?",
+        metavar="MODEL_URI",
+        help="a pushed model version (e.g. runs/serving/gpt/1)",
+    )
     lin.add_argument("--latest", action="store_true", help="the most recently pushed model")
     _store_options(lin)
     lin.add_argument("--json", action="store_true", help="print the chain as JSON")
@@ -78,18 +96,28 @@ def _parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("reproduce", help="write a pipeline + arguments that redo a model's run")
     rep.add_argument("model_uri", metavar="MODEL_URI", help="a pushed model version")
-    rep.add_argument("--output", type=Path, required=True,
-                     help="pipeline YAML to write; its arguments go to OUTPUT.params.json")
+    rep.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        help="pipeline YAML to write; its arguments go to OUTPUT.params.json",
+    )
     _store_options(rep)
-    rep.add_argument("--allow-unpinned", action="store_true",
-                     help="reuse recorded image references that carry no digest")
+    rep.add_argument(
+        "--allow-unpinned",
+        action="store_true",
+        help="reuse recorded image references that carry no digest",
+    )
     rep.set_defaults(func=_cmd_reproduce)
 
     roll = sub.add_parser("rollback", help="re-publish an earlier model version as the newest")
     roll.add_argument("--destination", required=True, help="serving folder (local or gs://)")
     roll.add_argument("--to", dest="to_version", type=int, required=True, help="version to restore")
-    roll.add_argument("--metadata", default=str(DEFAULT_ROOT / "metadata.sqlite"),
-                      help="ML Metadata store: SQLite path or host:port")
+    roll.add_argument(
+        "--metadata",
+        default=str(DEFAULT_ROOT / "metadata.sqlite"),
+        help="ML Metadata store: SQLite path or host:port",
+    )
     roll.set_defaults(func=_cmd_rollback)
     return parser
 
@@ -97,8 +125,12 @@ def _parser() -> argparse.ArgumentParser:
 def _store_options(parser: argparse.ArgumentParser) -> None:
     store = parser.add_mutually_exclusive_group()
     store.add_argument("--root", default=None, help="local run root (default ./runs)")
-    store.add_argument("--mlmd", default=None, metavar="HOST:PORT",
-                       help="an ML Metadata gRPC service, e.g. metadata-grpc-service.kubeflow:8080")
+    store.add_argument(
+        "--mlmd",
+        default=None,
+        metavar="HOST:PORT",
+        help="an ML Metadata gRPC service, e.g. metadata-grpc-service.kubeflow:8080",
+    )
 
 
 def _cmd_lineage(args: argparse.Namespace) -> int:
@@ -118,8 +150,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     store = lineage_cmd.store_address(args.root, args.mlmd)
     model = lineage_cmd.resolve_model(store, args.model_uri, latest=False)
-    pipeline, params = lineage_cmd.reproduce(store, model, args.output,
-                                             allow_unpinned=args.allow_unpinned)
+    pipeline, params = lineage_cmd.reproduce(
+        store, model, args.output, allow_unpinned=args.allow_unpinned
+    )
     print(f"wrote {pipeline} and {params}")
     return 0
 
@@ -164,10 +197,19 @@ def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
     from pipelines import compiler
 
     image = args.image or compiler.load_images(allow_unpinned=args.allow_unpinned).trainer
-    job = executor.TrainJob(launcher="tfjob", workers=args.workers,
-                            gpus_per_worker=args.gpus_per_worker, image=image)
-    spec = executor.job_spec(args.examples, args.model_dir, args.work_dir, config=args.config,
-                             overrides=args.overrides, job=job, run_id=args.run_id, task_id="train")
+    job = executor.TrainJob(
+        launcher="tfjob", workers=args.workers, gpus_per_worker=args.gpus_per_worker, image=image
+    )
+    spec = executor.job_spec(
+        args.examples,
+        args.model_dir,
+        args.work_dir,
+        config=args.config,
+        overrides=args.overrides,
+        job=job,
+        run_id=args.run_id,
+        task_id="train",
+    )
     if args.allow_unpinned:
         spec = dataclasses.replace(spec, allow_unpinned=True)
     print(tfjob.render_yaml(spec), end="")
@@ -186,9 +228,17 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
         rec.input("model", "PushedModel", source)
         version = executor.rollback(args.destination, args.to_version)
         target = f"{args.destination.rstrip('/')}/{version}"
-        rec.output("pushed_model", "PushedModel", target, {
-            "pushed": 1, "pushed_destination": args.destination, "pushed_version": str(version),
-            "reason": f"rollback to version {args.to_version}"})
+        rec.output(
+            "pushed_model",
+            "PushedModel",
+            target,
+            {
+                "pushed": 1,
+                "pushed_destination": args.destination,
+                "pushed_version": str(version),
+                "reason": f"rollback to version {args.to_version}",
+            },
+        )
     print(f"version {args.to_version} of {args.destination} is now served as version {version}")
     return 0
 

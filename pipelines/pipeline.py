@@ -47,31 +47,52 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
         tolerations: list = [],  # noqa: B006 -- TFJob worker tolerations
         metadata: str = _DEFAULTS.metadata,
     ):
-        run = {"metadata": metadata, "pipeline_name": PIPELINE_NAME,
-               "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER, "image": images.pipeline}
+        run = {
+            "metadata": metadata,
+            "pipeline_name": PIPELINE_NAME,
+            "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            "image": images.pipeline,
+        }
         # Only train is cached. Tokenize must re-read the corpus (KFP keys on its URI, not its
         # bytes); evaluate and push read and change the serving folder. docs/lineage.md.
-        tokenized = tokenize_op(corpus=corpus, config=config, overrides=overrides,
-                                eval_fraction=eval_fraction, **run).set_display_name("tokenize")
+        tokenized = tokenize_op(
+            corpus=corpus, config=config, overrides=overrides, eval_fraction=eval_fraction, **run
+        ).set_display_name("tokenize")
         tokenized.set_caching_options(enable_caching=False)
         trained = train_op(
-            examples=tokenized.outputs["examples"], config=config, overrides=overrides,
-            launcher=launcher, workers=workers, gpus_per_worker=gpus_per_worker,
-            backoff_limit=backoff_limit, deadline_seconds=deadline_seconds,
-            node_selector=node_selector, tolerations=tolerations, trainer_image=images.trainer,
-            work_root=dsl.PIPELINE_ROOT_PLACEHOLDER, task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,
+            examples=tokenized.outputs["examples"],
+            config=config,
+            overrides=overrides,
+            launcher=launcher,
+            workers=workers,
+            gpus_per_worker=gpus_per_worker,
+            backoff_limit=backoff_limit,
+            deadline_seconds=deadline_seconds,
+            node_selector=node_selector,
+            tolerations=tolerations,
+            trainer_image=images.trainer,
+            work_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+            task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,
             dataset_version=tokenized.outputs["dataset_version"],
-            config_hash=tokenized.outputs["config_hash"], **run,
+            config_hash=tokenized.outputs["config_hash"],
+            **run,
         ).set_display_name("train")
         trained.set_caching_options(enable_caching=True)
         evaluated = evaluate_op(
-            examples=tokenized.outputs["examples"], model=trained.outputs["model"],
-            serving_dir=serving_dir, max_nats_per_char=max_nats_per_char, tolerance=tolerance,
+            examples=tokenized.outputs["examples"],
+            model=trained.outputs["model"],
+            serving_dir=serving_dir,
+            max_nats_per_char=max_nats_per_char,
+            tolerance=tolerance,
             **run,
         ).set_display_name("evaluate")
         evaluated.set_caching_options(enable_caching=False)
-        pushed = push_op(model=trained.outputs["model"], blessing=evaluated.outputs["blessing"],
-                         serving_dir=serving_dir, **run).set_display_name("push")
+        pushed = push_op(
+            model=trained.outputs["model"],
+            blessing=evaluated.outputs["blessing"],
+            serving_dir=serving_dir,
+            **run,
+        ).set_display_name("push")
         pushed.set_caching_options(enable_caching=False)
 
     return gptpipe

@@ -258,15 +258,27 @@ class Cluster:
         with self.cond:
             containers = [{"name": c, "image": image} for c, (image, _) in images.items()]
             statuses = [
-                {"name": c, "image": image, "imageID": image_id, "ready": True, "restartCount": 0,
-                 "started": True, "state": {"running": {"startedAt": _now()}}}
+                {
+                    "name": c,
+                    "image": image,
+                    "imageID": image_id,
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": _now()}},
+                }
                 for c, (image, image_id) in images.items()
             ]
             self.pods[(namespace, name)] = {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "uid": str(uuid.uuid4()),
-                             "labels": {}, "creationTimestamp": _now()},
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": str(uuid.uuid4()),
+                    "labels": {},
+                    "creationTimestamp": _now(),
+                },
                 "spec": {"containers": containers},
                 "status": {"phase": "Running", "startTime": _now(), "containerStatuses": statuses},
             }

@@ -6,7 +6,6 @@ import pytest
 
 from pipelines import cli
 
-
 SHAKESPEARE = (Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt").read_bytes()
 
 
@@ -56,10 +55,13 @@ def test_missing_corpus_is_named(tmp_path, capsys):
     ],
     ids=["empty", "not-utf8", "smaller-than-a-window"],
 )
-def test_bad_corpus_fails_tokenize_with_its_message_and_no_examples(tmp_path, capsys, data,
-                                                                    message):
+def test_bad_corpus_fails_tokenize_with_its_message_and_no_examples(
+    tmp_path, capsys, data, message
+):
     # A window of 8192 tokens is longer than 20 kB of text, yet the model config stays valid.
-    code, err, root = run_cli(tmp_path, capsys, write(tmp_path, data), "--set", "model.seq_len=8192")
+    code, err, root = run_cli(
+        tmp_path, capsys, write(tmp_path, data), "--set", "model.seq_len=8192"
+    )
     assert code == 1
     assert "step 'tokenize' failed" in err and message in err and "corpus.txt" in err
     assert artifacts(root, "examples") == []

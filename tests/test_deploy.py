@@ -9,8 +9,9 @@ RBAC = Path(__file__).resolve().parent.parent / "deploy" / "rbac.yaml"
 
 def test_rbac_role_covers_the_launcher_calls():
     role, binding = list(yaml.safe_load_all(RBAC.read_text()))
-    rules = {(r["apiGroups"][0], res): set(r["verbs"]) for r in role["rules"]
-             for res in r["resources"]}
+    rules = {
+        (r["apiGroups"][0], res): set(r["verbs"]) for r in role["rules"] for res in r["resources"]
+    }
     assert {"create", "get", "watch", "delete"} <= rules[("kubeflow.org", "tfjobs")]
     assert {"list", "get"} <= rules[("", "pods")]
     assert "get" in rules[("", "pods/log")]

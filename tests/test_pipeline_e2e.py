@@ -124,13 +124,19 @@ def test_raw_mlmd_from_the_pushed_uri_reaches_examples_and_train_provenance(two_
     store = lineage.open_store(str(root / "metadata.sqlite"))
 
     def producer(artifact_id):
-        (event,) = [e for e in store.get_events_by_artifact_ids([artifact_id])
-                    if e.type == mlmd.Event.OUTPUT]
+        (event,) = [
+            e
+            for e in store.get_events_by_artifact_ids([artifact_id])
+            if e.type == mlmd.Event.OUTPUT
+        ]
         return store.get_executions_by_id([event.execution_id])[0]
 
     def inputs(execution_id):
-        events = [e for e in store.get_events_by_execution_ids([execution_id])
-                  if e.type == mlmd.Event.INPUT]
+        events = [
+            e
+            for e in store.get_events_by_execution_ids([execution_id])
+            if e.type == mlmd.Event.INPUT
+        ]
         by_id = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in events])}
         return {e.path.steps[0].key: by_id[e.artifact_id] for e in events}
 
@@ -152,12 +158,20 @@ def test_raw_mlmd_from_the_pushed_uri_reaches_examples_and_train_provenance(two_
     # Every execution of both runs carries its provenance and times.
     for execution in store.get_executions():
         p = execution.custom_properties
-        assert {"image", "code_version", "environment_digest", "parameters", "start_time_ms",
-                "end_time_ms"} <= set(p), p["step"].string_value
+        assert {
+            "image",
+            "code_version",
+            "environment_digest",
+            "parameters",
+            "start_time_ms",
+            "end_time_ms",
+        } <= set(p), p["step"].string_value
     # Two runs on the same data share one dataset context.
     context = store.get_context_by_type_and_name("dataset_version", first["dataset_version"])
-    runs = {e.custom_properties["run_id"].string_value
-            for e in store.get_executions_by_context(context.id)}
+    runs = {
+        e.custom_properties["run_id"].string_value
+        for e in store.get_executions_by_context(context.id)
+    }
     assert runs == {first["run_id"], second["run_id"]}
 
 
@@ -175,15 +189,20 @@ def test_lineage_json_and_reproduce_from_a_local_run(two_runs, tmp_path, capsys)
     assert out["tokenize"]["state"] == "COMPLETE"
     assert out["evaluation"]["blessed"] == 1 and out["evaluation"]["baseline_model"] is None
     assert out["evaluation"]["metrics"]["eval_nats_per_char"] == pytest.approx(
-        outputs(first, "evaluate", "evaluation")["eval_nats_per_char"])
+        outputs(first, "evaluate", "evaluation")["eval_nats_per_char"]
+    )
     assert cli.main(["lineage", "--latest", "--root", str(root), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["pushed_model"]["uri"] == pushed
 
     target = tmp_path / "again.yaml"
     assert cli.main(["reproduce", pushed, "--root", str(root), "--output", str(target)]) == 2
     assert "has no digest" in capsys.readouterr().err
-    assert cli.main(["reproduce", pushed, "--root", str(root), "--output", str(target),
-                     "--allow-unpinned"]) == 0
+    assert (
+        cli.main(
+            ["reproduce", pushed, "--root", str(root), "--output", str(target), "--allow-unpinned"]
+        )
+        == 0
+    )
     arguments = json.loads(target.with_suffix(".params.json").read_text())["arguments"]
     assert arguments["overrides"] == list(SMALL) and arguments["workers"] == 2
     assert arguments["max_nats_per_char"] == 5.0 and arguments["launcher"] == "local"

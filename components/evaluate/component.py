@@ -24,21 +24,36 @@ def evaluate(
     from components import lineage, provenance
     from components.evaluate import executor
 
-    params = {"serving_dir": serving_dir, "max_nats_per_char": max_nats_per_char,
-              "tolerance": tolerance}
+    params = {
+        "serving_dir": serving_dir,
+        "max_nats_per_char": max_nats_per_char,
+        "tolerance": tolerance,
+    }
     found = provenance.detect(image, os.environ).properties()
     with lineage.step(metadata, "evaluate", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples.uri, upstream=True)
         rec.input("model", "Model", model.uri, upstream=True)
-        result = executor.run(model.path, examples.path, serving_dir, blessing.path, report.path,
-                              max_nats_per_char=max_nats_per_char, tolerance=tolerance)
+        result = executor.run(
+            model.path,
+            examples.path,
+            serving_dir,
+            blessing.path,
+            report.path,
+            max_nats_per_char=max_nats_per_char,
+            tolerance=tolerance,
+        )
         numbers = executor.metrics(result)
         for name, value in numbers.items():
             if value == value and abs(value) != float("inf"):  # KFP's JSON has no NaN/inf
                 metrics.log_metric(name, value)
-        blessing.metadata.update({"blessed": int(result.blessed), "reason": result.reason,
-                                  "current_model": model.uri,
-                                  "baseline_model": result.baseline_model})
+        blessing.metadata.update(
+            {
+                "blessed": int(result.blessed),
+                "reason": result.reason,
+                "current_model": model.uri,
+                "baseline_model": result.baseline_model,
+            }
+        )
         rec.output("evaluation", "ModelEvaluation", metrics.uri, numbers)
         rec.output("blessing", "ModelBlessing", blessing.uri, dict(blessing.metadata))
         rec.dataset_version = examples.metadata.get("dataset_version")

@@ -26,8 +26,12 @@ def push(
         rec.input("model", "Model", model.uri, upstream=True)
         rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
         result = executor.run(model.path, blessing.path, serving_dir, pushed_model.path)
-        props = {"pushed": result.pushed, "pushed_destination": result.pushed_destination,
-                 "pushed_version": result.pushed_version, "reason": result.reason}
+        props = {
+            "pushed": result.pushed,
+            "pushed_destination": result.pushed_destination,
+            "pushed_version": result.pushed_version,
+            "reason": result.reason,
+        }
         pushed_model.metadata.update(props)
         rec.output("pushed_model", "PushedModel", executor.pushed_uri(result), props)
         rec.dataset_version = model.metadata.get("dataset_version")

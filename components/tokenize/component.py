@@ -29,13 +29,23 @@ def tokenize(
     from trainer.config import config_hash, resolve_config
 
     cfg = resolve_config(config, overrides)
-    params = {"corpus": corpus, "config": config, "overrides": overrides,
-              "eval_fraction": eval_fraction, "vocab_size": cfg.model.vocab_size,
-              "seq_len": cfg.model.seq_len}
+    params = {
+        "corpus": corpus,
+        "config": config,
+        "overrides": overrides,
+        "eval_fraction": eval_fraction,
+        "vocab_size": cfg.model.vocab_size,
+        "seq_len": cfg.model.seq_len,
+    }
     found = provenance.detect(image, os.environ).properties()
     with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
-        manifest = executor.run(corpus, examples.path, vocab_size=cfg.model.vocab_size,
-                                seq_len=cfg.model.seq_len, eval_fraction=eval_fraction)
+        manifest = executor.run(
+            corpus,
+            examples.path,
+            vocab_size=cfg.model.vocab_size,
+            seq_len=cfg.model.seq_len,
+            eval_fraction=eval_fraction,
+        )
         props = executor.artifact_properties(manifest)
         examples.metadata.update(props)
         rec.output("examples", "Examples", examples.uri, props)

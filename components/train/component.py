@@ -38,23 +38,44 @@ def train(
 
     placement = executor.cluster_placement(os.environ) if launcher == "tfjob" else {}
     job = executor.TrainJob(
-        launcher=launcher, workers=workers, gpus_per_worker=gpus_per_worker, image=trainer_image,
-        backoff_limit=backoff_limit, deadline_seconds=deadline_seconds or None,
-        node_selector=node_selector, tolerations=tolerations, **placement,
+        launcher=launcher,
+        workers=workers,
+        gpus_per_worker=gpus_per_worker,
+        image=trainer_image,
+        backoff_limit=backoff_limit,
+        deadline_seconds=deadline_seconds or None,
+        node_selector=node_selector,
+        tolerations=tolerations,
+        **placement,
     )
-    params = {"config": config, "overrides": overrides, "launcher": launcher,
-              "workers": workers, "gpus_per_worker": gpus_per_worker,
-              "backoff_limit": backoff_limit, "deadline_seconds": deadline_seconds,
-              "node_selector": node_selector, "tolerations": tolerations,
-              "trainer_image": trainer_image, "config_hash": config_hash}
+    params = {
+        "config": config,
+        "overrides": overrides,
+        "launcher": launcher,
+        "workers": workers,
+        "gpus_per_worker": gpus_per_worker,
+        "backoff_limit": backoff_limit,
+        "deadline_seconds": deadline_seconds,
+        "node_selector": node_selector,
+        "tolerations": tolerations,
+        "trainer_image": trainer_image,
+        "config_hash": config_hash,
+    }
     found = provenance.detect(image, os.environ).properties()
     with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples.uri, upstream=True)
-        executor.check_cache_inputs(examples.metadata, dataset_version, config_hash,
-                                    config=config, overrides=overrides)
+        executor.check_cache_inputs(
+            examples.metadata, dataset_version, config_hash, config=config, overrides=overrides
+        )
         result = executor.run(
-            examples.uri, model.uri, f"{work_root}/work/{run_id}/train",
-            config=config, overrides=overrides, job=job, run_id=run_id, task_id=task_id,
+            examples.uri,
+            model.uri,
+            f"{work_root}/work/{run_id}/train",
+            config=config,
+            overrides=overrides,
+            job=job,
+            run_id=run_id,
+            task_id=task_id,
         )
         model.metadata.update(result.model_properties)
         rec.set(**result.execution_properties)

@@ -75,7 +75,7 @@ def run(
     )
     log_dir = None  # tfjob: the pods keep their logs; local: beside the checkpoints when on disk
     if job.launcher == "local":
-        log_dir = storage.join(work_dir, "logs") if not storage.is_gcs(work_dir) else None
+        log_dir = storage.join(work_dir, "worker-logs") if not storage.is_gcs(work_dir) else None
     launched = launchers.launch(spec, job.launcher, log_dir=log_dir)
     metrics = json.loads(storage.read_bytes(storage.join(model_uri, "train_metrics.json")))
     model_properties = {
@@ -85,6 +85,7 @@ def run(
         "diverged": int(bool(metrics.get("diverged"))),
         "global_batch_size": metrics.get("global_batch_size"),
         "tokens_per_second": metrics.get("tokens_per_second"),
+        "gpu_hours": launched.gpu_hours,  # the step's output metadata in the KFP UI, too
     }
     execution_properties = {
         "job_name": launched.job_name,
