@@ -9,7 +9,7 @@ ARGS ?=
 REGISTRY ?=
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 
-.PHONY: run test test-fast lint bench compile images pin-base-images clean help
+.PHONY: install run test test-fast lint bench compile images pin-base-images clean help
 
 help:
 	@echo "make run     install, then run the pipeline locally on data/tinyshakespeare.txt"
@@ -20,7 +20,7 @@ help:
 	@echo "make pin-base-images      pin the Dockerfiles' base images to today's digests"
 
 $(BIN)/python:
-	$(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PYTHON) -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel

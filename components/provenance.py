@@ -27,15 +27,34 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainer.errors import UserError
+
 LOCAL_IMAGE = "local-python-environment"  # kfp.local's SubprocessRunner: no image is pulled
 CODE_VERSION_ENV = "GPTPIPE_CODE_VERSION"  # set by images/*/Dockerfile from the REVISION arg
 POD_NAME_ENV = "KFP_POD_NAME"  # KFP v2 sets it on every executor pod (downward API)
+RUN_ID_ENV = "KFP_RUN_ID"  # the pod label pipeline/runid (pipelines/pipeline.py), or the runner's
+RUN_ID_LABEL = "metadata.labels['pipeline/runid']"  # where KFP puts the run's UUID on each pod
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 KFP_MAIN_CONTAINER = "main"  # the container KFP v2 runs a component in
 UNKNOWN = "unknown"
 REPO_DIR = Path(__file__).resolve().parent.parent
 
 _DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
+
+
+def run_id(env: Mapping[str, str]) -> str:
+    """The pipeline run's id, from the environment the runner or the pod label provides.
+
+    It is not a component input: a per-run input would put the run into every task's KFP cache
+    key, and some KFP backends leave `{{$.pipeline_job_uuid}}` unresolved in arguments.
+    """
+    value = env.get(RUN_ID_ENV, "")
+    if not value or "{{" in value:
+        raise UserError(
+            f"{RUN_ID_ENV} is not set to a run id ({value!r}): run the pipeline through KFP, "
+            "which sets it from the pod label pipeline/runid, or through `gptpipe run --local`"
+        )
+    return value
 
 
 @dataclass(frozen=True)

@@ -235,7 +235,8 @@ def list_files(pattern: str) -> list[FileInfo]:
         found = [path]
     else:
         raise UserError(f"corpus not found: {pattern!r} is not a file, folder or matching glob")
-    found = [p for p in found if not any(part.startswith(".") for part in p.parts[-1:])]
+    base = path.parent if path.is_file() else (path if path.is_dir() else Path(_glob_root(pattern)))
+    found = [p for p in found if not _hidden_path(p, base)]
     files = sorted({p.resolve() for p in found})
     return [FileInfo(str(p), p.stat().st_size, sha256_file(p)) for p in files]
 
@@ -249,6 +250,22 @@ def _info(bucket: str, blob: gcs.Blob) -> FileInfo:
         blob.crc32c or "",
         blob.md5_hash or "",
     )
+
+
+def _glob_root(pattern: str) -> str:
+    """The fixed folder part of a glob: everything before the first wildcard segment."""
+    parts = Path(pattern).parts
+    fixed = [p for p in parts[: next(i for i, p in enumerate(parts) if _has_wildcard(p))]]
+    return str(Path(*fixed)) if fixed else "."
+
+
+def _hidden_path(path: Path, base: Path) -> bool:
+    """True if any part of `path` below `base` starts with '.' (.git/, .staging-*, temps)."""
+    try:
+        parts = path.resolve().relative_to(base.resolve()).parts
+    except ValueError:
+        parts = path.parts[-1:]
+    return any(part.startswith(".") for part in parts)
 
 
 def _hidden(key: str, under: str) -> bool:

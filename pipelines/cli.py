@@ -58,6 +58,9 @@ def _parser() -> argparse.ArgumentParser:
         help="trainer config override, repeatable",
     )
     run.add_argument("--workers", type=int, default=None, help="trainer worker processes")
+    run.add_argument(
+        "--tokenizer", default="", help="SentencePiece model to reuse (default: train one)"
+    )
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(func=_cmd_run)
 
@@ -169,7 +172,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         state_dir=args.state_dir,
         config=args.config or defaults.config,
         overrides=tuple(args.overrides),
-        workers=args.workers or defaults.workers,
+        workers=defaults.workers if args.workers is None else args.workers,
+        tokenizer=args.tokenizer,
     )
     try:
         summary = local_runner.run_local(run)
@@ -208,7 +212,6 @@ def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         job=job,
         run_id=args.run_id,
-        task_id="train",
     )
     if args.allow_unpinned:
         spec = dataclasses.replace(spec, allow_unpinned=True)
@@ -220,6 +223,11 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     from components import lineage, provenance
     from components.push import executor
 
+    if not lineage.is_service(args.metadata) and not Path(args.metadata).is_file():
+        raise UserError(
+            f"no metadata store at {args.metadata}: pass --metadata, the runs' metadata.sqlite "
+            "(or host:port), so the rollback is recorded beside the pushes it undoes"
+        )
     params = {"destination": args.destination, "rollback_to": args.to_version}
     run_id = f"rollback-{int(time.time())}"
     found = provenance.detect(provenance.LOCAL_IMAGE, os.environ).properties()

@@ -17,7 +17,7 @@ from trainer.errors import UserError
 
 # Pipeline parameters, by the step whose recorded parameters hold them (see pipelines/pipeline.py).
 PIPELINE_PARAMETERS = {
-    "tokenize": ("corpus", "config", "overrides", "eval_fraction"),
+    "tokenize": ("corpus", "config", "overrides", "eval_fraction", "tokenizer"),
     "train": (
         "launcher",
         "workers",
@@ -251,11 +251,13 @@ def reproduce(
         name: steps[step]["parameters"][name]  # type: ignore[index]
         for step, names in PIPELINE_PARAMETERS.items()
         for name in names
+        if name in steps[step]["parameters"]  # type: ignore[index]  # older records lack some
     }
     if lineage.is_service(store_uri):
         arguments["metadata"] = store_uri  # a gRPC store: record the reproduction beside it
     images = Images(pipeline=found["train"]["image"], trainer=found["train"]["trainer_image"])
     _check_pinned(images, allow_unpinned)
+    check_config(arguments["config"], arguments["overrides"], steps["train"]["parameters"])  # type: ignore[index]
     check_sources(
         arguments["corpus"], found["examples"]["sources"], found["examples"]["dataset_version"]
     )
@@ -279,6 +281,19 @@ def reproduce(
         + "\n"
     )
     return pipeline, params
+
+
+def check_config(config: str, overrides: list[str], train_parameters: dict[str, Any]) -> None:
+    """Refuse when the recorded config (a preset or a YAML file) no longer resolves the same."""
+    from trainer.config import config_hash, resolve_config
+
+    recorded = train_parameters.get("config_hash")
+    now = config_hash(resolve_config(config, overrides))
+    if recorded and recorded != now:
+        raise UserError(
+            f"config {config!r} with overrides {overrides} resolves differently now (hash "
+            f"{now[:12]}, recorded {str(recorded)[:12]}): restore the YAML file it was read from"
+        )
 
 
 def _check_pinned(images: Images, allow_unpinned: bool) -> None:

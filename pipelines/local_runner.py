@@ -1,14 +1,18 @@
 """Run the pipeline on this machine with `kfp.local`: subprocesses, SQLite metadata, local disk."""
 
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kfp import local
 
-from components import lineage, storage
+from components import lineage, provenance, storage
 from components.provenance import LOCAL_IMAGE
 from pipelines.config import RunConfig
-from pipelines.pipeline import PIPELINE_NAME, Images, build
+from pipelines.pipeline import Images, build
 from trainer.config import resolve_config
 from trainer.errors import UserError
 
@@ -28,6 +32,7 @@ class LocalRun:
     overrides: tuple[str, ...] = ()  # key=value trainer overrides
     workers: int = _DEFAULTS.workers  # local trainer worker processes
     eval_fraction: float = _DEFAULTS.eval_fraction  # held-out share of the corpus
+    tokenizer: str = ""  # a SentencePiece model to reuse; "" trains one on the corpus
     max_nats_per_char: float = _DEFAULTS.max_nats_per_char  # blessing threshold
     tolerance: float = _DEFAULTS.tolerance  # allowed relative regression vs the baseline
     model_name: str = _DEFAULTS.model_name  # pushed to <root>/serving/<model_name>/
@@ -74,37 +79,53 @@ def run_local(run: LocalRun) -> dict:
         pipeline_root=str(run.state / "pipeline_root"),
         raise_on_error=True,
     )
-    corpus = run.corpus
-    if not storage.is_gcs(corpus) and not any(ch in corpus for ch in "*?["):
-        corpus = str(Path(corpus).resolve())
+    corpus = run.corpus if any(ch in run.corpus for ch in "*?[") else _absolute(run.corpus)
     pipeline = build(LOCAL_IMAGES)
+    run_id = f"local-{uuid.uuid4().hex[:12]}"
     try:
-        pipeline(
-            corpus=corpus,
-            serving_dir=run.serving_dir,
-            config=run.config,
-            overrides=list(run.overrides),
-            eval_fraction=run.eval_fraction,
-            max_nats_per_char=run.max_nats_per_char,
-            tolerance=run.tolerance,
-            launcher="local",
-            workers=run.workers,
-            gpus_per_worker=0,
-            metadata=run.metadata,
-            **run.extra,
-        )
+        with _run_id_in_environment(run_id):
+            pipeline(
+                corpus=corpus,
+                serving_dir=run.serving_dir,
+                config=run.config,
+                overrides=list(run.overrides),
+                eval_fraction=run.eval_fraction,
+                tokenizer=_absolute(run.tokenizer) if run.tokenizer else "",
+                max_nats_per_char=run.max_nats_per_char,
+                tolerance=run.tolerance,
+                launcher="local",
+                workers=run.workers,
+                gpus_per_worker=0,
+                metadata=run.metadata,
+                **run.extra,
+            )
     except RuntimeError as err:
-        raise PipelineFailed(_failure_message(run.metadata, str(err))) from None
-    return lineage.run_summary(run.metadata, lineage.latest_run_id(run.metadata, PIPELINE_NAME))
+        failure = lineage.failure_of(run.metadata, run_id)
+        message = f"step {failure[0]!r} failed: {failure[1]}" if failure else str(err)
+        raise PipelineFailed(message) from None
+    return lineage.run_summary(run.metadata, run_id)
 
 
-def _failure_message(metadata: str, fallback: str) -> str:
-    """The failed step and its recorded error, read back from lineage."""
+def _absolute(uri: str) -> str:
+    """A local path made absolute (steps run in other folders); a gs:// URI as it is."""
+    return uri if storage.is_gcs(uri) else str(Path(uri).resolve())
+
+
+@contextlib.contextmanager
+def _run_id_in_environment(run_id: str) -> Iterator[None]:
+    """Give every step the run id as KFP gives it in a cluster: an environment variable.
+
+    kfp.local starts each step as a subprocess of this one, so the steps inherit it.
+    """
+    previous = os.environ.get(provenance.RUN_ID_ENV)
+    os.environ[provenance.RUN_ID_ENV] = run_id
     try:
-        failure = lineage.failure_of(metadata, lineage.latest_run_id(metadata, PIPELINE_NAME))
-    except UserError:
-        failure = None
-    return f"step {failure[0]!r} failed: {failure[1]}" if failure else fallback
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(provenance.RUN_ID_ENV, None)
+        else:
+            os.environ[provenance.RUN_ID_ENV] = previous
 
 
 class PipelineFailed(RuntimeError):

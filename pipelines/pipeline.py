@@ -2,8 +2,9 @@
 
 from dataclasses import dataclass
 
-from kfp import dsl
+from kfp import dsl, kubernetes
 
+from components import provenance
 from components.evaluate import component as evaluate_component
 from components.push import component as push_component
 from components.tokenize import component as tokenize_component
@@ -36,6 +37,7 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
         config: str = _DEFAULTS.config,
         overrides: list = [],  # noqa: B006 -- KFP reads the default from the signature
         eval_fraction: float = _DEFAULTS.eval_fraction,
+        tokenizer: str = "",  # a SentencePiece model to reuse; "" trains one on the corpus
         max_nats_per_char: float = _DEFAULTS.max_nats_per_char,
         tolerance: float = _DEFAULTS.tolerance,
         launcher: str = _DEFAULTS.launcher,
@@ -50,13 +52,17 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
         run = {
             "metadata": metadata,
             "pipeline_name": PIPELINE_NAME,
-            "run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER,
             "image": images.pipeline,
         }
         # Only train is cached. Tokenize must re-read the corpus (KFP keys on its URI, not its
         # bytes); evaluate and push read and change the serving folder. docs/lineage.md.
         tokenized = tokenize_op(
-            corpus=corpus, config=config, overrides=overrides, eval_fraction=eval_fraction, **run
+            corpus=corpus,
+            config=config,
+            overrides=overrides,
+            eval_fraction=eval_fraction,
+            tokenizer=tokenizer,
+            **run,
         ).set_display_name("tokenize")
         tokenized.set_caching_options(enable_caching=False)
         trained = train_op(
@@ -72,7 +78,6 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
             tolerations=tolerations,
             trainer_image=images.trainer,
             work_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-            task_id=dsl.PIPELINE_TASK_ID_PLACEHOLDER,
             dataset_version=tokenized.outputs["dataset_version"],
             config_hash=tokenized.outputs["config_hash"],
             **run,
@@ -94,5 +99,9 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
             **run,
         ).set_display_name("push")
         pushed.set_caching_options(enable_caching=False)
+        for task in (tokenized, trained, evaluated, pushed):
+            # The run id reaches each step as an environment variable from its pod's label, so
+            # it never enters a KFP cache key (KFP ignores env there) and is always resolved.
+            kubernetes.use_field_path_as_env(task, provenance.RUN_ID_ENV, provenance.RUN_ID_LABEL)
 
     return gptpipe

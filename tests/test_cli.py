@@ -66,3 +66,25 @@ def test_bad_corpus_fails_tokenize_with_its_message_and_no_examples(
     assert "step 'tokenize' failed" in err and message in err and "corpus.txt" in err
     assert artifacts(root, "examples") == []
     assert list(root.rglob(".*.tmp-*")) == []
+
+
+def test_rollback_republishes_and_is_recorded_as_a_push(tmp_path, capsys):
+    from components import lineage
+
+    serving = tmp_path / "serving"
+    for version, graph in ((1, b"model one"), (2, b"model two")):
+        (serving / str(version)).mkdir(parents=True)
+        (serving / str(version) / "saved_model.pb").write_bytes(graph)
+    store = str(tmp_path / "metadata.sqlite")
+    missing = cli.main(
+        ["rollback", "--destination", str(serving), "--to", "1", "--metadata", store]
+    )
+    assert missing == 2 and "no metadata store" in capsys.readouterr().err
+    lineage.open_store(store)  # an empty store, as a first run would create it
+    code = cli.main(["rollback", "--destination", str(serving), "--to", "1", "--metadata", store])
+    assert code == 0 and "now served as version 3" in capsys.readouterr().out
+    assert (serving / "3" / "saved_model.pb").read_bytes() == b"model one"
+    pushed = lineage.find_artifact(store, str(serving / "3"), "PushedModel")
+    assert pushed["properties"]["pushed_version"] == "3"
+    assert "rollback to version 1" in pushed["properties"]["reason"]
+    assert lineage.producer_of(store, pushed)["step"] == "push"

@@ -24,7 +24,7 @@ def test_compiled_pipeline_matches_golden(tmp_path, request):
 
 
 def test_every_executor_image_is_pinned_by_digest(tmp_path):
-    spec = yaml.safe_load(
+    spec, _ = yaml.safe_load_all(
         compiler.compile_pipeline(tmp_path / "p.yaml", compiler.load_images(LOCK)).read_text()
     )
     executors = spec["deploymentSpec"]["executors"]
@@ -54,4 +54,13 @@ def test_lock_with_a_tag_is_refused(tmp_path):
 def test_cli_compile_writes_yaml(tmp_path, capsys):
     out = tmp_path / "gptpipe.yaml"
     assert cli.main(["compile", "--output", str(out), "--lock", str(LOCK)]) == 0
-    assert yaml.safe_load(out.read_text())["pipelineInfo"]["name"] == "gptpipe"
+    spec, platform = yaml.safe_load_all(out.read_text())
+    assert spec["pipelineInfo"]["name"] == "gptpipe"
+    # The run id reaches every step from its pod's label, never as a (cache-keyed) input.
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(executors) == {"exec-tokenize", "exec-train", "exec-evaluate", "exec-push"}
+    for config in executors.values():
+        assert config["fieldPathAsEnv"] == [
+            {"name": "KFP_RUN_ID", "fieldPath": "metadata.labels['pipeline/runid']"}
+        ]
+    assert "pipeline_job_uuid" not in out.read_text()

@@ -14,6 +14,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 from components import lineage, provenance
 from components.tokenize import executor as tokenize
 from pipelines import cli, lineage_cmd
+from trainer.config import config_hash, resolve_config
 from trainer.errors import UserError
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
@@ -21,6 +22,7 @@ PIPELINE_IMAGE = "ghcr.io/gptpipe/gptpipe-pipeline@sha256:" + "1" * 64
 TRAINER_IMAGE = "ghcr.io/gptpipe/gptpipe-trainer@sha256:" + "2" * 64
 WORKER_DIGEST = "sha256:" + "ab" * 32
 OVERRIDES = ["model.vocab_size=340", "model.seq_len=32"]
+CONFIG_HASH = config_hash(resolve_config("tiny", OVERRIDES))
 
 
 def write_corpus(folder: Path, extra: str = "") -> Path:
@@ -68,7 +70,7 @@ def record_rest(
         "node_selector": {"pool": "a100"},
         "tolerations": [],
         "trainer_image": TRAINER_IMAGE,
-        "config_hash": "f" * 64,
+        "config_hash": CONFIG_HASH,
     }
     with lineage.step(store, "train", "gptpipe", run_id, train_params, found) as rec:
         rec.input("examples", "Examples", examples, upstream=True)
@@ -207,7 +209,7 @@ def test_reproduce_writes_pipeline_and_parameters(recorded, tmp_path, capsys):
         )
         == 0
     )
-    spec = yaml.safe_load(out.read_text())
+    spec, _ = yaml.safe_load_all(out.read_text())
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
     assert images == {PIPELINE_IMAGE}
     assert TRAINER_IMAGE in out.read_text()
@@ -298,3 +300,13 @@ def test_one_byte_changes_the_version_and_the_dataset_context(tmp_path):
         == (changed["sources"][0]["size"])
     )
     assert examples.state == mlmd.Artifact.LIVE
+
+
+def test_reproduce_refuses_a_config_file_that_changed(tmp_path):
+    config = tmp_path / "small.yaml"
+    config.write_text("model:\n  n_layer: 2\n")
+    recorded = {"config_hash": config_hash(resolve_config(str(config), []))}
+    lineage_cmd.check_config(str(config), [], recorded)
+    config.write_text("model:\n  n_layer: 4\n")
+    with pytest.raises(UserError, match="resolves differently now"):
+        lineage_cmd.check_config(str(config), [], recorded)

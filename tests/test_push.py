@@ -26,20 +26,40 @@ def make_blessing(tmp_path, blessed, name="blessing"):
     return str(folder)
 
 
+def make_model_with(tmp_path, name, graph):
+    model = make_model(tmp_path, name)
+    (tmp_path / name / "Format-Serving" / "saved_model.pb").write_bytes(graph)
+    return model
+
+
 def test_blessed_model_is_pushed_as_next_version(tmp_path):
-    model = make_model(tmp_path)
     dest = tmp_path / "serving" / "gpt"
-    first = executor.run(model, make_blessing(tmp_path, True), str(dest), str(tmp_path / "p1"))
+    first = executor.run(
+        make_model(tmp_path), make_blessing(tmp_path, True), str(dest), str(tmp_path / "p1")
+    )
     second = executor.run(
-        model, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2")
+        make_model_with(tmp_path, "newer", b"graph 2"),
+        make_blessing(tmp_path, True, "b2"),
+        str(dest),
+        str(tmp_path / "p2"),
     )
     assert (first.pushed, first.pushed_version) == (1, "1")
     assert (second.pushed, second.pushed_version) == (1, "2")
-    assert (dest / "2" / "saved_model.pb").read_bytes() == b"graph"
+    assert (dest / "2" / "saved_model.pb").read_bytes() == b"graph 2"
     assert (dest / "2" / "variables" / "variables.index").is_file()
     assert (tmp_path / "p2" / "PUSHED").is_file()
     assert storage.serving_versions(dest) == [1, 2]
     assert executor.pushed_uri(second) == f"{dest}/2"
+
+
+def test_a_retried_push_of_the_same_model_publishes_no_second_copy(tmp_path):
+    model, dest = make_model(tmp_path), tmp_path / "serving"
+    executor.run(model, make_blessing(tmp_path, True), str(dest), str(tmp_path / "p1"))
+    again = executor.run(
+        model, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2")
+    )
+    assert (again.pushed, again.pushed_version) == (1, "1")
+    assert storage.serving_versions(dest) == [1]
 
 
 def test_unblessed_model_is_not_pushed_and_step_succeeds(tmp_path):

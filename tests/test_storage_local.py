@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 
 import pytest
 
@@ -81,3 +82,16 @@ def test_uri_helpers():
     regex = storage._glob_regex("c/*.txt")
     assert regex.match("c/a.txt") and not regex.match("c/d/a.txt")
     assert storage._glob_regex("c/**/[ab].txt").match("c/d/e/b.txt")
+
+
+def test_files_under_hidden_folders_are_not_corpus(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / ".git" / "objects").mkdir(parents=True)
+    (corpus / ".git" / "objects" / "blob").write_text("not text")
+    (corpus / "books").mkdir()
+    (corpus / "books" / "a.txt").write_text("a")
+    (corpus / ".notes.txt").write_text("hidden")
+    listed = [Path(f.uri).relative_to(corpus.resolve()) for f in storage.list_files(str(corpus))]
+    assert listed == [Path("books/a.txt")]
+    globbed = storage.list_files(str(corpus / "**" / "*"))
+    assert [Path(f.uri).name for f in globbed] == ["a.txt"]

@@ -4,7 +4,7 @@
     examples = make_examples_dir(tmp_path / "examples")
     model_dir = make_model_dir(tmp_path, examples)       # trains ~20 steps and exports
 
-The tokenizer is trained with `trainer.config.tokenizer_trainer_options`, the same options the
+The tokenizer is trained with `SENTENCEPIECE_TRAINER_OPTIONS`, the same options the
 tokenize step uses, so the in-graph tensorflow_text tokenizer matches the python one.
 """
 
@@ -56,12 +56,16 @@ def tiny_corpus(n_lines: int = 400, seed: int = 0) -> str:
 
 def train_tokenizer(text: str, prefix: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     """Train a SentencePiece BPE model on `text`; returns the .model path."""
-    from trainer.config import tokenizer_trainer_options
+    from components.tokenize.executor import SENTENCEPIECE_TRAINER_OPTIONS
 
     corpus = prefix.with_suffix(".txt")
     corpus.write_text(text, encoding="utf-8")
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(prefix), **tokenizer_trainer_options(vocab_size)
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        minloglevel=2,
+        **SENTENCEPIECE_TRAINER_OPTIONS,
     )
     return prefix.with_suffix(".model")
 

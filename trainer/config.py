@@ -368,29 +368,3 @@ def use_jit_compile(setting: str, device_kind: str, workers: int) -> bool:
     if setting != "auto":
         return setting == "on"
     return workers <= 1 and kind in ("gpu", "tpu")
-
-
-def tokenizer_trainer_options(vocab_size: int) -> dict[str, Any]:
-    """SentencePiece trainer options whose models round-trip text through tensorflow_text.
-
-    Identity normalization and kept whitespace make decode(encode(text)) == text; byte fallback
-    covers characters outside the vocabulary; "\\n" is one piece because SentencePiece trains on
-    lines and would otherwise never see it. Add `input=` and `model_prefix=` (or `model_writer=`).
-    """
-    return {
-        "vocab_size": vocab_size,
-        "model_type": "bpe",
-        "byte_fallback": True,
-        "character_coverage": 1.0,
-        "normalization_rule_name": "identity",
-        "remove_extra_whitespaces": False,
-        "add_dummy_prefix": False,
-        "split_by_whitespace": True,
-        "allow_whitespace_only_pieces": True,
-        "user_defined_symbols": ["\n"],
-        "unk_id": 0,
-        "bos_id": -1,
-        "eos_id": -1,
-        "pad_id": -1,
-        "minloglevel": 2,
-    }

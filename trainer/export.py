@@ -146,8 +146,16 @@ def export_model(
     export_dir = export_dir.rstrip("/")
     parent, name = posixpath.split(export_dir)
     tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
-    tf.saved_model.save(module, tmp, signatures=signatures)
-    if tf.io.gfile.exists(export_dir):
-        tf.io.gfile.rmtree(export_dir)
-    tf.io.gfile.rename(tmp, export_dir)
+    try:
+        tf.saved_model.save(module, tmp, signatures=signatures)
+        if tf.io.gfile.exists(export_dir):
+            tf.io.gfile.rmtree(export_dir)
+        tf.io.gfile.rename(tmp, export_dir)
+    finally:
+        _remove_if_present(tmp)  # only left when the save failed
     return export_dir
+
+
+def _remove_if_present(path: str) -> None:
+    if tf.io.gfile.exists(path):
+        tf.io.gfile.rmtree(path)

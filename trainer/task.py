@@ -427,16 +427,20 @@ def _write_model_dir(gpt, cfg, tokenizer_path: str, metrics: dict, model_dir: st
     tf.io.gfile.makedirs(parent or ".")
     tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
     tf.io.gfile.makedirs(tmp)
-    export.export_model(gpt, cfg, tokenizer_path, posixpath.join(tmp, "Format-Serving"))
-    for fname, payload in (
-        ("config.json", config_lib.config_to_dict(cfg)),
-        ("train_metrics.json", metrics),
-    ):
-        with tf.io.gfile.GFile(posixpath.join(tmp, fname), "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True)
-    if tf.io.gfile.exists(model_dir):
-        tf.io.gfile.rmtree(model_dir)
-    tf.io.gfile.rename(tmp, model_dir)
+    try:
+        export.export_model(gpt, cfg, tokenizer_path, posixpath.join(tmp, "Format-Serving"))
+        for fname, payload in (
+            ("config.json", config_lib.config_to_dict(cfg)),
+            ("train_metrics.json", metrics),
+        ):
+            with tf.io.gfile.GFile(posixpath.join(tmp, fname), "w") as f:
+                json.dump(payload, f, indent=2, sort_keys=True)
+        if tf.io.gfile.exists(model_dir):
+            tf.io.gfile.rmtree(model_dir)
+        tf.io.gfile.rename(tmp, model_dir)
+    finally:
+        if tf.io.gfile.exists(tmp):  # a failed export leaves nothing a later step could read
+            tf.io.gfile.rmtree(tmp)
 
 
 def _precision_and_xla(cfg: Config, workers: int) -> tuple[str, bool]:

@@ -12,7 +12,6 @@ def evaluate(
     tolerance: float,
     metadata: str,
     pipeline_name: str,
-    run_id: str,
     image: str,
     metrics: Output[Metrics],
     report: Output[Markdown],
@@ -29,6 +28,7 @@ def evaluate(
         "max_nats_per_char": max_nats_per_char,
         "tolerance": tolerance,
     }
+    run_id = provenance.run_id(os.environ)
     found = provenance.detect(image, os.environ).properties()
     with lineage.step(metadata, "evaluate", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples.uri, upstream=True)

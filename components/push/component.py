@@ -10,7 +10,6 @@ def push(
     serving_dir: str,
     metadata: str,
     pipeline_name: str,
-    run_id: str,
     image: str,
     pushed_model: Output[Artifact],
 ):
@@ -21,6 +20,7 @@ def push(
     from components.push import executor
 
     params = {"serving_dir": serving_dir}
+    run_id = provenance.run_id(os.environ)
     found = provenance.detect(image, os.environ).properties()
     with lineage.step(metadata, "push", pipeline_name, run_id, params, found) as rec:
         rec.input("model", "Model", model.uri, upstream=True)

@@ -20,12 +20,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from components import storage
-from components.evaluate.executor import read_blessing
+from components.evaluate.executor import SERVING_SUBDIR, read_blessing
 from trainer.errors import UserError
 
 log = logging.getLogger(__name__)
 
-SERVING_SUBDIR = "Format-Serving"  # TFX Model layout: the SavedModel inside the Model artifact
 READY = "saved_model.pb"  # TF Serving's sign that a version folder is complete
 _MAX_RACES = 5  # how many concurrent pushers may take our version number before we give up
 
@@ -71,6 +70,13 @@ def _publish(saved_model: str, destination: str) -> int:
         log.info("finished an interrupted push: %s", final)
         if finished[final] == "finished" and storage.same_files(saved_model, final):
             return int(final.rstrip("/").rsplit("/", 1)[-1])
+    # A retried push step (it failed after publishing) must not publish the same model twice.
+    versions = storage.serving_versions(destination)
+    if versions:
+        latest = storage.join(destination, str(versions[-1]))
+        if storage.same_files(saved_model, latest):
+            log.info("the newest version %s already holds this model", latest)
+            return versions[-1]
     return _publish_next(saved_model, destination)
 
 

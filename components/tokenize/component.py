@@ -11,13 +11,15 @@ def tokenize(
     config: str,
     overrides: list,
     eval_fraction: float,
+    tokenizer: str,
     metadata: str,
     pipeline_name: str,
-    run_id: str,
     image: str,
     examples: Output[Dataset],
 ) -> NamedTuple("TokenizeOutputs", [("dataset_version", str), ("config_hash", str)]):  # type: ignore[valid-type]  # noqa: E501 -- KFP reads this form
     """Tokenize a text corpus into sharded TFRecords (TFX Examples layout).
+
+    `tokenizer` is a SentencePiece model to reuse; "" trains one on the corpus.
 
     Returns the dataset version and the trainer config's hash as output parameters, so the
     train task's KFP cache key changes with the data and the config (docs/lineage.md).
@@ -28,23 +30,25 @@ def tokenize(
     from components.tokenize import executor
     from trainer.config import config_hash, resolve_config
 
-    cfg = resolve_config(config, overrides)
     params = {
         "corpus": corpus,
         "config": config,
         "overrides": overrides,
         "eval_fraction": eval_fraction,
-        "vocab_size": cfg.model.vocab_size,
-        "seq_len": cfg.model.seq_len,
+        "tokenizer": tokenizer,
     }
+    run_id = provenance.run_id(os.environ)
     found = provenance.detect(image, os.environ).properties()
     with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
+        cfg = resolve_config(config, overrides)
+        rec.set(vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
         manifest = executor.run(
             corpus,
             examples.path,
             vocab_size=cfg.model.vocab_size,
             seq_len=cfg.model.seq_len,
             eval_fraction=eval_fraction,
+            tokenizer=tokenizer or None,
         )
         props = executor.artifact_properties(manifest)
         examples.metadata.update(props)

@@ -308,11 +308,12 @@ def _explain_trainer_error(message: str) -> str:
 
 def _read_given_tokenizer(path: str, vocab_size: int) -> bytes:
     """Read and check a user-supplied SentencePiece model."""
-    if not Path(path).is_file():
+    try:
+        model = storage.read_bytes(path)
+    except (OSError, UserError):
         raise UserError(
             f"tokenizer {path!r} not found; give a SentencePiece .model file or omit it"
-        )
-    model = Path(path).read_bytes()
+        ) from None
     try:
         processor = spm.SentencePieceProcessor(model_proto=model)
     except RuntimeError:

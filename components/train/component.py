@@ -19,8 +19,6 @@ def train(
     work_root: str,
     metadata: str,
     pipeline_name: str,
-    run_id: str,
-    task_id: str,
     image: str,
     dataset_version: str,
     config_hash: str,
@@ -61,6 +59,7 @@ def train(
         "trainer_image": trainer_image,
         "config_hash": config_hash,
     }
+    run_id = provenance.run_id(os.environ)
     found = provenance.detect(image, os.environ).properties()
     with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples.uri, upstream=True)
@@ -75,11 +74,11 @@ def train(
             overrides=overrides,
             job=job,
             run_id=run_id,
-            task_id=task_id,
         )
-        model.metadata.update(result.model_properties)
+        properties = {**result.model_properties, "dataset_version": dataset_version}
+        model.metadata.update(properties)
         rec.set(**result.execution_properties)
-        rec.output("model", "Model", model.uri, result.model_properties)
+        rec.output("model", "Model", model.uri, properties)
         rec.dataset_version = examples.metadata.get("dataset_version")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from components import storage
+from components import provenance, storage
 from components.train import launcher as launchers
 from components.train.tfjob import job_name
 from trainer.config import config_hash, resolve_config
@@ -55,14 +55,13 @@ def run(
     overrides: Sequence[str],
     job: TrainJob,
     run_id: str,
-    task_id: str,
 ) -> TrainResult:
     """Train on the Examples at `examples_uri`; the chief writes the Model to `model_uri`.
 
     `work_dir` holds checkpoints and the BackupAndRestore state; it is derived from the run, so a
     restarted job (or a retried step) resumes instead of starting over.
     """
-    cfg = resolve_config(config, overrides)  # fail here, before any worker starts
+    cfg = resolve_config(config, overrides)
     spec = job_spec(
         examples_uri,
         model_uri,
@@ -71,7 +70,6 @@ def run(
         overrides=overrides,
         job=job,
         run_id=run_id,
-        task_id=task_id,
     )
     log_dir = None  # tfjob: the pods keep their logs; local: beside the checkpoints when on disk
     if job.launcher == "local":
@@ -131,12 +129,12 @@ def job_spec(
     overrides: Sequence[str],
     job: TrainJob,
     run_id: str,
-    task_id: str,
 ) -> launchers.JobSpec:
     """The launcher's description of this job (also what `gptpipe tfjob-manifest` prints)."""
+    resolve_config(config, overrides)  # a bad key fails here, not in the pods
     python = sys.executable if job.launcher == "local" else CONTAINER_PYTHON
     return launchers.JobSpec(
-        name=job_name(run_id, task_id),
+        name=job_name(run_id, "train"),  # one train task per run: a retry re-attaches
         command=trainer_command(python, examples_uri, model_uri, work_dir, config, overrides),
         image=job.image,
         namespace=job.namespace,
@@ -152,11 +150,8 @@ def job_spec(
     )
 
 
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
-
-
 def cluster_placement(
-    env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
+    env: Mapping[str, str], namespace_file: str = provenance.SERVICE_ACCOUNT_NAMESPACE
 ) -> dict[str, Any]:
     """Where the TFJob goes when the launcher runs in a KFP pod: its namespace, owned by the pod.
 

@@ -119,11 +119,15 @@ class _WorkerGroup:
         self.pump: threading.Thread | None = None
         attempt_dir.mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-        for index in range(spec.workers):
-            env = {**base, "PYTHONUNBUFFERED": "1", **spec.env}
-            if spec.workers > 1:
-                env["TF_CONFIG"] = tf_config(ports, index)
-            self._start(index, env)
+        try:
+            for index in range(spec.workers):
+                env = {**base, "PYTHONUNBUFFERED": "1", **spec.env}
+                if spec.workers > 1:
+                    env["TF_CONFIG"] = tf_config(ports, index)
+                self._start(index, env)
+        except BaseException:
+            self.stop(grace=0)  # a worker that could not start must not strand the others
+            raise
 
     def log_path(self, index: int) -> Path:
         return self.dir / f"worker-{index}.log"

@@ -37,6 +37,7 @@ from typing import Any, TextIO
 import yaml
 
 from components.train.launcher import (
+    MAX_JOB_NAME,
     JobSpec,
     LaunchCancelled,
     LaunchError,
@@ -73,7 +74,7 @@ def job_name(run_id: str, task_id: str, prefix: str = "train") -> str:
     """
     digest = hashlib.sha256(f"{run_id}\0{task_id}".encode()).hexdigest()[:10]
     slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
-    room = 52 - len(prefix) - len(digest) - 2
+    room = MAX_JOB_NAME - len(prefix) - len(digest) - 2
     slug = slug[:room].strip("-")
     return "-".join(p for p in (prefix, slug, digest) if p)
 
