@@ -540,7 +540,7 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
     push = _producer_of(store, pushed["id"])
     push_inputs = _linked(store, push["id"], mlmd.Event.INPUT) if push else {}
     model = _pick(push_inputs, "Model", "model")
-    blessing = _pick(push_inputs, "ModelBlessing", "model_blessing")
+    blessing = _pick(push_inputs, "ModelBlessing", "blessing")
     evaluate = _producer_of(store, blessing["id"]) if blessing else None
     evaluate_outputs = _linked(store, evaluate["id"], mlmd.Event.OUTPUT) if evaluate else {}
     train = _producer_of(store, model["id"]) if model else None

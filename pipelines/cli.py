@@ -9,6 +9,7 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from pipelines.config import RunConfig
 from trainer.errors import UserError
@@ -31,9 +32,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gptpipe", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gptpipe",
+        description="Tokenize, train, evaluate and push GPT models on Kubeflow Pipelines.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (
+        _add_run,
+        _add_compile,
+        _add_tfjob_manifest,
+        _add_lineage,
+        _add_reproduce,
+        _add_rollback,
+    ):
+        add(sub)
+    return parser
 
+
+def _add_run(sub: Any) -> None:
     run = sub.add_parser("run", help="run the whole pipeline")
     run.add_argument("--local", action="store_true", help="run on this machine with kfp.local")
     run.add_argument(
@@ -64,6 +80,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true", help="print the summary as JSON")
     run.set_defaults(func=_cmd_run)
 
+
+def _add_compile(sub: Any) -> None:
     comp = sub.add_parser("compile", help="write the pipeline YAML for the KFP UI")
     comp.add_argument("--output", type=Path, required=True, help="YAML file to write")
     comp.add_argument(
@@ -72,6 +90,8 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--allow-unpinned", action="store_true", help="allow images without digests")
     comp.set_defaults(func=_cmd_compile)
 
+
+def _add_tfjob_manifest(sub: Any) -> None:
     tfjob = sub.add_parser("tfjob-manifest", help="print the TFJob manifest the train step submits")
     tfjob.add_argument("--workers", type=int, default=RunConfig().workers, help="worker replicas")
     tfjob.add_argument("--gpus-per-worker", type=int, default=RunConfig().gpus_per_worker)
@@ -85,6 +105,8 @@ def _parser() -> argparse.ArgumentParser:
     tfjob.add_argument("--allow-unpinned", action="store_true", help="allow an image by tag")
     tfjob.set_defaults(func=_cmd_tfjob_manifest)
 
+
+def _add_lineage(sub: Any) -> None:
     lin = sub.add_parser("lineage", help="what produced a pushed model, back to its data")
     lin.add_argument(
         "model_uri",
@@ -97,6 +119,8 @@ def _parser() -> argparse.ArgumentParser:
     lin.add_argument("--json", action="store_true", help="print the chain as JSON")
     lin.set_defaults(func=_cmd_lineage)
 
+
+def _add_reproduce(sub: Any) -> None:
     rep = sub.add_parser("reproduce", help="write a pipeline + arguments that redo a model's run")
     rep.add_argument("model_uri", metavar="MODEL_URI", help="a pushed model version")
     rep.add_argument(
@@ -113,6 +137,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     rep.set_defaults(func=_cmd_reproduce)
 
+
+def _add_rollback(sub: Any) -> None:
     roll = sub.add_parser("rollback", help="re-publish an earlier model version as the newest")
     roll.add_argument("--destination", required=True, help="serving folder (local or gs://)")
     roll.add_argument("--to", dest="to_version", type=int, required=True, help="version to restore")
@@ -122,7 +148,6 @@ def _parser() -> argparse.ArgumentParser:
         help="ML Metadata store: SQLite path or host:port",
     )
     roll.set_defaults(func=_cmd_rollback)
-    return parser
 
 
 def _store_options(parser: argparse.ArgumentParser) -> None:
