@@ -1,7 +1,8 @@
 # gptpipe: `make run` runs the whole pipeline locally; `make test` runs the test suite.
 # Both create .venv and install the project from pyproject.toml first.
 
-PYTHON ?= python3.11
+# Python 3.11 (the stack's pins need it); pyproject.toml's requires-python rejects others.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
