@@ -54,19 +54,22 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
             "pipeline_name": PIPELINE_NAME,
             "image": images.pipeline,
         }
-        # Only train is cached. Tokenize must re-read the corpus (KFP keys on its URI, not its
-        # bytes); evaluate and push read and change the serving folder. docs/lineage.md.
+        # Only train is cached, on what determines its output (data version, config, images).
+        # Tokenize always runs: KFP would key it on the corpus URI, not its bytes, and it is
+        # cheap when the data is unchanged (content-addressed reuse). Evaluate and push read and
+        # change the serving folder. docs/lineage.md.
         tokenized = tokenize_op(
             corpus=corpus,
             config=config,
             overrides=overrides,
             eval_fraction=eval_fraction,
             tokenizer=tokenizer,
+            work_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
             **run,
         ).set_display_name("tokenize")
         tokenized.set_caching_options(enable_caching=False)
         trained = train_op(
-            examples=tokenized.outputs["examples"],
+            examples_uri=tokenized.outputs["examples_uri"],
             config=config,
             overrides=overrides,
             launcher=launcher,

@@ -64,3 +64,8 @@ def test_cli_compile_writes_yaml(tmp_path, capsys):
             {"name": "KFP_RUN_ID", "fieldPath": "metadata.labels['pipeline/runid']"}
         ]
     assert "pipeline_job_uuid" not in out.read_text()
+    # Train's KFP cache key holds no artifact (KFP keys those by identity, new every run): its
+    # Examples arrive as the content-addressed URI, with the dataset version and config hash.
+    train = spec["root"]["dag"]["tasks"]["train"]["inputs"]
+    assert "artifacts" not in train
+    assert train["parameters"]["examples_uri"]["taskOutputParameter"]["producerTask"] == "tokenize"

@@ -206,3 +206,12 @@ def test_lineage_json_and_reproduce_from_a_local_run(two_runs, tmp_path, capsys)
     arguments = json.loads(target.with_suffix(".params.json").read_text())["arguments"]
     assert arguments["overrides"] == list(SMALL) and arguments["workers"] == 2
     assert arguments["max_nats_per_char"] == 5.0 and arguments["launcher"] == "local"
+
+
+def test_second_run_reuses_the_content_addressed_examples(two_runs):
+    root, first, second = two_runs
+    uri = first["steps"]["tokenize"]["outputs"]["examples"][0]["uri"]
+    assert uri == str(root / "pipeline_root" / "datasets" / first["dataset_version"])
+    assert second["steps"]["tokenize"]["outputs"]["examples"][0]["uri"] == uri
+    assert first["steps"]["tokenize"]["properties"]["reused"] == 0
+    assert second["steps"]["tokenize"]["properties"]["reused"] == 1

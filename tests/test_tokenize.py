@@ -228,3 +228,27 @@ def test_output_folder_with_content_is_a_user_error(built, tmp_path):
     shutil.copytree(built[1], tmp_path / "out")
     with pytest.raises(UserError, match="out.*not empty"):
         _run(built[0], tmp_path / "out")
+
+
+def test_content_addressed_store_tokenizes_each_version_once(tmp_path):
+    corpus = _write(tmp_path / "corpus" / "text.txt", _slice(12_000))
+    store = tmp_path / "datasets"
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "progress": False}
+    version, _ = executor.dataset_version_of(str(corpus), vocab_size=VOCAB, seq_len=SEQ_LEN)
+    first = executor.run_content_addressed(str(corpus), str(store), **options)
+    assert (first.uri, first.reused) == (str(store / version), False)
+    assert first.manifest["dataset_version"] == version
+    shards = _tree_bytes(Path(first.uri))
+
+    moved = _write(tmp_path / "elsewhere" / "text.txt", corpus.read_text(encoding="utf-8"))
+    again = executor.run_content_addressed(str(moved), str(store), **options)
+    assert (again.uri, again.reused) == (first.uri, True)
+    assert _tree_bytes(Path(again.uri)) == shards
+    assert again.manifest["sources"][0]["uri"] == str(moved.resolve())  # this run's sources
+
+    corpus.write_text(corpus.read_text(encoding="utf-8") + "One more line.\n", encoding="utf-8")
+    changed = executor.run_content_addressed(str(corpus), str(store), **options)
+    assert not changed.reused and changed.uri != first.uri
+    assert sorted(p.name for p in store.iterdir()) == sorted(
+        [version, changed.manifest["dataset_version"]]
+    )

@@ -1,4 +1,4 @@
-"""KFP component for the tokenize step: a thin shell over `executor.run`."""
+"""KFP component for the tokenize step: a thin shell over `executor.run_content_addressed`."""
 
 from typing import NamedTuple
 
@@ -12,17 +12,22 @@ def tokenize(
     overrides: list,
     eval_fraction: float,
     tokenizer: str,
+    work_root: str,
     metadata: str,
     pipeline_name: str,
     image: str,
     examples: Output[Dataset],
-) -> NamedTuple("TokenizeOutputs", [("dataset_version", str), ("config_hash", str)]):  # type: ignore[valid-type]  # noqa: E501 -- KFP reads this form
+) -> NamedTuple(  # type: ignore[valid-type]  # KFP reads outputs from this form
+    "TokenizeOutputs", [("examples_uri", str), ("dataset_version", str), ("config_hash", str)]
+):
     """Tokenize a text corpus into sharded TFRecords (TFX Examples layout).
 
     `tokenizer` is a SentencePiece model to reuse; "" trains one on the corpus.
 
-    Returns the dataset version and the trainer config's hash as output parameters, so the
-    train task's KFP cache key changes with the data and the config (docs/lineage.md).
+    The Examples live at `<work_root>/datasets/<dataset_version>/`, written once per version and
+    reused after: the output artifact points there. Returns that URI, the dataset version and
+    the trainer config's hash as output parameters, so the train task's KFP cache key follows
+    the data and the config, and nothing per-run (docs/lineage.md).
     """
     import os
 
@@ -42,19 +47,22 @@ def tokenize(
     with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
         cfg = resolve_config(config, overrides)
         rec.set(vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
-        manifest = executor.run(
+        dataset = executor.run_content_addressed(
             corpus,
-            examples.path,
+            f"{work_root}/datasets",
             vocab_size=cfg.model.vocab_size,
             seq_len=cfg.model.seq_len,
             eval_fraction=eval_fraction,
             tokenizer=tokenizer or None,
         )
+        manifest = dataset.manifest
+        rec.set(reused=int(dataset.reused))
+        examples.uri = dataset.uri  # the artifact is the content-addressed folder
         props = executor.artifact_properties(manifest)
         examples.metadata.update(props)
         rec.output("examples", "Examples", examples.uri, props)
         rec.dataset_version = manifest["dataset_version"]
-    return (manifest["dataset_version"], config_hash(cfg))
+    return (dataset.uri, manifest["dataset_version"], config_hash(cfg))
 
 
 def make(image: str) -> dsl.component:

@@ -18,6 +18,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +135,62 @@ def run(
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
     report.line(f"wrote {output_dir}: dataset_version {manifest['dataset_version'][:12]}")
     return manifest
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Examples in the content-addressed store: `<datasets_root>/<dataset_version>/`."""
+
+    uri: str  # the Examples folder
+    manifest: dict[str, Any]  # its manifest.json, with `sources` as listed by this run
+    reused: bool  # True when the folder already existed and nothing was tokenized
+
+
+def dataset_version_of(
+    corpus: str,
+    *,
+    vocab_size: int,
+    seq_len: int,
+    eval_fraction: float = 0.1,
+    tokenizer: str | None = None,
+    shard_windows: int = DEFAULT_SHARD_WINDOWS,
+) -> tuple[str, list[storage.FileInfo]]:
+    """The dataset version `run` would produce, from fingerprints alone (nothing is tokenized)."""
+    sources = _list_sources(corpus)
+    given = _read_given_tokenizer(tokenizer, vocab_size) if tokenizer else None
+    parameters = _parameters(vocab_size, seq_len, eval_fraction, shard_windows, given)
+    return _dataset_version(corpus, sources, parameters), sources
+
+
+def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Dataset:
+    """Tokenize into `<datasets_root>/<dataset_version>/`, or reuse that folder if complete.
+
+    The version is known from the sources' fingerprints before any work, so unchanged data is
+    never tokenized twice, and every run on the same data names the same Examples URI: what
+    lets KFP's cache key for train follow the data (docs/lineage.md). A folder is complete
+    once its manifest.json exists: atomic_dir writes the manifest last.
+    """
+    version, sources = dataset_version_of(
+        corpus, **{k: v for k, v in options.items() if k not in ("workers", "progress")}
+    )
+    uri = storage.join(datasets_root, version)
+    manifest_uri = storage.join(uri, "manifest.json")
+
+    def stored() -> Dataset:
+        manifest = json.loads(storage.read_bytes(manifest_uri))
+        return Dataset(uri, {**manifest, "sources": [_source_entry(f) for f in sources]}, True)
+
+    if storage.has_content(manifest_uri):
+        return stored()
+    try:
+        manifest = run(corpus, uri, **options)
+    except (OSError, UserError):
+        if storage.has_content(manifest_uri):  # a concurrent run on the same data finished first
+            return stored()
+        raise
+    if manifest["dataset_version"] != version:  # the corpus changed while it was read
+        raise UserError(f"corpus {corpus!r} changed while it was tokenized; run again")
+    return Dataset(uri, manifest, False)
 
 
 def artifact_properties(manifest: dict[str, Any]) -> dict[str, Any]:

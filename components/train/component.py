@@ -1,11 +1,11 @@
 """KFP component for the train step: launches the trainer workers and collects the Model."""
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Model, Output
+from kfp.dsl import Model, Output
 
 
 def train(
-    examples: Input[Dataset],
+    examples_uri: str,
     config: str,
     overrides: list,
     launcher: str,
@@ -26,8 +26,10 @@ def train(
 ):
     """Train the GPT on the Examples with `workers` trainer processes (a TFJob or local).
 
-    `deadline_seconds` 0 means no deadline. `dataset_version` and `config_hash` come from the
-    tokenize task: they put the data and the resolved config into this task's KFP cache key.
+    `deadline_seconds` 0 means no deadline. `examples_uri` (content-addressed),
+    `dataset_version` and `config_hash` come from the tokenize task as parameters, not as an
+    artifact: KFP keys an input artifact by its identity, new every run, while these values
+    change exactly when the data or the config do. So they make this task's KFP cache key.
     """
     import os
 
@@ -62,12 +64,12 @@ def train(
     run_id = provenance.run_id(os.environ)
     found = provenance.detect(image, os.environ).properties()
     with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
-        rec.input("examples", "Examples", examples.uri, upstream=True)
+        rec.input("examples", "Examples", examples_uri, upstream=True)
         executor.check_cache_inputs(
-            examples.metadata, dataset_version, config_hash, config=config, overrides=overrides
+            examples_uri, dataset_version, config_hash, config=config, overrides=overrides
         )
         result = executor.run(
-            examples.uri,
+            examples_uri,
             model.uri,
             f"{work_root}/work/{run_id}/train",
             config=config,
@@ -79,7 +81,7 @@ def train(
         model.metadata.update(properties)
         rec.set(**result.execution_properties)
         rec.output("model", "Model", model.uri, properties)
-        rec.dataset_version = examples.metadata.get("dataset_version")
+        rec.dataset_version = dataset_version
 
 
 def make(image: str) -> dsl.component:

@@ -97,7 +97,7 @@ def run(
 
 
 def check_cache_inputs(
-    examples_properties: Mapping[str, Any],
+    examples_uri: str,
     dataset_version: str,
     expected_config_hash: str,
     *,
@@ -109,8 +109,9 @@ def check_cache_inputs(
     The pipeline passes both from the tokenize task; a disagreement means a hand-edited
     pipeline, and training on it would file the model under the wrong data or config.
     """
-    found = examples_properties.get("dataset_version")
-    if found and found != dataset_version:
+    manifest = json.loads(storage.read_bytes(storage.join(examples_uri, "manifest.json")))
+    found = manifest.get("dataset_version")
+    if found != dataset_version:
         raise UserError(f"dataset_version input {dataset_version!r} is not the Examples' {found!r}")
     resolved = config_hash(resolve_config(config, overrides))
     if resolved != expected_config_hash:
