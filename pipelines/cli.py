@@ -11,10 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import RunConfig
+from pipelines.config import DEFAULT_ROOT, RunConfig
 from trainer.errors import UserError
 
-DEFAULT_ROOT = Path("runs")
 DEFAULT_CORPUS = Path("data") / "tinyshakespeare.txt"
 
 

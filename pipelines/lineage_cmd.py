@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from components import lineage, provenance, storage
+from pipelines.config import DEFAULT_ROOT
 from pipelines.pipeline import Images
 from trainer.errors import UserError
 
@@ -49,7 +50,7 @@ def store_address(root: str | None, mlmd: str | None) -> str:
     """The ML Metadata store to read: a gRPC host:port, or ROOT/metadata.sqlite (default ./runs)."""
     if mlmd:
         return mlmd
-    path = Path(root or "runs") / "metadata.sqlite"
+    path = Path(root or DEFAULT_ROOT) / "metadata.sqlite"
     if not path.is_file():
         raise UserError(
             f"no metadata store at {path}: pass --root of a local run or --mlmd HOST:PORT"

@@ -19,6 +19,7 @@ from trainer.errors import UserError
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 JIT_COMPILE = ("auto", "on", "off")
 PRESET_NAMES = ("tiny", "gpt2-small")
+DEFAULT_PRESET = "tiny"  # tests and the local demo; what every entry point defaults to
 
 
 class ConfigError(UserError):
@@ -199,7 +200,7 @@ def _load_yaml(path: str) -> dict[str, Any]:
     return data
 
 
-def resolve_config(name: str = "tiny", overrides: Sequence[str] = ()) -> Config:
+def resolve_config(name: str = DEFAULT_PRESET, overrides: Sequence[str] = ()) -> Config:
     """Build a validated Config from a preset name or YAML file, then `key=value` overrides.
 
     A YAML file holds `model:`/`train:` mappings and may name a preset to start from with
@@ -208,7 +209,7 @@ def resolve_config(name: str = "tiny", overrides: Sequence[str] = ()) -> Config:
     cfg = Config()
     if name.endswith((".yaml", ".yml")):
         data = _load_yaml(name)
-        cfg = _apply_nested(cfg, _preset(str(data.pop("base", "tiny"))), "preset")
+        cfg = _apply_nested(cfg, _preset(str(data.pop("base", DEFAULT_PRESET))), "preset")
         cfg = _apply_nested(cfg, data, name)
     else:
         cfg = _apply_nested(cfg, _preset(name), f"preset {name}")

@@ -531,7 +531,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--examples", required=True, help="Examples artifact folder (manifest.json)")
     p.add_argument("--model-dir", required=True, help="where the Model artifact is written")
     p.add_argument("--work-dir", required=True, help="checkpoints, backup and logs (resumable)")
-    p.add_argument("--config", default="tiny", help="preset name or a .yaml/.yml file")
+    p.add_argument(
+        "--config", default=config_lib.DEFAULT_PRESET, help="preset name or a .yaml/.yml file"
+    )
     p.add_argument(
         "--set",
         action="append",

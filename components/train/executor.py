@@ -30,7 +30,7 @@ class TrainJob:
     workers: int = 1  # trainer workers (MultiWorkerMirroredStrategy when > 1)
     gpus_per_worker: int = 0  # nvidia.com/gpu per worker (tfjob only)
     image: str = ""  # trainer image by digest (tfjob only)
-    backoff_limit: int = 3  # group restarts after retryable exits (128-255)
+    backoff_limit: int = launchers.JobSpec.backoff_limit  # restarts after retryable exits
     deadline_seconds: int | None = None  # the job fails after this long
     node_selector: Mapping[str, str] = field(default_factory=dict)  # tfjob pod nodeSelector
     tolerations: Sequence[Mapping[str, Any]] = ()  # tfjob pod tolerations

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -253,6 +254,8 @@ class LocalLauncher:
                 )
         wall = time.monotonic() - started
         self._say(f"succeeded in {wall:.1f} s after {attempt} attempt(s)")
+        if self.log_dir is None:  # our own temporary logs: kept only when the job fails
+            shutil.rmtree(log_dir, ignore_errors=True)
         return LaunchResult(
             launcher="local",
             job_name=spec.name,
