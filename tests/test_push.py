@@ -117,3 +117,29 @@ def test_blessing_folder_without_marker_is_rejected(tmp_path):
             str(tmp_path / "s"),
             str(tmp_path / "pushed"),
         )
+
+
+def test_a_rollback_retires_the_models_it_takes_out_of_service(tmp_path):
+    dest = tmp_path / "serving"
+    good = make_model_with(tmp_path, "good", b"good graph")
+    bad = make_model_with(tmp_path, "bad", b"bad graph")
+    executor.run(good, make_blessing(tmp_path, True, "b1"), str(dest), str(tmp_path / "p1"))
+    executor.run(bad, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"))
+    assert executor.rollback(str(dest), 1) == 3  # v3 serves the good model again
+
+    # A later run on unchanged data gets the bad model back (from KFP's cache): not re-published.
+    again = executor.run(bad, make_blessing(tmp_path, True, "b3"), str(dest), str(tmp_path / "p3"))
+    assert again.pushed == 0 and "rolled back from version 2" in again.reason
+    assert (tmp_path / "p3" / "NOT_PUSHED").is_file()
+    assert storage.serving_versions(dest) == [1, 2, 3]
+
+    newer = make_model_with(tmp_path, "newer", b"newer graph")
+    fresh = executor.run(
+        newer, make_blessing(tmp_path, True, "b4"), str(dest), str(tmp_path / "p4")
+    )
+    assert (fresh.pushed, fresh.pushed_version) == (1, "4")
+
+    # Rolling back *to* the retired version is a deliberate choice: it serves it again.
+    assert executor.rollback(str(dest), 2) == 5
+    back = executor.run(bad, make_blessing(tmp_path, True, "b5"), str(dest), str(tmp_path / "p5"))
+    assert (back.pushed, back.pushed_version) == (1, "5") and "already served" in back.reason

@@ -252,3 +252,31 @@ def test_content_addressed_store_tokenizes_each_version_once(tmp_path):
     assert sorted(p.name for p in store.iterdir()) == sorted(
         [version, changed.manifest["dataset_version"]]
     )
+
+
+def test_a_corpus_that_changes_during_the_run_never_fills_a_version_folder(tmp_path, monkeypatch):
+    corpus = _write(tmp_path / "corpus" / "text.txt", _slice(12_000))
+    store = tmp_path / "datasets"
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "progress": False}
+    listed = executor.dataset_version_of
+
+    def list_then_change(*args, **kwargs):
+        found = listed(*args, **kwargs)
+        corpus.write_text(corpus.read_text(encoding="utf-8") + "Edited.\n", encoding="utf-8")
+        return found
+
+    monkeypatch.setattr(executor, "dataset_version_of", list_then_change)
+    with pytest.raises(UserError, match="changed while the run was reading it"):
+        executor.run_content_addressed(str(corpus), str(store), **options)
+    assert not store.exists() or list(store.iterdir()) == []
+
+
+def test_a_version_folder_holding_another_version_is_refused(tmp_path):
+    corpus = _write(tmp_path / "corpus" / "text.txt", _slice(12_000))
+    store = tmp_path / "datasets"
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "progress": False}
+    first = executor.run_content_addressed(str(corpus), str(store), **options)
+    manifest = Path(first.uri) / "manifest.json"
+    manifest.write_text(json.dumps({**first.manifest, "dataset_version": "0" * 64}))
+    with pytest.raises(UserError, match="not the one it is named for"):
+        executor.run_content_addressed(str(corpus), str(store), **options)

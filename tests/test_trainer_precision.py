@@ -48,6 +48,11 @@ def test_use_jit_compile(setting, device, workers, expected):
     assert use_jit_compile(setting, device, workers) is expected
 
 
+def test_auto_xla_stays_off_for_several_local_replicas():
+    assert use_jit_compile("auto", "gpu", 1, replicas=1) is True
+    assert use_jit_compile("auto", "gpu", 1, replicas=4) is False
+
+
 def test_jit_compile_on_several_cpu_workers_is_refused():
     with pytest.raises(ConfigError, match="jit_compile=on cannot run on 2 CPU workers"):
         use_jit_compile("on", "cpu", 2)
@@ -76,3 +81,22 @@ def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
     metrics = train(str(examples), str(tmp_path / "model"), str(tmp_path / "work"), cfg)
     assert metrics["steps"] == 10 and not metrics["diverged"]
     assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").exists()
+    # Served in float32 whatever it trained in: every variable, and the score it gives.
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401
+
+    saved = tmp_path / "model" / "Format-Serving"
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    graph = saved_model_pb2.SavedModel.FromString((saved / "saved_model.pb").read_bytes())
+    nodes = [
+        node
+        for meta in graph.meta_graphs
+        for function in meta.graph_def.library.function
+        for node in function.node_def
+    ]
+    node_types = {attr.type for node in nodes for attr in node.attr.values()}
+    assert nodes and tf.bfloat16.as_datatype_enum not in node_types  # no bfloat16 op is served
+    served = tf.saved_model.load(str(saved))
+    scored = served.signatures["score"](text=tf.constant(["To be, or not to be."]))
+    assert scored["nats"].dtype == tf.float32 and float(scored["nats_per_char"][0]) > 0

@@ -347,14 +347,15 @@ def precision_policy(
     return "float32"
 
 
-def use_jit_compile(setting: str, device_kind: str, workers: int) -> bool:
+def use_jit_compile(setting: str, device_kind: str, workers: int, replicas: int = 1) -> bool:
     """Whether Keras compiles the train and eval steps with XLA (`jit_compile`).
 
-    "auto" turns XLA on only for a single worker on a GPU or TPU: on CPU it measured no faster,
+    "auto" turns XLA on only for one replica on one GPU or TPU: on CPU it measured no faster,
     and under MultiWorkerMirroredStrategy the compiled step holds the cross-worker all-reduce,
     which XLA cannot compile on CPU (UnimplementedError, then the process aborts) and which is
-    unmeasured on GPU (docs/training.md). "on" with several CPU workers is refused for that
-    reason; other "on"/"off" settings are obeyed.
+    unmeasured on GPU (docs/training.md); MirroredStrategy over several local devices failed to
+    compile on logical CPU devices and is unmeasured on GPUs, so it stays off there too. "on"
+    with several CPU workers is refused; other "on"/"off" settings are obeyed.
     """
     if setting not in JIT_COMPILE:
         raise ConfigError(
@@ -368,4 +369,4 @@ def use_jit_compile(setting: str, device_kind: str, workers: int) -> bool:
         )
     if setting != "auto":
         return setting == "on"
-    return workers <= 1 and kind in ("gpu", "tpu")
+    return workers <= 1 and replicas <= 1 and kind in ("gpu", "tpu")

@@ -443,12 +443,27 @@ def _write_model_dir(gpt, cfg, tokenizer_path: str, metrics: dict, model_dir: st
             tf.io.gfile.rmtree(tmp)
 
 
-def _precision_and_xla(cfg: Config, workers: int) -> tuple[str, bool]:
+def _precision_and_xla(cfg: Config, workers: int, replicas: int) -> tuple[str, bool]:
     """The mixed-precision policy, set globally before any layer exists, and whether to use XLA."""
     device_kind, capability = _device_kind()
     policy = config_lib.precision_policy(cfg.train.precision, device_kind, capability)
     keras.mixed_precision.set_global_policy(policy)
-    return policy, config_lib.use_jit_compile(cfg.train.jit_compile, device_kind, workers)
+    jit = config_lib.use_jit_compile(cfg.train.jit_compile, device_kind, workers, replicas)
+    return policy, jit
+
+
+def _float32_copy(gpt, cfg: Config, policy: str):
+    """The model to serve: `gpt` itself, or its weights in a float32 model if trained mixed.
+
+    A SavedModel keeps the compute dtype it was traced with; float16 or bfloat16 matmuls are
+    slow on CPU servers (and evaluate pods), and their noise would enter the blessing margin.
+    """
+    if policy == "float32":
+        return gpt
+    keras.mixed_precision.set_global_policy("float32")
+    serving = model.build_gpt(cfg.model)
+    serving.set_weights(gpt.get_weights())
+    return serving
 
 
 def _export(gpt, cfg, tokenizer_path, metrics, model_dir, work_dir, is_chief) -> None:
@@ -483,8 +498,8 @@ def train(
     check_manifest(manifest, cfg)
     keras.utils.set_random_seed(cfg.train.seed)
     workers = max(1, _cluster_size(tf_config))
-    policy, jit = _precision_and_xla(cfg, workers)
     replicas = strategy.num_replicas_in_sync
+    policy, jit = _precision_and_xla(cfg, workers, replicas)
     global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
     datasets = _datasets(strategy, examples_dir, manifest, cfg)
     gpt, optimizer, schedule = _compiled_model(strategy, cfg, global_batch, policy, jit)
@@ -520,7 +535,9 @@ def train(
     }
     tokenizer_file = manifest.get("tokenizer", {}).get("file", "tokenizer.model")
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
-    _export(gpt, cfg, tokenizer_path, metrics, model_dir, work_dir, is_chief)
+    _export(
+        _float32_copy(gpt, cfg, policy), cfg, tokenizer_path, metrics, model_dir, work_dir, is_chief
+    )
     log.info("done: %s", json.dumps(metrics))
     return metrics
 

@@ -51,10 +51,16 @@ def run(model_dir: str, blessing_dir: str, destination: str, pushed_dir: str) ->
     saved_model = Path(model_dir) / SERVING_SUBDIR
     if blessed and not (saved_model / "saved_model.pb").is_file():
         raise UserError(f"model has no SavedModel: {saved_model}/saved_model.pb is missing")
-    if blessed:
-        version = _publish(str(saved_model), destination)
-        result = PushResult(1, destination, str(version), "blessed")
-        log.info("pushed %s as version %d under %s", model_dir, version, destination)
+    retired = _retired_as(str(saved_model), destination) if blessed else None
+    if retired is not None:
+        reason = f"rolled back from version {retired}; a rollback retired this model"
+        result = PushResult(0, destination, "", f"not pushed: {reason}")
+        log.info("not pushing %s: %s", model_dir, reason)
+    elif blessed:
+        version, new = _publish(str(saved_model), destination)
+        why = "blessed" if new else f"blessed; already served as version {version}"
+        result = PushResult(1, destination, str(version), why)
+        log.info("pushed %s as version %d under %s (%s)", model_dir, version, destination, why)
     else:
         result = PushResult(0, destination, "", f"not blessed: {reason}")
         log.info("not pushing %s: %s", model_dir, reason)
@@ -62,22 +68,23 @@ def run(model_dir: str, blessing_dir: str, destination: str, pushed_dir: str) ->
     return result
 
 
-def _publish(saved_model: str, destination: str) -> int:
-    """Finish interrupted pushes, then publish the SavedModel unless one of them was it."""
+def _publish(saved_model: str, destination: str) -> tuple[int, bool]:
+    """Publish the SavedModel as the next version; (version, True if newly published).
+
+    Interrupted pushes are finished first. A model that one of them, or the newest version,
+    already holds is not published again: a retried push step (it failed after publishing) or
+    a run served from KFP's cache must not add a duplicate version.
+    """
     storage.check_folder(destination, "push destination")
     finished = storage.finish_publishes(destination, ready=READY)
     for final in finished:
         log.info("finished an interrupted push: %s", final)
         if finished[final] == "finished" and storage.same_files(saved_model, final):
-            return int(final.rstrip("/").rsplit("/", 1)[-1])
-    # A retried push step (it failed after publishing) must not publish the same model twice.
+            return int(final.rstrip("/").rsplit("/", 1)[-1]), False
     versions = storage.serving_versions(destination)
-    if versions:
-        latest = storage.join(destination, str(versions[-1]))
-        if storage.same_files(saved_model, latest):
-            log.info("the newest version %s already holds this model", latest)
-            return versions[-1]
-    return _publish_next(saved_model, destination)
+    if versions and storage.same_files(saved_model, storage.join(destination, str(versions[-1]))):
+        return versions[-1], False
+    return _publish_next(saved_model, destination), True
 
 
 def _publish_next(source: str, destination: str) -> int:
@@ -108,8 +115,40 @@ def rollback(destination: str, to_version: int) -> int:
     source = storage.join(destination, str(to_version))
     storage.finish_publishes(destination, ready=READY)
     version = _publish_next(source, destination)
+    _retire(destination, [v for v in versions if v > to_version], restored=to_version)
     log.info("rolled %s back to version %d as version %d", destination, to_version, version)
     return version
+
+
+RETIRED = ".retired.json"  # beside the versions: models a rollback took out of service
+
+
+def _retire(destination: str, versions: list[int], restored: int) -> None:
+    """Remember the models of `versions` (by their files' crc32c) so no push restores them.
+
+    A rollback says "these models are bad"; without this, a later run on unchanged data (its
+    train served from KFP's cache) would be blessed against the restored model and put one
+    back. Rolling back *to* a retired version un-retires it.
+    """
+    retired = _read_retired(destination)
+    retired.pop(str(restored), None)
+    for version in versions:
+        retired[str(version)] = storage.tree_crc32c(storage.join(destination, str(version)))
+    storage.write_text_atomic(storage.join(destination, RETIRED), json.dumps(retired, indent=2))
+
+
+def _read_retired(destination: str) -> dict[str, dict[str, str]]:
+    path = storage.join(destination, RETIRED)
+    return json.loads(storage.read_bytes(path)) if storage.has_content(path) else {}
+
+
+def _retired_as(saved_model: str, destination: str) -> int | None:
+    """The version a rollback retired that holds the same files as `saved_model`, if any."""
+    if not storage.has_content(destination):
+        return None
+    files = storage.tree_crc32c(saved_model)
+    matches = [int(v) for v, crcs in _read_retired(destination).items() if crcs == files]
+    return min(matches) if matches else None
 
 
 def _write_outcome(pushed_dir: str, result: PushResult) -> None:

@@ -76,6 +76,7 @@ def run(
     shard_windows: int = DEFAULT_SHARD_WINDOWS,
     workers: int | None = None,
     progress: bool = True,
+    expected_version: str | None = None,
 ) -> dict[str, Any]:
     """Tokenize `corpus` (a UTF-8 text file, folder or glob) into `output_dir`; return the manifest.
 
@@ -116,6 +117,9 @@ def run(
     splits = _split_corpus([_read_utf8(f) for f in sources], eval_fraction, corpus)
     given = _read_given_tokenizer(tokenizer, vocab_size) if tokenizer else None
     parameters = _parameters(vocab_size, seq_len, eval_fraction, shard_windows, given)
+    if expected_version and _dataset_version(corpus, sources, parameters) != expected_version:
+        # Checked before writing: a folder named for one version must never hold another.
+        raise UserError(f"corpus {corpus!r} changed while the run was reading it; run again")
     with storage.atomic_dir(output_dir, ready="manifest.json") as tmp:
         model = given or _train_tokenizer(splits["train"], vocab_size, corpus, report)
         (tmp / "tokenizer.model").write_bytes(model)
@@ -178,18 +182,21 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
 
     def stored() -> Dataset:
         manifest = json.loads(storage.read_bytes(manifest_uri))
+        if manifest.get("dataset_version") != version:
+            raise UserError(
+                f"dataset folder {uri} holds version {manifest.get('dataset_version')!r}, not "
+                "the one it is named for; remove it so that it is written again"
+            )
         return Dataset(uri, {**manifest, "sources": [_source_entry(f) for f in sources]}, True)
 
     if storage.has_content(manifest_uri):
         return stored()
     try:
-        manifest = run(corpus, uri, **options)
+        manifest = run(corpus, uri, expected_version=version, **options)
     except (OSError, UserError):
         if storage.has_content(manifest_uri):  # a concurrent run on the same data finished first
             return stored()
         raise
-    if manifest["dataset_version"] != version:  # the corpus changed while it was read
-        raise UserError(f"corpus {corpus!r} changed while it was tokenized; run again")
     return Dataset(uri, manifest, False)
 
 
