@@ -208,3 +208,34 @@ def test_multi_worker_training_with_real_worker_processes(tmp_path, examples):
     checkpoints = tmp_path / "work" / "checkpoints"
     assert (checkpoints / "ckpt-20.index").exists()
     assert not [p.name for p in checkpoints.iterdir() if "worker-tmp" in p.name]
+
+
+@pytest.mark.slow
+def test_a_failed_export_keeps_the_backup_and_the_restart_only_exports(
+    tmp_path, examples, monkeypatch
+):
+    import tensorflow as tf
+
+    from trainer import task
+
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    args = (str(examples), str(tmp_path / "model"), str(tmp_path / "work"), cfg)
+    original = task._write_model_dir
+
+    def unavailable(*a, **k):
+        raise tf.errors.UnavailableError(None, None, "storage is briefly unavailable")
+
+    monkeypatch.setattr(task, "_write_model_dir", unavailable)
+    with pytest.raises(task.ExportFailed, match="briefly unavailable"):
+        train(*args)
+    assert (tmp_path / "work" / "backup").is_dir() and not (tmp_path / "model").exists()
+
+    monkeypatch.setattr(task, "_write_model_dir", original)
+    steps_run = []
+    monkeypatch.setattr(
+        TrainMonitor, "on_train_batch_end", lambda self, batch, logs=None: steps_run.append(batch)
+    )
+    assert train(*args)["steps"] == cfg.train.train_steps
+    assert steps_run == []  # nothing was trained again: the backup was at the last step
+    assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").is_file()
+    assert not (tmp_path / "work" / "backup").exists()  # removed once the Model exists

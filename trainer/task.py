@@ -9,6 +9,7 @@ worker backs up at the same step and exits 143, which the operator retries (docs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -38,6 +39,10 @@ log = logging.getLogger("trainer")
 # and when it loses a peer worker.
 EXIT_PREEMPTED = 128 + signal.SIGTERM
 FAULT_SIGNALS = ("KILL", "TERM")
+
+
+class ExportFailed(Exception):
+    """Writing the Model failed after training; the backup is kept, so a restart only exports."""
 
 
 class Preempted(Exception):
@@ -221,11 +226,13 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
     A SIGTERM reaches one worker; the others must stop at the same step, because the backup is
     a collective save under MultiWorkerMirroredStrategy. So at every step end all workers sum
     their preemption flags (`agree`, one scalar all-reduce); when the sum is non-zero each takes
-    the backup and raises `Preempted`, which skips on_train_end (it would delete the backup).
+    the backup and raises `Preempted`.
     """
 
     def __init__(self, backup_dir: str, save_freq: int, watch: PreemptionWatch, agree):
-        super().__init__(backup_dir=backup_dir, save_freq=save_freq)
+        # The backup outlives fit: it is removed only once the Model is exported, so a job that
+        # fails while exporting resumes at its last step instead of training again from 0.
+        super().__init__(backup_dir=backup_dir, save_freq=save_freq, delete_checkpoint=False)
         self.watch = watch
         self.agree = agree  # local flag (0.0/1.0) -> the sum over all workers
         self.initial_step = 0
@@ -535,9 +542,22 @@ def train(
     }
     tokenizer_file = manifest.get("tokenizer", {}).get("file", "tokenizer.model")
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
-    _export(
-        _float32_copy(gpt, cfg, policy), cfg, tokenizer_path, metrics, model_dir, work_dir, is_chief
-    )
+    backup_dir = posixpath.join(work_dir, "backup")
+    try:
+        _export(
+            _float32_copy(gpt, cfg, policy),
+            cfg,
+            tokenizer_path,
+            metrics,
+            model_dir,
+            work_dir,
+            is_chief,
+        )
+    except tf.errors.OpError as err:  # storage hiccups: the backup is kept, a restart exports
+        raise ExportFailed(str(err)) from err
+    if is_chief and tf.io.gfile.exists(backup_dir):
+        with contextlib.suppress(tf.errors.NotFoundError):  # a worker may clean its part too
+            tf.io.gfile.rmtree(backup_dir)
     log.info("done: %s", json.dumps(metrics))
     return metrics
 
@@ -599,6 +619,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Preempted:
+        return EXIT_PREEMPTED
+    except ExportFailed as e:
+        log.error("export failed (%s); exiting %d to retry from the backup", e, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
     except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
         # How collectives report a lost peer worker. The whole group must restart, so this one
