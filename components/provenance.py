@@ -57,6 +57,11 @@ def run_id(env: Mapping[str, str]) -> str:
     return value
 
 
+def at_step_start(image: str, env: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
+    """What every component reads at its edge: the run id, and its provenance properties."""
+    return run_id(env), detect(image, env).properties()
+
+
 @dataclass(frozen=True)
 class Provenance:
     """What a step ran on, as lineage records it."""

@@ -28,8 +28,7 @@ def evaluate(
         "max_nats_per_char": max_nats_per_char,
         "tolerance": tolerance,
     }
-    run_id = provenance.run_id(os.environ)
-    found = provenance.detect(image, os.environ).properties()
+    run_id, found = provenance.at_step_start(image, os.environ)
     with lineage.step(metadata, "evaluate", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples.uri, upstream=True)
         rec.input("model", "Model", model.uri, upstream=True)

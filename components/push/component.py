@@ -20,8 +20,7 @@ def push(
     from components.push import executor
 
     params = {"serving_dir": serving_dir}
-    run_id = provenance.run_id(os.environ)
-    found = provenance.detect(image, os.environ).properties()
+    run_id, found = provenance.at_step_start(image, os.environ)
     with lineage.step(metadata, "push", pipeline_name, run_id, params, found) as rec:
         rec.input("model", "Model", model.uri, upstream=True)
         rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)

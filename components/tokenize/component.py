@@ -42,8 +42,7 @@ def tokenize(
         "eval_fraction": eval_fraction,
         "tokenizer": tokenizer,
     }
-    run_id = provenance.run_id(os.environ)
-    found = provenance.detect(image, os.environ).properties()
+    run_id, found = provenance.at_step_start(image, os.environ)
     with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
         cfg = resolve_config(config, overrides)
         rec.set(vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)

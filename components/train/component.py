@@ -61,8 +61,7 @@ def train(
         "trainer_image": trainer_image,
         "config_hash": config_hash,
     }
-    run_id = provenance.run_id(os.environ)
-    found = provenance.detect(image, os.environ).properties()
+    run_id, found = provenance.at_step_start(image, os.environ)
     with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples_uri, upstream=True)
         executor.check_cache_inputs(
