@@ -31,7 +31,7 @@ from google.protobuf import json_format
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 Scalar = str | int | float
 # The generated protos have no type stubs; annotations below name them as Any.

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 LOCAL_IMAGE = "local-python-environment"  # kfp.local's SubprocessRunner: no image is pulled
 CODE_VERSION_ENV = "GPTPIPE_CODE_VERSION"  # set by images/*/Dockerfile from the REVISION arg

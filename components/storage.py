@@ -49,7 +49,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import storage as gcs
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 _CHUNK = 1 << 20
 GS = "gs://"

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines.config import DEFAULT_ROOT, RunConfig
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 DEFAULT_CORPUS = Path("data") / "tinyshakespeare.txt"
 

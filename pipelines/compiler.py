@@ -6,7 +6,7 @@ from pathlib import Path
 from kfp import compiler
 
 from pipelines.pipeline import Images, build
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 DIGEST_LOCK = Path(__file__).resolve().parent.parent / "images" / "digests.json"
 UNPINNED_IMAGES = Images(

@@ -14,7 +14,7 @@ from typing import Any
 from components import lineage, provenance, storage
 from pipelines.config import DEFAULT_ROOT
 from pipelines.pipeline import Images
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 # Pipeline parameters, by the step whose recorded parameters hold them (see pipelines/pipeline.py).
 PIPELINE_PARAMETERS = {

@@ -14,7 +14,7 @@ from components.provenance import LOCAL_IMAGE
 from pipelines.config import RunConfig
 from pipelines.pipeline import Images, build
 from trainer.config import resolve_config
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 # SubprocessRunner runs every step in this Python environment; there is no image to pull, and
 # lineage records each execution as `unpinned`.

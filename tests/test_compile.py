@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from pipelines import cli, compiler
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 HERE = Path(__file__).resolve().parent
 LOCK = HERE / "data" / "digests.json"

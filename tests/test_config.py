@@ -19,7 +19,7 @@ from trainer.config import (
     resolve_config,
     scaled_learning_rate,
 )
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 
 def test_presets():

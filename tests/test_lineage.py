@@ -12,7 +12,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 
 from components import lineage
 from components.lineage import ArtifactRecord
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 PIPELINE = "gptpipe"
 DATASET = "d" * 64

@@ -15,7 +15,7 @@ from components import lineage, provenance
 from components.tokenize import executor as tokenize
 from pipelines import cli, lineage_cmd
 from trainer.config import config_hash, resolve_config
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
 PIPELINE_IMAGE = "ghcr.io/gptpipe/gptpipe-pipeline@sha256:" + "1" * 64

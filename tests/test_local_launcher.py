@@ -214,7 +214,7 @@ def test_exit_codes_in_kubernetes_terms():
 
 
 def test_unknown_launcher_is_a_user_error(job):
-    from trainer.errors import UserError
+    from contracts.errors import UserError
 
     with pytest.raises(UserError, match="launcher"):
         launch(job("ok"), "slurm")

@@ -9,7 +9,7 @@ import tf_keras as keras
 
 from trainer import data
 from trainer.config import ModelConfig
-from trainer.errors import UserError
+from contracts.errors import UserError
 from trainer.model import Block, CausalSelfAttention, PositionEmbedding, TiedEmbedding, build_gpt
 
 TINY = ModelConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=16, d_ff=32)

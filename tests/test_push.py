@@ -7,7 +7,7 @@ import pytest
 
 from components import storage
 from components.push import executor
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 
 def make_model(tmp_path, name="model"):

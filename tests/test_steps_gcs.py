@@ -14,7 +14,7 @@ from components import storage
 from components.evaluate import executor as evaluate
 from components.push import executor as push
 from components.tokenize import executor as tokenize
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 pytest_plugins = ["gcs_emulator"]
 

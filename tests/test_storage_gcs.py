@@ -33,7 +33,7 @@ from google.api_core import exceptions as gexc
 from google.cloud.storage.retry import DEFAULT_RETRY
 
 from components import storage
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 pytest_plugins = ["gcs_emulator"]
 

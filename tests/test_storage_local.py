@@ -9,7 +9,7 @@ import pytest
 
 from components import storage
 from components.push import executor as push
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 
 def _tree(root, files):

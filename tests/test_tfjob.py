@@ -22,7 +22,7 @@ from components.train.launcher import (
     OwnerPod,
     launch,
 )
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@" + IMAGE_DIGEST
 SCHEMA = json.loads((Path(__file__).parent / "data" / "tfjob_crd_v1_schema.json").read_text())

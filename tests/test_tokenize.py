@@ -12,7 +12,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from components.tokenize import executor
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
 VOCAB = 340  # 256 byte pieces + 4 special + the slice's ~55 characters + a few merges

@@ -15,7 +15,7 @@ from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from trainer import data
 from trainer.config import config_from_dict, learning_rate_at, resolve_config
-from trainer.errors import UserError
+from contracts.errors import UserError
 from trainer.model import build_gpt
 from trainer.task import (
     TrainMonitor,

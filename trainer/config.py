@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 JIT_COMPILE = ("auto", "on", "off")

@@ -13,7 +13,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 
 def read_manifest(examples_dir: str) -> dict[str, Any]:

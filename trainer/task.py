@@ -30,7 +30,7 @@ import tf_keras as keras
 from trainer import config as config_lib
 from trainer import data, export, model
 from trainer.config import Config
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 log = logging.getLogger("trainer")
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from components import storage
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from components import storage
 from components.evaluate.executor import SERVING_SUBDIR, read_blessing
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 log = logging.getLogger(__name__)
 

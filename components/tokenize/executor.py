@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from components import storage
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 FORMAT_VERSION = 1  # bump when the artifact layout or any encoding rule below changes
 SPLIT_METHOD = "file-tail-v1"  # see _split_file; bump the suffix if the rule changes

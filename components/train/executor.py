@@ -17,7 +17,7 @@ from components import provenance, storage
 from components.train import launcher as launchers
 from components.train.tfjob import job_name
 from trainer.config import config_hash, resolve_config
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 CONTAINER_PYTHON = "python"  # the interpreter on the trainer image's PATH
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, TextIO
 
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 RESTART_POLICIES = ("ExitCode", "OnFailure", "Never")  # the operator's; "Always" suits no training
 CLEAN_POD_POLICIES = ("Running", "All", "None")  # the operator's runPolicy.cleanPodPolicy values

@@ -47,7 +47,7 @@ from components.train.launcher import (
     format_failure,
     is_retryable_exit_code,
 )
-from trainer.errors import UserError
+from contracts.errors import UserError
 
 log = logging.getLogger(__name__)
 

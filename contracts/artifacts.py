@@ -1,0 +1,80 @@
+"""Artifact layouts: the folder and file names inside every artifact gptpipe writes or reads.
+
+TFX's artifact contracts, followed without TFX (it cannot be installed beside ml-metadata 1.17.1):
+Examples (`Split-<name>/` shards), Model (`Format-Serving/`), ModelBlessing (`BLESSED` or
+`NOT_BLESSED`) and PushedModel (`PUSHED` or `NOT_PUSHED`), plus TF Serving's version folders.
+Names are relative to the artifact's folder; callers join them with `storage.join` (local or
+gs://) or `posixpath.join` (the trainer's tf.io.gfile). docs/design.md shows each layout whole.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from contracts.errors import UserError
+
+# ---- Examples (the tokenize step writes, train and evaluate read) --------------------------
+SPLITS = ("train", "eval")  # the splits every Examples folder has
+EXAMPLES_MANIFEST = "manifest.json"  # written last: its presence marks the folder complete
+TOKENIZER_FILE = "tokenizer.model"  # the SentencePiece model the shards were encoded with
+EVAL_TEXT = "raw/eval.txt"  # the eval split's text, for tokenizer-independent scoring
+DATASETS_DIR = "datasets"  # under the artifact root: one content-addressed folder per version
+
+
+def split_dir(split: str) -> str:
+    """The folder of one split's shards (TFX `Split-<name>`)."""
+    return f"Split-{split}"
+
+
+def shard_file(split: str, index: int, count: int) -> str:
+    """The path of shard `index` of `count` of a split, relative to the Examples folder."""
+    return f"{split_dir(split)}/data_tfrecord-{index:05d}-of-{count:05d}.gz"
+
+
+# ---- Model (train writes, evaluate and push read) -------------------------------------------
+SERVING_DIR = "Format-Serving"  # the SavedModel inside the Model artifact (TFX Model layout)
+MODEL_CONFIG = "config.json"  # the resolved Config (trainer.config.config_to_dict)
+TRAIN_METRICS = "train_metrics.json"  # steps, final loss, divergence, throughput
+
+# ---- Serving folder (push writes, evaluate reads the baseline, rollback rewrites) ------------
+SAVED_MODEL_FILE = "saved_model.pb"  # a SavedModel's graph; TF Serving loads a version once it is there
+RETIRED_FILE = ".retired.json"  # beside the versions: models a rollback took out of service
+
+# ---- ModelBlessing (evaluate writes, push reads) --------------------------------------------
+BLESSED = "BLESSED"  # an empty file: the candidate may be pushed
+NOT_BLESSED = "NOT_BLESSED"  # an empty file: it may not
+BLESSING_FILE = "blessing.json"  # the reason and the numbers behind the decision
+
+# ---- PushedModel (push writes) --------------------------------------------------------------
+PUSHED = "PUSHED"  # an empty file: a version was published
+NOT_PUSHED = "NOT_PUSHED"  # an empty file: nothing was published (not blessed, retired)
+PUSH_FILE = "push.json"  # the PushResult: destination, version and reason
+
+
+def read_blessing(blessing_dir: str | Path) -> tuple[bool, str]:
+    """Read a ModelBlessing folder on local disk: (blessed, reason)."""
+    folder = Path(blessing_dir)
+    if (folder / BLESSED).is_file():
+        blessed = True
+    elif (folder / NOT_BLESSED).is_file():
+        blessed = False
+    else:
+        raise UserError(
+            f"not a ModelBlessing folder (no {BLESSED} or {NOT_BLESSED} file): {folder}"
+        )
+    info_path = folder / BLESSING_FILE
+    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
+    return blessed, str(info.get("reason", ""))
+
+
+def write_blessing(folder: Path, blessed: bool, info: dict) -> None:
+    """Write a ModelBlessing's files into `folder` (the caller makes the folder appear atomically)."""
+    (folder / (BLESSED if blessed else NOT_BLESSED)).write_text("")
+    (folder / BLESSING_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def write_pushed(folder: Path, pushed: bool, info: dict) -> None:
+    """Write a PushedModel's files into `folder` (the caller makes the folder appear atomically)."""
+    (folder / (PUSHED if pushed else NOT_PUSHED)).write_text("")
+    (folder / PUSH_FILE).write_text(json.dumps(info, indent=2) + "\n")
