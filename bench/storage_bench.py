@@ -4,7 +4,7 @@ Reports, for the same bytes:
 - upload and download MB/s of `components.storage` (upload_file / download_file, which add
   resumable chunks, crc32c checks and retries) as a ratio to the bare client's single-object
   transfer (`upload_from_filename` / `download_to_filename`, no chunking, no checksum);
-- the speed-up of the parallel folder upload (`upload_dir`, WORKERS threads) over a
+- the speed-up of the parallel folder upload (`upload_dir`, `storage.gcs.WORKERS` threads) over a
   sequential one (workers=1), on many small objects.
 
 The emulator serves one request at a time (http.server.HTTPServer), so the parallel speed-up
@@ -99,7 +99,7 @@ def _measure(storage, bucket, tmp: Path) -> dict[str, float | int | str]:
         (folder / f"{i % 8}" / f"f{i}.bin").write_bytes(os.urandom(FOLDER_FILE_KB << 10))
     sequential = _best_of(2, lambda: storage.upload_dir(folder, f"{uri}/seq", workers=1))
     parallel = _best_of(
-        2, lambda: storage.upload_dir(folder, f"{uri}/par", workers=storage.WORKERS)
+        2, lambda: storage.upload_dir(folder, f"{uri}/par", workers=storage.gcs.WORKERS)
     )
     folder_mb = FOLDER_FILES * FOLDER_FILE_KB / 1024
     return {
@@ -114,7 +114,7 @@ def _measure(storage, bucket, tmp: Path) -> dict[str, float | int | str]:
         "folder_sequential_MBps": folder_mb / sequential,
         "folder_parallel_MBps": folder_mb / parallel,
         "folder_parallel_speedup": sequential / parallel,
-        "workers": storage.WORKERS,
+        "workers": storage.gcs.WORKERS,
     }
 
 

@@ -44,7 +44,10 @@ def _examples(folder: Path) -> Path:
 def _train(root: Path, name: str, examples: Path, workers: int, jit: str) -> float:
     """tokens/s of one job; raises LaunchError if it fails."""
     from components.train.executor import trainer_command
-    from components.train.launcher import JobSpec, launch
+    from components.train.launcher import JobSpec
+    from components.train.local_launcher import LocalLauncher
+    from contracts.artifacts import TRAIN_METRICS
+    from trainer.config import resolve_config
 
     threads = str(CORES // workers)
     overrides = [
@@ -54,9 +57,10 @@ def _train(root: Path, name: str, examples: Path, workers: int, jit: str) -> flo
         "train.warmup_steps=10",
         f"train.jit_compile={jit}",
     ]
+    cfg = resolve_config("tiny", overrides)  # resolved once here; the workers get its JSON
     job = root / name
     command = trainer_command(
-        sys.executable, str(examples), str(job / "model"), str(job / "work"), "tiny", overrides
+        sys.executable, str(examples), str(job / "model"), str(job / "work"), cfg
     )
     command += ["--intra-op-threads", threads, "--inter-op-threads", threads]
     spec = JobSpec(
@@ -67,8 +71,8 @@ def _train(root: Path, name: str, examples: Path, workers: int, jit: str) -> flo
         active_deadline_seconds=600,
         env={"TF_CPP_MIN_LOG_LEVEL": "2"},
     )
-    launch(spec, "local", out=io.StringIO(), log_dir=str(job / "logs"))
-    metrics = json.loads((job / "model" / "train_metrics.json").read_text())
+    LocalLauncher(log_dir=job / "logs", out=io.StringIO()).run(spec)
+    metrics = json.loads((job / "model" / TRAIN_METRICS).read_text())
     return float(metrics["tokens_per_second"])
 
 

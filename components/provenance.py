@@ -7,7 +7,7 @@ the result to the lineage layer as execution properties. Nothing here talks to M
   or LOCAL_IMAGE when kfp.local runs the step in this Python environment.
 - `image_digest`: the `sha256:...` part of that reference; a reference without one records
   `unpinned: 1` instead.
-- In a KFP pod (env KFP_POD_NAME and the service account's namespace file), the pod's own
+- In a KFP pod (its name and namespace from `components.kube.pod_identity`), the pod's own
   `status.containerStatuses[].imageID` is read through the Kubernetes API: the digest the kubelet
   actually ran. A different digest is recorded (`image_digest_observed`,
   `image_digest_mismatch: 1`) and warned about; it means the lock and the cluster disagree.
@@ -18,7 +18,6 @@ the result to the lineage layer as execution properties. Nothing here talks to M
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 import sys
@@ -27,14 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from components import kube
 from contracts.errors import UserError
 
 LOCAL_IMAGE = "local-python-environment"  # kfp.local's SubprocessRunner: no image is pulled
 CODE_VERSION_ENV = "GPTPIPE_CODE_VERSION"  # set by images/*/Dockerfile from the REVISION arg
-POD_NAME_ENV = "KFP_POD_NAME"  # KFP v2 sets it on every executor pod (downward API)
 RUN_ID_ENV = "KFP_RUN_ID"  # the pod label pipeline/runid (pipelines/pipeline.py), or the runner's
 RUN_ID_LABEL = "metadata.labels['pipeline/runid']"  # where KFP puts the run's UUID on each pod
-SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 KFP_MAIN_CONTAINER = "main"  # the container KFP v2 runs a component in
 UNKNOWN = "unknown"
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -131,28 +129,14 @@ def _git(repo_dir: Path, *args: str) -> str:
 
 def pod_image_digest(pod: Mapping[str, Any], container: str = KFP_MAIN_CONTAINER) -> str:
     """The digest in a pod's status for `container` (its imageID), or "" if not reported yet."""
-    statuses = pod.get("status", {}).get("containerStatuses") or []
-    for status in statuses:
-        if status.get("name") == container:
-            return digest_of(status.get("imageID") or "")
-    return ""
-
-
-def read_pod(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
-    """GET /api/v1/namespaces/{ns}/pods/{name} through the official client, as plain JSON."""
-    from kubernetes import client
-
-    response = client.CoreV1Api(api_client).read_namespaced_pod(
-        name, namespace, _preload_content=False
-    )
-    return dict(json.loads(response.data))
+    return digest_of(kube.container_image_ids(pod).get(container, ""))
 
 
 def detect(
     image: str,
     env: Mapping[str, str],
     *,
-    namespace_file: str = SERVICE_ACCOUNT_NAMESPACE,
+    namespace_file: str = kube.SERVICE_ACCOUNT_NAMESPACE,
     api_client: Any = None,
     repo_dir: Path = REPO_DIR,
     warn: Callable[[str], None] | None = None,
@@ -163,32 +147,22 @@ def detect(
     raised: lineage must never fail a step that did its work.
     """
     found = Provenance(image=image, code_version=code_version(env, repo_dir))
-    pod_name = env.get(POD_NAME_ENV, "")
-    namespace = _read_namespace(namespace_file)
-    if not (pod_name and namespace):
+    pod = kube.pod_identity(env, namespace_file)
+    if not (pod.name and pod.namespace):
         return found
     try:
         if api_client is None:
-            from components.train.tfjob import default_api_client
-
-            api_client = default_api_client()
-        observed = pod_image_digest(read_pod(api_client, namespace, pod_name))
+            api_client = kube.default_api_client()
+        observed = pod_image_digest(kube.read_pod(api_client, pod.namespace, pod.name))
     except Exception as err:  # noqa: BLE001 -- any API failure is recorded the same way
         return Provenance(image, found.code_version, observe_error=f"{type(err).__name__}: {err}")
     found = Provenance(image, found.code_version, image_digest_observed=observed)
     if found.mismatch:
         (warn or _stderr)(
-            f"warning: pod {namespace}/{pod_name} runs {observed}, but the pipeline pinned "
+            f"warning: pod {pod.namespace}/{pod.name} runs {observed}, but the pipeline pinned "
             f"{image!r}: the digest lock and the cluster disagree; lineage records both"
         )
     return found
-
-
-def _read_namespace(path: str) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8").strip()
-    except OSError:
-        return ""
 
 
 def _stderr(message: str) -> None:

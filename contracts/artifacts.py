@@ -32,13 +32,28 @@ def shard_file(split: str, index: int, count: int) -> str:
     return f"{split_dir(split)}/data_tfrecord-{index:05d}-of-{count:05d}.gz"
 
 
+# ---- Work folders (not artifacts: a step's resumable state, under the artifact root) --------
+WORK_DIR = "work"  # under the artifact root: one folder per run and step
+BACKUP_DIR = "backup"  # in train's work folder: BackupAndRestore state, kept until export
+CHECKPOINT_DIR = "checkpoints"  # in train's work folder: periodic checkpoints
+TENSORBOARD_DIR = "logs"  # in train's work folder: TensorBoard event files
+WORKER_LOGS_DIR = "worker-logs"  # in train's work folder: each local worker's log
+
+
+def step_work_dir(run_id: str, step: str) -> str:
+    """A step's work folder relative to the artifact root; a retried step finds its own again."""
+    return f"{WORK_DIR}/{run_id}/{step}"
+
+
 # ---- Model (train writes, evaluate and push read) -------------------------------------------
 SERVING_DIR = "Format-Serving"  # the SavedModel inside the Model artifact (TFX Model layout)
 MODEL_CONFIG = "config.json"  # the resolved Config (trainer.config.config_to_dict)
 TRAIN_METRICS = "train_metrics.json"  # steps, final loss, divergence, throughput
 
 # ---- Serving folder (push writes, evaluate reads the baseline, rollback rewrites) ------------
-SAVED_MODEL_FILE = "saved_model.pb"  # a SavedModel's graph; TF Serving loads a version once it is there
+SAVED_MODEL_FILE = (
+    "saved_model.pb"  # a SavedModel's graph; TF Serving loads a version once it is there
+)
 RETIRED_FILE = ".retired.json"  # beside the versions: models a rollback took out of service
 
 # ---- ModelBlessing (evaluate writes, push reads) --------------------------------------------
@@ -69,12 +84,12 @@ def read_blessing(blessing_dir: str | Path) -> tuple[bool, str]:
 
 
 def write_blessing(folder: Path, blessed: bool, info: dict) -> None:
-    """Write a ModelBlessing's files into `folder` (the caller makes the folder appear atomically)."""
+    """Write a ModelBlessing's files into `folder`; the caller publishes the folder atomically."""
     (folder / (BLESSED if blessed else NOT_BLESSED)).write_text("")
     (folder / BLESSING_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
 
 def write_pushed(folder: Path, pushed: bool, info: dict) -> None:
-    """Write a PushedModel's files into `folder` (the caller makes the folder appear atomically)."""
+    """Write a PushedModel's files into `folder`; the caller publishes the folder atomically."""
     (folder / (PUSHED if pushed else NOT_PUSHED)).write_text("")
     (folder / PUSH_FILE).write_text(json.dumps(info, indent=2) + "\n")

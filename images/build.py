@@ -1,7 +1,9 @@
 """Build and push gptpipe's images with docker buildx, then pin them in images/digests.json.
 
     python images/build.py build --registry ghcr.io/you [--revision SHA] [--version V]
-    python images/build.py pin-base       # rewrite each Dockerfile's BASE_IMAGE to today's digest
+    python images/build.py pin-base       # re-pin images/bases.json to today's digests
+
+Both images come from the one images/Dockerfile, built with each base of images/bases.json.
 
 `make images REGISTRY=...` and `make pin-base-images` call this. `gptpipe compile` reads the
 lock this writes (image name -> repo@sha256:...), so a cluster runs exactly what was built.
@@ -21,10 +23,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LOCK = HERE / "digests.json"
-IMAGES = {"pipeline": HERE / "pipeline" / "Dockerfile", "trainer": HERE / "trainer" / "Dockerfile"}
+DOCKERFILE = HERE / "Dockerfile"
+BASES = HERE / "bases.json"  # image name -> its base image, pinned by digest
+IMAGES = ("pipeline", "trainer")
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 DIGEST_RE = re.compile(r"@(sha256:[0-9a-f]{64})$")
-_ARG_RE = re.compile(r"^ARG\s+(?P<name>\w+)(?:=(?P<value>\S+))?\s*$")
 
 
 class BuildError(Exception):
@@ -44,35 +47,28 @@ def instructions(text: str) -> list[tuple[str, str]]:
     return found
 
 
-def base_images(text: str) -> list[str]:
-    """Every FROM image with the global ARG defaults substituted, as the build would pull."""
-    args: dict[str, str] = {}
-    bases = []
-    for keyword, rest in instructions(text):
-        if keyword == "ARG" and not bases:
-            match = _ARG_RE.match(f"ARG {rest}")
-            if match and match["value"] is not None:
-                args[match["name"]] = match["value"]
-        elif keyword == "FROM":
-            image = rest.split()[0]
-            bases.append(re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m[1], m[0]), image))
-    return bases
+def read_bases(path: Path = BASES) -> dict[str, str]:
+    """The base image of each image, from images/bases.json; every image must have one."""
+    bases = json.loads(path.read_text())
+    missing = [name for name in IMAGES if not bases.get(name)]
+    if missing:
+        raise BuildError(f"{path}: no base image for {', '.join(missing)}")
+    return {name: str(bases[name]) for name in IMAGES}
 
 
-def check_base_pinned(dockerfile: Path) -> None:
-    """Refuse a Dockerfile whose base is not pinned by a real digest."""
-    for base in base_images(dockerfile.read_text()):
-        match = DIGEST_RE.search(base)
-        if match is None:
-            raise BuildError(
-                f"{dockerfile}: base image {base!r} is not pinned by digest; "
-                "run `make pin-base-images`"
-            )
-        if match[1] == PLACEHOLDER_DIGEST:
-            raise BuildError(
-                f"{dockerfile}: base image {base!r} still has the placeholder digest; "
-                "run `make pin-base-images` to resolve the tag to its real digest"
-            )
+def check_base_pinned(name: str, base: str) -> None:
+    """Refuse a base image that is not pinned by a real digest."""
+    match = DIGEST_RE.search(base)
+    if match is None:
+        raise BuildError(
+            f"{BASES.name}: the {name} base {base!r} is not pinned by digest; "
+            "run `make pin-base-images`"
+        )
+    if match[1] == PLACEHOLDER_DIGEST:
+        raise BuildError(
+            f"{BASES.name}: the {name} base {base!r} still has the placeholder digest; "
+            "run `make pin-base-images` to resolve the tag to its real digest"
+        )
 
 
 def pinned_reference(metadata: dict) -> str:
@@ -93,10 +89,9 @@ def write_lock(refs: dict[str, str], lock: Path = LOCK) -> None:
     lock.write_text(json.dumps(dict(sorted(refs.items())), indent=2) + "\n")
 
 
-def build(name: str, registry: str, revision: str, version: str) -> str:
-    """Build and push one image; return its pinned reference."""
-    dockerfile = IMAGES[name]
-    check_base_pinned(dockerfile)
+def build(name: str, base: str, registry: str, revision: str, version: str) -> str:
+    """Build and push one image from `base`; return its pinned reference."""
+    check_base_pinned(name, base)
     tag = f"{registry.rstrip('/')}/gptpipe-{name}:{revision[:12]}"
     with tempfile.TemporaryDirectory() as tmp:
         metadata_file = Path(tmp) / "metadata.json"
@@ -106,9 +101,13 @@ def build(name: str, registry: str, revision: str, version: str) -> str:
                 "buildx",
                 "build",
                 "--file",
-                str(dockerfile),
+                str(DOCKERFILE),
                 "--tag",
                 tag,
+                "--build-arg",
+                f"BASE_IMAGE={base}",
+                "--build-arg",
+                f"IMAGE_TITLE=gptpipe-{name}",
                 "--build-arg",
                 f"REVISION={revision}",
                 "--build-arg",
@@ -134,15 +133,14 @@ def resolve_digest(image: str) -> str:
     return str(json.loads(out)["digest"])
 
 
-def pin_base(dockerfile: Path) -> None:
-    """Rewrite the BASE_IMAGE default to `tag@<digest the tag points to now>`."""
-    text = dockerfile.read_text()
-    match = re.search(r"^ARG BASE_IMAGE=(?P<tag>[^@\s]+)(?:@\S+)?$", text, re.MULTILINE)
-    if match is None:
-        raise BuildError(f"{dockerfile}: no `ARG BASE_IMAGE=...` line to pin")
-    pinned = f"{match['tag']}@{resolve_digest(match['tag'])}"
-    dockerfile.write_text(text[: match.start()] + f"ARG BASE_IMAGE={pinned}" + text[match.end() :])
-    print(f"{dockerfile.relative_to(REPO)}: {pinned}")
+def pin_base(path: Path = BASES) -> None:
+    """Rewrite every base in images/bases.json to `tag@<digest the tag points to now>`."""
+    bases = read_bases(path)
+    for name, base in bases.items():
+        tag = base.split("@", 1)[0]
+        bases[name] = f"{tag}@{resolve_digest(tag)}"
+        print(f"{name}: {bases[name]}")
+    path.write_text(json.dumps(bases, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,16 +150,19 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--registry", required=True, help="e.g. ghcr.io/you")
     b.add_argument("--revision", required=True, help="git commit: OCI revision label, code_version")
     b.add_argument("--version", default="0.1.0", help="OCI version label")
-    sub.add_parser("pin-base", help="pin each Dockerfile's base image to its current digest")
+    sub.add_parser("pin-base", help="pin images/bases.json to the current digests")
     args = parser.parse_args(argv)
     try:
         if args.command == "pin-base":
-            for dockerfile in IMAGES.values():
-                pin_base(dockerfile)
+            pin_base()
             return 0
-        for dockerfile in IMAGES.values():  # all of them before building any
-            check_base_pinned(dockerfile)
-        refs = {name: build(name, args.registry, args.revision, args.version) for name in IMAGES}
+        bases = read_bases()
+        for name, base in bases.items():  # all of them before building any
+            check_base_pinned(name, base)
+        refs = {
+            name: build(name, bases[name], args.registry, args.revision, args.version)
+            for name in IMAGES
+        }
         write_lock(refs)
         print(f"wrote {LOCK.relative_to(REPO)}: {refs}")
         return 0

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pipelines.config import DEFAULT_ROOT, RunConfig
 from contracts.errors import UserError
+from pipelines.config import DEFAULT_ROOT, RunConfig
+from trainer.config import Config, resolve_config
 
 DEFAULT_CORPUS = Path("data") / "tinyshakespeare.txt"
 
@@ -63,15 +64,7 @@ def _add_run(sub: Any) -> None:
         help="local folder for step artifacts and metadata.sqlite (default: ROOT)",
     )
     run.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="text file, folder or glob")
-    run.add_argument("--config", default=None, help="trainer preset or YAML file (default tiny)")
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="trainer config override, repeatable",
-    )
+    _config_options(run)
     run.add_argument("--workers", type=int, default=None, help="trainer worker processes")
     run.add_argument(
         "--tokenizer", default="", help="SentencePiece model to reuse (default: train one)"
@@ -87,7 +80,30 @@ def _add_compile(sub: Any) -> None:
         "--lock", type=Path, default=None, help="image digest lock (images/digests.json)"
     )
     comp.add_argument("--allow-unpinned", action="store_true", help="allow images without digests")
+    _config_options(comp)
     comp.set_defaults(func=_cmd_compile)
+
+
+def _config_options(parser: argparse.ArgumentParser) -> None:
+    """--config and --set: the trainer config, resolved once here and passed on resolved."""
+    parser.add_argument(
+        "--config",
+        default=RunConfig().config,
+        help=f"trainer preset or YAML file (default {RunConfig().config})",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="trainer config override, repeatable",
+    )
+
+
+def _resolved_config(args: argparse.Namespace) -> Config:
+    """The one place a command resolves the trainer config from its --config and --set."""
+    return resolve_config(args.config, args.overrides)
 
 
 def _add_tfjob_manifest(sub: Any) -> None:
@@ -95,8 +111,7 @@ def _add_tfjob_manifest(sub: Any) -> None:
     tfjob.add_argument("--workers", type=int, default=RunConfig().workers, help="worker replicas")
     tfjob.add_argument("--gpus-per-worker", type=int, default=RunConfig().gpus_per_worker)
     tfjob.add_argument("--image", default=None, help="trainer image (default: the digest lock's)")
-    tfjob.add_argument("--config", default=RunConfig().config, help="trainer preset or YAML file")
-    tfjob.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _config_options(tfjob)
     tfjob.add_argument("--examples", default="gs://BUCKET/examples", help="Examples artifact URI")
     tfjob.add_argument("--model-dir", default="gs://BUCKET/model", help="Model artifact URI")
     tfjob.add_argument("--work-dir", default="gs://BUCKET/work/RUN/train", help="checkpoints")
@@ -194,8 +209,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         root=args.root,
         corpus=args.corpus,
         state_dir=args.state_dir,
-        config=args.config or defaults.config,
-        overrides=tuple(args.overrides),
+        config=_resolved_config(args),
         workers=defaults.workers if args.workers is None else args.workers,
         tokenizer=args.tokenizer,
     )
@@ -215,37 +229,35 @@ def _cmd_compile(args: argparse.Namespace) -> int:
     from pipelines import compiler
 
     images = compiler.load_images(args.lock, allow_unpinned=args.allow_unpinned)
-    path = compiler.compile_pipeline(args.output, images)
+    path = compiler.compile_pipeline(args.output, images, _resolved_config(args))
     print(f"wrote {path}")
     return 0
 
 
 def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
-    from components.train import executor, tfjob
+    from components.train import executor, tfjob_manifest
     from pipelines import compiler
 
     image = args.image or compiler.load_images(allow_unpinned=args.allow_unpinned).trainer
-    job = executor.TrainJob(
-        launcher="tfjob", workers=args.workers, gpus_per_worker=args.gpus_per_worker, image=image
-    )
     spec = executor.job_spec(
         args.examples,
         args.model_dir,
         args.work_dir,
-        config=args.config,
-        overrides=args.overrides,
-        job=job,
+        _resolved_config(args),
+        launcher="tfjob",
         run_id=args.run_id,
+        image=image,
+        workers=args.workers,
+        gpus_per_worker=args.gpus_per_worker,
     )
     if args.allow_unpinned:
         spec = dataclasses.replace(spec, allow_unpinned=True)
-    print(tfjob.render_yaml(spec), end="")
+    print(tfjob_manifest.render_yaml(spec), end="")
     return 0
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
-    from components import lineage, provenance
-    from components.push import executor
+    from components import lineage, provenance, serving
 
     if not lineage.is_service(args.metadata) and not Path(args.metadata).is_file():
         raise UserError(
@@ -258,7 +270,7 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     with lineage.step(args.metadata, "push", "gptpipe", run_id, params, found) as rec:
         source = f"{args.destination.rstrip('/')}/{args.to_version}"
         rec.input("model", "PushedModel", source)
-        version = executor.rollback(args.destination, args.to_version)
+        version = serving.rollback(args.destination, args.to_version)
         target = f"{args.destination.rstrip('/')}/{version}"
         rec.output(
             "pushed_model",

@@ -5,8 +5,9 @@ from pathlib import Path
 
 from kfp import compiler
 
-from pipelines.pipeline import Images, build
 from contracts.errors import UserError
+from pipelines.pipeline import Images, build
+from trainer.config import Config
 
 DIGEST_LOCK = Path(__file__).resolve().parent.parent / "images" / "digests.json"
 UNPINNED_IMAGES = Images(
@@ -40,9 +41,13 @@ def load_images(lock: Path | None = None, allow_unpinned: bool = False) -> Image
     return images
 
 
-def compile_pipeline(output: str | Path, images: Images) -> Path:
-    """Write the compiled pipeline YAML to `output` and return its path."""
+def compile_pipeline(output: str | Path, images: Images, config: Config) -> Path:
+    """Write the compiled pipeline YAML to `output` and return its path.
+
+    `config`, resolved by the caller, is the default of the pipeline's `config` parameter; a run
+    may pass another resolved config (`gptpipe` resolves presets, YAML files and overrides).
+    """
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build(images), str(output))
+    compiler.Compiler().compile(build(images, config), str(output))
     return output

@@ -1,7 +1,8 @@
 """Pipeline-level settings: every knob of the run that is not a model hyperparameter.
 
-Model and training hyperparameters live in `trainer.config` and travel as a preset name plus
-`key=value` overrides. The pipeline's parameter defaults are read from `RunConfig()`, never copied.
+Model and training hyperparameters live in `trainer.config`: the CLI or the compiler resolves
+them once (preset or YAML file, then `key=value` overrides) and the pipeline carries the resolved
+values. The pipeline's parameter defaults are read from `RunConfig()`, never copied.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ class RunConfig:
     """Defaults for one pipeline run."""
 
     model_name: str = "gpt"  # serving name: models are pushed to <serving root>/<model_name>/
-    config: str = DEFAULT_PRESET  # trainer preset name or YAML file (see trainer.config)
+    config: str = DEFAULT_PRESET  # trainer preset or YAML file the CLI resolves by default
     eval_fraction: float = 0.1  # share of the corpus held out for evaluation
     max_nats_per_char: float = 2.2  # blessing threshold on eval loss (tokenizer-independent)
     tolerance: float = 0.01  # a candidate may be this much (relative) worse than the baseline

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from components import lineage, provenance, storage
+from contracts.errors import UserError
 from pipelines.config import DEFAULT_ROOT
 from pipelines.pipeline import Images
-from contracts.errors import UserError
+from trainer.config import Config
 
 # Pipeline parameters, by the step whose recorded parameters hold them (see pipelines/pipeline.py).
 PIPELINE_PARAMETERS = {
-    "tokenize": ("corpus", "config", "overrides", "eval_fraction", "tokenizer"),
+    "tokenize": ("corpus", "config", "eval_fraction", "tokenizer"),
     "train": (
         "launcher",
         "workers",
@@ -75,9 +76,58 @@ def resolve_model(store_uri: str, model_uri: str | None, latest: bool) -> str:
 # --- lineage -------------------------------------------------------------------------------
 
 
+def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
+    """Walk back from a pushed model to the data it was trained on, as lineage views.
+
+    PushedModel <- push <- Model (+ ModelBlessing <- evaluate -> ModelEvaluation)
+    <- train <- Examples <- tokenize. A link the store lacks is None.
+    """
+    pushed = lineage.find_artifact(store_uri, pushed_model_uri, "PushedModel")
+    if pushed is None:
+        raise UserError(
+            f"no PushedModel at {pushed_model_uri!r} in metadata store {store_uri}: "
+            "pass the URI of a push step's output"
+        )
+    push = lineage.producer_of(store_uri, pushed)
+    push_inputs = lineage.inputs_of(store_uri, push) if push else {}
+    model = _pick(push_inputs, "Model", "model")
+    blessing = _pick(push_inputs, "ModelBlessing", "blessing")
+    evaluate = lineage.producer_of(store_uri, blessing) if blessing else None
+    evaluate_outputs = lineage.outputs_of(store_uri, evaluate) if evaluate else {}
+    train = lineage.producer_of(store_uri, model) if model else None
+    train_inputs = lineage.inputs_of(store_uri, train) if train else {}
+    examples = _pick(train_inputs, "Examples", "examples")
+    return {
+        "pushed_model": pushed,
+        "push": push,
+        "model": model,
+        "blessing": blessing,
+        "evaluate": evaluate,
+        "evaluations": [
+            a
+            for arts in evaluate_outputs.values()
+            for a in arts
+            if a["type_name"] == "ModelEvaluation"
+        ],
+        "train": train,
+        "examples": examples,
+        "tokenize": lineage.producer_of(store_uri, examples) if examples else None,
+        "dataset_version": examples["properties"].get("dataset_version") if examples else None,
+    }
+
+
+def _pick(
+    linked: dict[str, list[lineage.ArtifactView]], type_name: str, key: str
+) -> lineage.ArtifactView | None:
+    """The artifact under `key` if it has that type, else the first of that type."""
+    candidates = [a for a in linked.get(key, []) if a["type_name"] == type_name]
+    candidates += [a for arts in linked.values() for a in arts if a["type_name"] == type_name]
+    return candidates[0] if candidates else None
+
+
 def report(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
     """The chain behind a pushed model as plain JSON-able values (the `--json` output)."""
-    chain = lineage.trace(store_uri, pushed_model_uri)
+    chain = trace(store_uri, pushed_model_uri)
     pushed = chain["pushed_model"]["properties"]
     return {
         "store": store_uri,
@@ -258,11 +308,11 @@ def reproduce(
         arguments["metadata"] = store_uri  # a gRPC store: record the reproduction beside it
     images = Images(pipeline=found["train"]["image"], trainer=found["train"]["trainer_image"])
     _check_pinned(images, allow_unpinned)
-    check_config(arguments["config"], arguments["overrides"], steps["train"]["parameters"])  # type: ignore[index]
+    config = check_config(arguments["config"], steps["train"]["parameters"])  # type: ignore[index]
     check_sources(
         arguments["corpus"], found["examples"]["sources"], found["examples"]["dataset_version"]
     )
-    pipeline = compiler.compile_pipeline(output, images)
+    pipeline = compiler.compile_pipeline(output, images, config)
     params = Path(output).with_suffix(".params.json")
     params.write_text(
         json.dumps(
@@ -284,17 +334,27 @@ def reproduce(
     return pipeline, params
 
 
-def check_config(config: str, overrides: list[str], train_parameters: dict[str, Any]) -> None:
-    """Refuse when the recorded config (a preset or a YAML file) no longer resolves the same."""
-    from trainer.config import config_hash, resolve_config
+def check_config(config: Any, train_parameters: dict[str, Any]) -> Config:
+    """The recorded resolved config, refused unless it is complete and hashes as train recorded.
 
-    recorded = train_parameters.get("config_hash")
-    now = config_hash(resolve_config(config, overrides))
-    if recorded and recorded != now:
+    The config travels resolved (values, not a preset name or a YAML path), so the run is
+    redone from the record alone; a record without it predates that and cannot be.
+    """
+    from trainer.config import config_from_dict, config_hash
+
+    if not isinstance(config, dict):
         raise UserError(
-            f"config {config!r} with overrides {overrides} resolves differently now (hash "
-            f"{now[:12]}, recorded {str(recorded)[:12]}): restore the YAML file it was read from"
+            f"the recorded config is {config!r}, not a resolved config: the run predates "
+            "resolved configs in lineage; rerun it with `gptpipe run` instead"
         )
+    cfg = config_from_dict(config)
+    recorded = train_parameters.get("config_hash")
+    if recorded and recorded != config_hash(cfg):
+        raise UserError(
+            f"the recorded config hashes to {config_hash(cfg)[:12]}, but train recorded "
+            f"{str(recorded)[:12]}: the lineage record is inconsistent"
+        )
+    return cfg
 
 
 def _check_pinned(images: Images, allow_unpinned: bool) -> None:

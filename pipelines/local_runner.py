@@ -11,10 +11,10 @@ from kfp import local
 
 from components import lineage, provenance, storage
 from components.provenance import LOCAL_IMAGE
+from contracts.errors import UserError
 from pipelines.config import RunConfig
 from pipelines.pipeline import Images, build
-from trainer.config import resolve_config
-from contracts.errors import UserError
+from trainer.config import Config
 
 # SubprocessRunner runs every step in this Python environment; there is no image to pull, and
 # lineage records each execution as `unpinned`.
@@ -28,8 +28,7 @@ class LocalRun:
 
     root: str | Path  # run root: serving/ lives here; a local root also holds the state below
     corpus: str  # text file, folder or glob
-    config: str = _DEFAULTS.config  # trainer preset or YAML file
-    overrides: tuple[str, ...] = ()  # key=value trainer overrides
+    config: Config = field(default_factory=Config)  # the resolved trainer config (the CLI's)
     workers: int = _DEFAULTS.workers  # local trainer worker processes
     eval_fraction: float = _DEFAULTS.eval_fraction  # held-out share of the corpus
     tokenizer: str = ""  # a SentencePiece model to reuse; "" trains one on the corpus
@@ -63,7 +62,6 @@ class LocalRun:
 
 def preflight(run: LocalRun) -> None:
     """Check what can be checked before any step starts, so mistakes fail fast and clearly."""
-    resolve_config(run.config, run.overrides)
     if not storage.list_files(run.corpus):
         raise UserError(f"corpus {run.corpus!r} has no files (give a text file, folder or glob)")
     if run.workers < 1:
@@ -80,15 +78,13 @@ def run_local(run: LocalRun) -> dict:
         raise_on_error=True,
     )
     corpus = run.corpus if any(ch in run.corpus for ch in "*?[") else _absolute(run.corpus)
-    pipeline = build(LOCAL_IMAGES)
+    pipeline = build(LOCAL_IMAGES, run.config)
     run_id = f"local-{uuid.uuid4().hex[:12]}"
     try:
         with _run_id_in_environment(run_id):
             pipeline(
                 corpus=corpus,
                 serving_dir=run.serving_dir,
-                config=run.config,
-                overrides=list(run.overrides),
                 eval_fraction=run.eval_fraction,
                 tokenizer=_absolute(run.tokenizer) if run.tokenizer else "",
                 max_nats_per_char=run.max_nats_per_char,

@@ -10,6 +10,7 @@ from components.push import component as push_component
 from components.tokenize import component as tokenize_component
 from components.train import component as train_component
 from pipelines.config import RunConfig
+from trainer.config import Config, config_to_dict
 
 PIPELINE_NAME = "gptpipe"
 _DEFAULTS = RunConfig()
@@ -23,8 +24,13 @@ class Images:
     trainer: str  # the TFJob worker image: TensorFlow GPU with the trainer installed
 
 
-def build(images: Images) -> dsl.graph_component.GraphComponent:
-    """Return the pipeline with every step bound to its image."""
+def build(images: Images, config: Config) -> dsl.graph_component.GraphComponent:
+    """Return the pipeline with every step bound to its image.
+
+    `config` is the resolved trainer config, resolved once by whoever defines the run (the CLI
+    or the compiler); it becomes the `config` parameter's default, a JSON object that travels
+    as it is to tokenize, train and the trainer workers, so no pod opens a YAML file.
+    """
     tokenize_op = tokenize_component.make(images.pipeline)
     train_op = train_component.make(images.pipeline)
     evaluate_op = evaluate_component.make(images.pipeline)
@@ -34,8 +40,7 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
     def gptpipe(
         corpus: str,
         serving_dir: str,
-        config: str = _DEFAULTS.config,
-        overrides: list = [],  # noqa: B006 -- KFP reads the default from the signature
+        config: dict = config_to_dict(config),  # noqa: B008 -- KFP reads the default here
         eval_fraction: float = _DEFAULTS.eval_fraction,
         tokenizer: str = "",  # a SentencePiece model to reuse; "" trains one on the corpus
         max_nats_per_char: float = _DEFAULTS.max_nats_per_char,
@@ -61,7 +66,6 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
         tokenized = tokenize_op(
             corpus=corpus,
             config=config,
-            overrides=overrides,
             eval_fraction=eval_fraction,
             tokenizer=tokenizer,
             work_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
@@ -71,7 +75,6 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
         trained = train_op(
             examples_uri=tokenized.outputs["examples_uri"],
             config=config,
-            overrides=overrides,
             launcher=launcher,
             workers=workers,
             gpus_per_worker=gpus_per_worker,
@@ -82,7 +85,6 @@ def build(images: Images) -> dsl.graph_component.GraphComponent:
             trainer_image=images.trainer,
             work_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
             dataset_version=tokenized.outputs["dataset_version"],
-            config_hash=tokenized.outputs["config_hash"],
             **run,
         ).set_display_name("train")
         trained.set_caching_options(enable_caching=True)

@@ -6,16 +6,24 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipelines import cli, compiler
 from contracts.errors import UserError
+from pipelines import cli, compiler
+from trainer.config import DEFAULT_PRESET, config_to_dict, resolve_config
 
 HERE = Path(__file__).resolve().parent
 LOCK = HERE / "data" / "digests.json"
 GOLDEN = HERE / "golden" / "gptpipe.yaml"
 
 
+def compile_default(path: Path) -> Path:
+    """The pipeline compiled with the test lock and the default preset."""
+    return compiler.compile_pipeline(
+        path, compiler.load_images(LOCK), resolve_config(DEFAULT_PRESET)
+    )
+
+
 def test_compiled_pipeline_matches_golden(tmp_path, request):
-    out = compiler.compile_pipeline(tmp_path / "p.yaml", compiler.load_images(LOCK))
+    out = compile_default(tmp_path / "p.yaml")
     if request.config.getoption("--update-golden"):
         GOLDEN.write_text(out.read_text())
     assert out.read_text() == GOLDEN.read_text(), (
@@ -24,9 +32,7 @@ def test_compiled_pipeline_matches_golden(tmp_path, request):
 
 
 def test_every_executor_image_is_pinned_by_digest(tmp_path):
-    spec, _ = yaml.safe_load_all(
-        compiler.compile_pipeline(tmp_path / "p.yaml", compiler.load_images(LOCK)).read_text()
-    )
+    spec, _ = yaml.safe_load_all(compile_default(tmp_path / "p.yaml").read_text())
     executors = spec["deploymentSpec"]["executors"]
     assert set(executors) == {"exec-tokenize", "exec-train", "exec-evaluate", "exec-push"}
     for executor in executors.values():
@@ -65,7 +71,24 @@ def test_cli_compile_writes_yaml(tmp_path, capsys):
         ]
     assert "pipeline_job_uuid" not in out.read_text()
     # Train's KFP cache key holds no artifact (KFP keys those by identity, new every run): its
-    # Examples arrive as the content-addressed URI, with the dataset version and config hash.
+    # Examples arrive as the content-addressed URI, with the dataset version; the resolved
+    # config is a parameter itself, so it is in the key by value.
     train = spec["root"]["dag"]["tasks"]["train"]["inputs"]
     assert "artifacts" not in train
     assert train["parameters"]["examples_uri"]["taskOutputParameter"]["producerTask"] == "tokenize"
+    assert train["parameters"]["config"]["componentInputParameter"] == "config"
+
+
+def test_compile_bakes_the_resolved_config_in_as_the_default(tmp_path):
+    yaml_config = tmp_path / "small.yaml"
+    yaml_config.write_text("model:\n  n_layer: 2\ntrain:\n  train_steps: 70\n")
+    out = tmp_path / "gptpipe.yaml"
+    argv = ["compile", "--output", str(out), "--lock", str(LOCK), "--config", str(yaml_config)]
+    assert cli.main([*argv, "--set", "train.batch_size=4"]) == 0
+    yaml_config.unlink()  # nothing reads the YAML file after compile
+    spec, _ = yaml.safe_load_all(out.read_text())
+    default = spec["root"]["inputDefinitions"]["parameters"]["config"]["defaultValue"]
+    assert default == config_to_dict(
+        resolve_config("tiny", ["model.n_layer=2", "train.train_steps=70", "train.batch_size=4"])
+    )
+    assert "small.yaml" not in out.read_text()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from contracts.errors import UserError
 from trainer.config import (
     Config,
     ConfigError,
@@ -19,7 +20,6 @@ from trainer.config import (
     resolve_config,
     scaled_learning_rate,
 )
-from contracts.errors import UserError
 
 
 def test_presets():
@@ -94,6 +94,22 @@ def test_dict_round_trip_and_hash():
     del data["train"]["seed"]
     with pytest.raises(ConfigError, match="missing keys train.seed"):
         config_from_dict(data)
+
+
+def test_dict_through_a_protobuf_struct_keeps_its_ints():
+    # KFP carries a dict parameter as a google.protobuf.Struct: every number becomes a double.
+    from google.protobuf import json_format, struct_pb2
+
+    cfg = resolve_config("tiny", ["model.n_layer=5"])
+    struct = json_format.ParseDict(config_to_dict(cfg), struct_pb2.Struct())
+    data = json_format.MessageToDict(struct)
+    assert isinstance(data["model"]["n_layer"], float)
+    assert config_from_dict(data) == cfg
+    data["model"]["n_layer"] = 5.5
+    with pytest.raises(ConfigError, match="model.n_layer must be int"):
+        config_from_dict(data)
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        config_from_dict("tiny")  # type: ignore[arg-type]
 
 
 def test_derived_values():

@@ -18,7 +18,9 @@ import pytest
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.train.executor import trainer_command
-from components.train.launcher import JobSpec, LaunchResult, launch
+from components.train.launcher import JobSpec, LaunchResult
+from components.train.local_launcher import LocalLauncher
+from trainer.config import resolve_config
 
 STEPS = 40  # TINY_OVERRIDES: train.train_steps
 BACKUP_EVERY = 20  # TINY_OVERRIDES: train.checkpoint_every
@@ -38,8 +40,9 @@ class Job:
         self.model = root / "model"
         self.work = root / "work"
         self.logs = root / "launcher-logs"
+        cfg = resolve_config("tiny", TINY_OVERRIDES)
         command = trainer_command(
-            sys.executable, str(examples), str(self.model), str(self.work), "tiny", TINY_OVERRIDES
+            sys.executable, str(examples), str(self.model), str(self.work), cfg
         )
         spec = JobSpec(
             name="fault-tolerance",
@@ -50,7 +53,7 @@ class Job:
             env={"TF_CPP_MIN_LOG_LEVEL": "2"},
         )
         out = io.StringIO()
-        self.result: LaunchResult = launch(spec, "local", out=out, log_dir=str(self.logs))
+        self.result: LaunchResult = LocalLauncher(log_dir=self.logs, out=out).run(spec)
         self.out = out.getvalue()
 
     def log(self, worker: int, attempt: int | None = None) -> str:

@@ -13,6 +13,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 from components import lineage
 from components.lineage import ArtifactRecord
 from contracts.errors import UserError
+from pipelines import lineage_cmd
 
 PIPELINE = "gptpipe"
 DATASET = "d" * 64
@@ -225,7 +226,7 @@ def test_run_summary_and_trace(store_uri, tmp_path):
     assert pushed["pushed_version"] == "1"
     assert pushed["pushed_destination"] == str(tmp_path / "serving")
 
-    traced = lineage.trace(store_uri, run["pushed"])
+    traced = lineage_cmd.trace(store_uri, run["pushed"])
     json.dumps(traced)
     assert traced["model"]["uri"] == run["model"]
     assert traced["train"]["properties"]["learning_rate"] == pytest.approx(3e-4)
@@ -352,7 +353,7 @@ def test_failed_state_and_errors(store_uri, tmp_path):
     with pytest.raises(UserError, match="no run"):
         lineage.run_summary(store_uri, "missing")
     with pytest.raises(UserError, match="no PushedModel"):
-        lineage.trace(store_uri, str(tmp_path / "missing"))
+        lineage_cmd.trace(store_uri, str(tmp_path / "missing"))
 
 
 def test_environment_digest_is_stable_hex():
@@ -459,7 +460,7 @@ def test_steps_kfp_skipped_are_recorded_cached_in_the_run_that_used_them(store_u
     ]
     assert tokenize.custom_properties["image_digest"].string_value == "sha256:" + "a" * 64
     # The original producer stays the producer; a cached model is not a new model.
-    chain = lineage.trace(store_uri, run["pushed"])
+    chain = lineage_cmd.trace(store_uri, run["pushed"])
     assert (chain["train"]["state"], chain["train"]["properties"]["run_id"]) == (
         "COMPLETE",
         "run-1",
@@ -473,7 +474,7 @@ def test_parameters_round_trip_and_latest_pushed_model(store_uri, tmp_path):
     fake_run(store_uri, tmp_path / "a", "run-1")
     second = fake_run(store_uri, tmp_path / "b", "run-2")
     assert lineage.latest_pushed_model(store_uri) == second["pushed"]
-    train = lineage.trace(store_uri, second["pushed"])["train"]
+    train = lineage_cmd.trace(store_uri, second["pushed"])["train"]
     assert lineage.parameters_of(train) == {
         "learning_rate": 3e-4,
         "steps": 20,

@@ -13,16 +13,16 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 
 from components import lineage, provenance
 from components.tokenize import executor as tokenize
-from pipelines import cli, lineage_cmd
-from trainer.config import config_hash, resolve_config
 from contracts.errors import UserError
+from pipelines import cli, lineage_cmd
+from trainer.config import config_hash, config_to_dict, resolve_config
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
 PIPELINE_IMAGE = "ghcr.io/gptpipe/gptpipe-pipeline@sha256:" + "1" * 64
 TRAINER_IMAGE = "ghcr.io/gptpipe/gptpipe-trainer@sha256:" + "2" * 64
 WORKER_DIGEST = "sha256:" + "ab" * 32
-OVERRIDES = ["model.vocab_size=340", "model.seq_len=32"]
-CONFIG_HASH = config_hash(resolve_config("tiny", OVERRIDES))
+CONFIG = config_to_dict(resolve_config("tiny", ["model.vocab_size=340", "model.seq_len=32"]))
+CONFIG_HASH = config_hash(resolve_config("tiny", ["model.vocab_size=340", "model.seq_len=32"]))
 
 
 def write_corpus(folder: Path, extra: str = "") -> Path:
@@ -39,8 +39,7 @@ def record_tokenize(
     """What the tokenize component records: a real tokenize, its provenance and Examples."""
     params = {
         "corpus": str(corpus),
-        "config": "tiny",
-        "overrides": OVERRIDES,
+        "config": CONFIG,
         "eval_fraction": 0.1,
         "vocab_size": 340,
         "seq_len": 32,
@@ -60,8 +59,7 @@ def record_rest(
     found = provenance.detect(image, {provenance.CODE_VERSION_ENV: "c0ffee"}).properties()
     model, pushed = str(root / run_id / "model"), str(root / "serving" / "gpt" / "1")
     train_params = {
-        "config": "tiny",
-        "overrides": OVERRIDES,
+        "config": CONFIG,
         "launcher": "tfjob",
         "workers": 2,
         "gpus_per_worker": 1,
@@ -156,7 +154,7 @@ def test_lineage_json_field_by_field(recorded, capsys):
     assert train["worker_image_digests"] == {"gptpipe-train-abc-worker-0": WORKER_DIGEST}
     assert (train["gpu_hours"], train["job_name"]) == (1.25, "gptpipe-train-abc")
     assert train["parameters"]["node_selector"] == {"pool": "a100"}
-    assert train["parameters"]["overrides"] == OVERRIDES
+    assert train["parameters"]["config"] == CONFIG
     assert train["start_time_ms"] <= train["end_time_ms"]
     examples = out["examples"]
     assert examples["dataset_version"] == manifest["dataset_version"]
@@ -216,8 +214,7 @@ def test_reproduce_writes_pipeline_and_parameters(recorded, tmp_path, capsys):
     params = json.loads(out.with_suffix(".params.json").read_text())
     assert params["arguments"] == {
         "corpus": str(recorded["corpus"]),
-        "config": "tiny",
-        "overrides": OVERRIDES,
+        "config": CONFIG,
         "eval_fraction": 0.1,
         "launcher": "tfjob",
         "workers": 2,
@@ -302,11 +299,16 @@ def test_one_byte_changes_the_version_and_the_dataset_context(tmp_path):
     assert examples.state == mlmd.Artifact.LIVE
 
 
-def test_reproduce_refuses_a_config_file_that_changed(tmp_path):
+def test_reproduce_needs_no_config_file_and_refuses_an_inconsistent_record(tmp_path):
     config = tmp_path / "small.yaml"
     config.write_text("model:\n  n_layer: 2\n")
-    recorded = {"config_hash": config_hash(resolve_config(str(config), []))}
-    lineage_cmd.check_config(str(config), [], recorded)
-    config.write_text("model:\n  n_layer: 4\n")
-    with pytest.raises(UserError, match="resolves differently now"):
-        lineage_cmd.check_config(str(config), [], recorded)
+    cfg = resolve_config(str(config), [])
+    recorded = {"config_hash": config_hash(cfg)}
+    config.unlink()  # the record holds the values, so the file may be long gone
+    assert lineage_cmd.check_config(config_to_dict(cfg), recorded) == cfg
+    tampered = config_to_dict(cfg)
+    tampered["model"]["n_layer"] = 4
+    with pytest.raises(UserError, match="lineage record is inconsistent"):
+        lineage_cmd.check_config(tampered, recorded)
+    with pytest.raises(UserError, match="predates resolved configs"):
+        lineage_cmd.check_config("tiny", recorded)

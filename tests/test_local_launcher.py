@@ -5,14 +5,17 @@ from __future__ import annotations
 import io
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout, launch
+from components.train import executor
+from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
 from components.train.local_launcher import LocalLauncher, exit_code_of
+from contracts.errors import UserError
 
 WORKER = r'''
 import json, os, signal, subprocess, sys, time
@@ -202,9 +205,32 @@ def test_sigterm_stops_every_worker_and_fails(job, tmp_path):
     assert not any(alive(p) for p in recorded_pids(tmp_path))
 
 
-def test_launch_dispatches_to_the_local_launcher(job, tmp_path):
-    result = launch(job("ok"), "local", log_dir=str(tmp_path / "logs"), out=io.StringIO())
-    assert result.launcher == "local" and result.attempts == 1
+def test_the_executor_picks_the_local_launcher_without_loading_kubernetes(tmp_path):
+    # A fresh interpreter: what a local train step imports, and nothing this test session did.
+    script = (
+        "import sys; from components.train import executor; "
+        f"launcher = executor.make_launcher('local', {str(tmp_path / 'work')!r}); "
+        "print(type(launcher).__name__, launcher.log_dir); "
+        "print(sorted(m for m in sys.modules if m.startswith(('kubernetes', 'components.train'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    kind, loaded = done.stdout.splitlines()
+    assert kind == f"LocalLauncher {tmp_path / 'work' / 'worker-logs'}"
+    assert loaded == str(
+        [
+            "components.train",
+            "components.train.executor",
+            "components.train.launcher",
+            "components.train.local_launcher",
+        ]
+    )
 
 
 def test_exit_codes_in_kubernetes_terms():
@@ -213,8 +239,6 @@ def test_exit_codes_in_kubernetes_terms():
     assert exit_code_of(1) == 1 and exit_code_of(0) == 0
 
 
-def test_unknown_launcher_is_a_user_error(job):
-    from contracts.errors import UserError
-
-    with pytest.raises(UserError, match="launcher"):
-        launch(job("ok"), "slurm")
+def test_unknown_launcher_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="launcher 'slurm'"):
+        executor.make_launcher("slurm", str(tmp_path))

@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from contracts.errors import UserError
 from trainer import data
 from trainer.config import ModelConfig
-from contracts.errors import UserError
 from trainer.model import Block, CausalSelfAttention, PositionEmbedding, TiedEmbedding, build_gpt
 
 TINY = ModelConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=16, d_ff=32)

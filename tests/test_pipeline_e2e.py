@@ -14,6 +14,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 
 from components import lineage
 from pipelines import cli, local_runner
+from trainer.config import config_to_dict, resolve_config
 
 pytestmark = pytest.mark.e2e
 
@@ -47,9 +48,11 @@ def corpus(tmp_path_factory):
 def two_runs(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("runs")
     common = {"root": root, "corpus": str(corpus), "workers": 2, "max_nats_per_char": 5.0}
-    first = local_runner.run_local(local_runner.LocalRun(overrides=SMALL, **common))
-    diverging = SMALL + ("train.learning_rate=1e9",)
-    second = local_runner.run_local(local_runner.LocalRun(overrides=diverging, **common))
+    first = local_runner.run_local(
+        local_runner.LocalRun(config=resolve_config("tiny", SMALL), **common)
+    )
+    diverging = resolve_config("tiny", SMALL + ("train.learning_rate=1e9",))
+    second = local_runner.run_local(local_runner.LocalRun(config=diverging, **common))
     return root, first, second
 
 
@@ -95,8 +98,10 @@ def test_second_run_uses_first_as_baseline_and_divergence_is_not_blessed(two_run
 
 def test_lineage_links_the_pushed_model_to_its_data(two_runs):
     root, first, _ = two_runs
+    from pipelines import lineage_cmd
+
     store = str(root / "metadata.sqlite")
-    chain = lineage.trace(store, str(root / "serving" / "gpt" / "1"))
+    chain = lineage_cmd.trace(store, str(root / "serving" / "gpt" / "1"))
     assert chain["examples"]["properties"]["dataset_version"] == first["dataset_version"]
     assert chain["train"]["properties"]["run_id"] == first["run_id"]
     assert len(lineage.models_for_dataset(store, first["dataset_version"])) == 2
@@ -183,7 +188,8 @@ def test_lineage_json_and_reproduce_from_a_local_run(two_runs, tmp_path, capsys)
     assert (out["pushed_model"]["uri"], out["pushed_model"]["version"]) == (pushed, "1")
     assert out["train"]["run_id"] == first["run_id"]
     assert (out["train"]["image"], out["train"]["unpinned"]) == ("local-python-environment", 1)
-    assert out["train"]["parameters"]["overrides"] == list(SMALL)
+    # The config travels resolved: lineage holds its values, not a preset name and overrides.
+    assert out["train"]["parameters"]["config"] == config_to_dict(resolve_config("tiny", SMALL))
     assert out["train"]["gpu_hours"] == 0
     assert out["examples"]["dataset_version"] == first["dataset_version"]
     assert out["tokenize"]["state"] == "COMPLETE"
@@ -204,7 +210,8 @@ def test_lineage_json_and_reproduce_from_a_local_run(two_runs, tmp_path, capsys)
         == 0
     )
     arguments = json.loads(target.with_suffix(".params.json").read_text())["arguments"]
-    assert arguments["overrides"] == list(SMALL) and arguments["workers"] == 2
+    assert arguments["config"] == config_to_dict(resolve_config("tiny", SMALL))
+    assert arguments["workers"] == 2 and "overrides" not in arguments
     assert arguments["max_nats_per_char"] == 5.0 and arguments["launcher"] == "local"
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from test_pipeline_e2e import SMALL
 
-from components import storage
+from components import serving
 from pipelines import local_runner
+from trainer.config import resolve_config
 
 pytestmark = pytest.mark.e2e
 pytest_plugins = ["gcs_emulator"]
@@ -26,7 +27,7 @@ def test_run_reads_corpus_from_gcs_and_pushes_to_gcs(gcs, tmp_path):
         root=root,
         corpus=gcs.uri("corpus/"),
         state_dir=tmp_path,
-        overrides=SMALL,
+        config=resolve_config("tiny", SMALL),
         workers=1,
         max_nats_per_char=5.0,
     )
@@ -38,6 +39,6 @@ def test_run_reads_corpus_from_gcs_and_pushes_to_gcs(gcs, tmp_path):
     assert "runs/serving/gpt/1/saved_model.pb" in objects
     assert any(name.startswith("runs/serving/gpt/1/variables/") for name in objects)
     assert not gcs.names("runs/serving/gpt/.staging")
-    assert storage.serving_versions(f"{root}/serving/gpt") == [1]
+    assert serving.serving_versions(f"{root}/serving/gpt") == [1]
     sources = summary["steps"]["tokenize"]["outputs"]["examples"][0]["properties"]
     assert sources["dataset_version"] == summary["dataset_version"]

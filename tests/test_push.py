@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from components import storage
+from components import serving
 from components.push import executor
 from contracts.errors import UserError
 
@@ -48,7 +48,7 @@ def test_blessed_model_is_pushed_as_next_version(tmp_path):
     assert (dest / "2" / "saved_model.pb").read_bytes() == b"graph 2"
     assert (dest / "2" / "variables" / "variables.index").is_file()
     assert (tmp_path / "p2" / "PUSHED").is_file()
-    assert storage.serving_versions(dest) == [1, 2]
+    assert serving.serving_versions(dest) == [1, 2]
     assert executor.pushed_uri(second) == f"{dest}/2"
 
 
@@ -59,7 +59,7 @@ def test_a_retried_push_of_the_same_model_publishes_no_second_copy(tmp_path):
         model, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2")
     )
     assert (again.pushed, again.pushed_version) == (1, "1")
-    assert storage.serving_versions(dest) == [1]
+    assert serving.serving_versions(dest) == [1]
 
 
 def test_unblessed_model_is_not_pushed_and_step_succeeds(tmp_path):
@@ -77,7 +77,7 @@ def test_incomplete_versions_are_skipped_and_never_reused(tmp_path):
     dest = tmp_path / "serving"
     (dest / "7").mkdir(parents=True)  # half-written: no saved_model.pb
     (dest / ".8.tmp-dead").mkdir()
-    assert storage.serving_versions(dest) == []
+    assert serving.serving_versions(dest) == []
     result = executor.run(
         make_model(tmp_path), make_blessing(tmp_path, True), str(dest), str(tmp_path / "pushed")
     )
@@ -125,13 +125,13 @@ def test_a_rollback_retires_the_models_it_takes_out_of_service(tmp_path):
     bad = make_model_with(tmp_path, "bad", b"bad graph")
     executor.run(good, make_blessing(tmp_path, True, "b1"), str(dest), str(tmp_path / "p1"))
     executor.run(bad, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"))
-    assert executor.rollback(str(dest), 1) == 3  # v3 serves the good model again
+    assert serving.rollback(str(dest), 1) == 3  # v3 serves the good model again
 
     # A later run on unchanged data gets the bad model back (from KFP's cache): not re-published.
     again = executor.run(bad, make_blessing(tmp_path, True, "b3"), str(dest), str(tmp_path / "p3"))
     assert again.pushed == 0 and "rolled back from version 2" in again.reason
     assert (tmp_path / "p3" / "NOT_PUSHED").is_file()
-    assert storage.serving_versions(dest) == [1, 2, 3]
+    assert serving.serving_versions(dest) == [1, 2, 3]
 
     newer = make_model_with(tmp_path, "newer", b"newer graph")
     fresh = executor.run(
@@ -140,6 +140,6 @@ def test_a_rollback_retires_the_models_it_takes_out_of_service(tmp_path):
     assert (fresh.pushed, fresh.pushed_version) == (1, "4")
 
     # Rolling back *to* the retired version is a deliberate choice: it serves it again.
-    assert executor.rollback(str(dest), 2) == 5
+    assert serving.rollback(str(dest), 2) == 5
     back = executor.run(bad, make_blessing(tmp_path, True, "b5"), str(dest), str(tmp_path / "p5"))
     assert (back.pushed, back.pushed_version) == (1, "5") and "already served" in back.reason

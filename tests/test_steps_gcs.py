@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from components import storage
+from components import serving, storage
 from components.evaluate import executor as evaluate
 from components.push import executor as push
+from components.storage import gcs as storage_gcs
 from components.tokenize import executor as tokenize
 from contracts.errors import UserError
 
@@ -149,7 +150,7 @@ def test_push_to_gcs_publishes_increasing_complete_versions(gcs, tmp_path):
     first = _push(tmp_path, _model(tmp_path, "m1", b"one"), dest, "p1")
     second = _push(tmp_path, _model(tmp_path, "m2", b"two"), dest, "p2")
     assert (first.pushed_version, second.pushed_version) == ("1", "2")
-    assert storage.serving_versions(dest) == [1, 2]
+    assert serving.serving_versions(dest) == [1, 2]
     assert gcs.get("serving/gpt/2/saved_model.pb") == b"two"
     assert storage.same_files(str(tmp_path / "m2" / "Format-Serving"), f"{dest}/2")
     assert not [n for n in gcs.names() if ".staging-" in n]
@@ -160,7 +161,7 @@ def test_push_interrupted_between_copies_never_exposes_a_version_and_rerun_finis
 ):
     dest = gcs.uri("serving")
     model = _model(tmp_path, "m")
-    real_copy = storage._copy_object
+    real_copy = storage_gcs.copy_object
     copies = []
 
     def copy_then_die(source, destination, **kwargs):
@@ -169,8 +170,8 @@ def test_push_interrupted_between_copies_never_exposes_a_version_and_rerun_finis
         copies.append(destination)
         return real_copy(source, destination, **kwargs)
 
-    monkeypatch.setattr(storage, "_copy_object", copy_then_die)
-    monkeypatch.setattr(storage, "WORKERS", 1)  # deterministic: exactly two copies land
+    monkeypatch.setattr(storage_gcs, "copy_object", copy_then_die)
+    monkeypatch.setattr(storage_gcs, "WORKERS", 1)  # deterministic: exactly two copies land
     with pytest.raises(ConnectionError):
         _push(tmp_path, model, dest, "p1")
     left = gcs.names("serving/")
@@ -179,12 +180,12 @@ def test_push_interrupted_between_copies_never_exposes_a_version_and_rerun_finis
         and len([n for n in left if n.startswith("serving/1/")]) == 2
     )
     assert "serving/.staging-1/.publish.json" in left
-    assert storage.serving_versions(dest) == []
+    assert serving.serving_versions(dest) == []
 
-    monkeypatch.setattr(storage, "_copy_object", real_copy)
+    monkeypatch.setattr(storage_gcs, "copy_object", real_copy)
     again = _push(tmp_path, model, dest, "p2")
     assert again.pushed_version == "1"  # the interrupted push of the same model, finished
-    assert storage.serving_versions(dest) == [1]
+    assert serving.serving_versions(dest) == [1]
     assert storage.same_files(str(Path(model) / "Format-Serving"), f"{dest}/1")
     assert [n for n in gcs.names("serving/") if not n.startswith("serving/1/")] == []
 
@@ -192,7 +193,7 @@ def test_push_interrupted_between_copies_never_exposes_a_version_and_rerun_finis
 def test_push_interrupted_while_uploading_is_cleaned_once_stale(gcs, tmp_path, monkeypatch):
     dest = gcs.uri("serving")
     model = _model(tmp_path, "m")
-    real_upload = storage.upload_file
+    real_upload = storage_gcs.upload_file
     uploads = []
 
     def upload_then_die(path, uri):
@@ -201,19 +202,19 @@ def test_push_interrupted_while_uploading_is_cleaned_once_stale(gcs, tmp_path, m
         uploads.append(uri)
         return real_upload(path, uri)
 
-    monkeypatch.setattr(storage, "upload_file", upload_then_die)
-    monkeypatch.setattr(storage, "WORKERS", 1)
+    monkeypatch.setattr(storage_gcs, "upload_file", upload_then_die)
+    monkeypatch.setattr(storage_gcs, "WORKERS", 1)
     with pytest.raises(ConnectionError):
         _push(tmp_path, model, dest, "p1")
     assert gcs.names("serving/") == [uploads[0].split("/", 3)[3]]
-    monkeypatch.setattr(storage, "upload_file", real_upload)
+    monkeypatch.setattr(storage_gcs, "upload_file", real_upload)
 
     young = _push(tmp_path, model, dest, "p2")  # another pusher may still be uploading
     assert young.pushed_version == "2"
     assert storage.finish_publishes(dest, ready="saved_model.pb", stale_after_s=0) == {
         f"{dest}/1": "cleaned"
     }
-    assert storage.serving_versions(dest) == [2]
+    assert serving.serving_versions(dest) == [2]
     assert [n for n in gcs.names("serving/") if not n.startswith("serving/2/")] == []
 
 
@@ -221,12 +222,12 @@ def test_rollback_republishes_an_earlier_version_as_the_newest(gcs, tmp_path):
     dest = gcs.uri("serving")
     _push(tmp_path, _model(tmp_path, "m1", b"one"), dest, "p1")
     _push(tmp_path, _model(tmp_path, "m2", b"two"), dest, "p2")
-    assert push.rollback(dest, 1) == 3
-    assert storage.serving_versions(dest) == [1, 2, 3]
+    assert serving.rollback(dest, 1) == 3
+    assert serving.serving_versions(dest) == [1, 2, 3]
     assert storage.same_files(f"{dest}/1", f"{dest}/3")
-    assert evaluate.baseline_version(dest) == f"{dest}/3"
+    assert serving.latest_version_uri(dest) == f"{dest}/3"
     with pytest.raises(UserError, match=r"version 7: .*complete versions are \[1, 2, 3\]"):
-        push.rollback(dest, 7)
+        serving.rollback(dest, 7)
 
 
 def test_push_to_a_gcs_object_is_a_user_error(gcs, tmp_path):
@@ -255,8 +256,8 @@ def test_evaluate_scores_the_highest_complete_gcs_version(gcs, tmp_path):
     gcs.put("serving/9/variables/variables.index", b"half-copied: no saved_model.pb")
     gcs.put("serving/.staging-10/saved_model.pb", b"staged, not published")
 
-    baseline = evaluate.baseline_version(gcs.uri("serving"))
+    baseline = serving.latest_version_uri(gcs.uri("serving"))
     assert baseline == gcs.uri("serving/4")
     scores = evaluate._score_baseline(baseline, "some eval text\nsecond line\n")
     assert scores.nats_per_char == pytest.approx(0.5) and scores.chars == 27
-    assert evaluate.baseline_version(gcs.uri("empty")) is None
+    assert serving.latest_version_uri(gcs.uri("empty")) is None

@@ -32,7 +32,8 @@ from gcp_storage_emulator.server import APIThread
 from google.api_core import exceptions as gexc
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from components import storage
+from components import serving, storage
+from components.storage import gcs as storage_gcs
 from contracts.errors import UserError
 
 pytest_plugins = ["gcs_emulator"]
@@ -79,8 +80,8 @@ def test_generation_changes_on_every_write_and_crc32c_is_the_servers(gcs, tmp_pa
 
 
 def test_large_object_goes_up_in_resumable_chunks(gcs, tmp_path, monkeypatch):
-    monkeypatch.setattr(storage, "RESUMABLE_THRESHOLD", 256 * 1024)
-    monkeypatch.setattr(storage, "UPLOAD_CHUNK_BYTES", 256 * 1024)
+    monkeypatch.setattr(storage_gcs, "RESUMABLE_THRESHOLD", 256 * 1024)
+    monkeypatch.setattr(storage_gcs, "UPLOAD_CHUNK_BYTES", 256 * 1024)
     data = os.urandom(1024 * 1024 + 17)  # 5 chunks, the last one short
     path = _tree(tmp_path, {"big.bin": data}) / "big.bin"
     info = storage.upload_file(path, gcs.uri("big.bin"))
@@ -125,7 +126,7 @@ def test_list_gives_fingerprints_without_downloading(gcs_faults, tmp_path):
 
 
 def test_write_then_streamed_read(gcs, monkeypatch):
-    monkeypatch.setattr(storage, "READ_CHUNK_BYTES", 1000)  # many ranged GETs
+    monkeypatch.setattr(storage_gcs, "READ_CHUNK_BYTES", 1000)  # many ranged GETs
     data = os.urandom(5500)
     storage.write_bytes(gcs.uri("r/data.bin"), data)
     [info] = storage.list_files(gcs.uri("r/data.bin"))
@@ -160,14 +161,14 @@ def test_copy_in_every_direction(gcs, tmp_path):
 def test_publish_copies_ready_last_verifies_and_removes_staging(gcs, tmp_path, monkeypatch):
     source = _tree(tmp_path / "model", {**FILES, "saved_model.pb": b"graph"})
     order = []
-    real_copy = storage._copy_object
+    real_copy = storage_gcs.copy_object
     monkeypatch.setattr(
-        storage, "_copy_object", lambda s, d, **kw: order.append(d) or real_copy(s, d, **kw)
+        storage_gcs, "copy_object", lambda s, d, **kw: order.append(d) or real_copy(s, d, **kw)
     )
     storage.publish_dir(source, gcs.uri("serving/1"), ready="saved_model.pb")
     assert order[-1] == gcs.uri("serving/1/saved_model.pb") and len(order) == len(FILES) + 1
     assert gcs.names("serving/") == sorted(f"serving/1/{r}" for r in [*FILES, "saved_model.pb"])
-    assert storage.serving_versions(gcs.uri("serving")) == [1]
+    assert serving.serving_versions(gcs.uri("serving")) == [1]
     with pytest.raises(FileExistsError):
         storage.publish_dir(source, gcs.uri("serving/1"), ready="saved_model.pb")
 
@@ -186,7 +187,7 @@ def test_atomic_dir_publishes_to_gcs_only_on_success(gcs):
 
 def test_retries_429_and_503_with_backoff(gcs_faults, monkeypatch):
     gcs, proxy = gcs_faults
-    monkeypatch.setattr(storage, "RETRY", DEFAULT_RETRY.with_delay(0.01, 0.05, 2.0))
+    monkeypatch.setattr(storage_gcs, "RETRY", DEFAULT_RETRY.with_delay(0.01, 0.05, 2.0))
     upload = proxy.fail("POST", r"/upload/storage/v1/b/.*/o\?", 503, times=2)
     listing = proxy.fail("GET", r"/storage/v1/b/[^/]+/o\?", 429, times=2)
     storage.write_bytes(gcs.uri("retry.txt"), b"made it")
@@ -230,7 +231,7 @@ def test_object_replaced_between_listing_and_read_is_named(gcs):
 
 
 def test_object_replaced_mid_stream_is_named(gcs, monkeypatch):
-    monkeypatch.setattr(storage, "READ_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(storage_gcs, "READ_CHUNK_BYTES", 1000)
     gcs.put("in/big.txt", b"a" * 5000)
     [info] = storage.list_files(gcs.uri("in/big.txt"))
     changed = pytest.raises(storage.ObjectChangedError, match="in/big.txt changed during the run")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from components import storage
-from components.push import executor as push
+from components import serving, storage
+from components.storage import gcs as storage_gcs
 from contracts.errors import UserError
 
 
@@ -64,12 +64,12 @@ def test_versions_and_rollback_on_disk(tmp_path):
     for version, graph in ((1, b"one"), (2, b"two")):
         _tree(dest / str(version), {"saved_model.pb": graph, "variables/v": graph})
     (dest / "5").mkdir()  # incomplete: never a version, never reused
-    assert storage.serving_versions(dest) == [1, 2] and storage.next_serving_version(dest) == 6
-    assert push.rollback(str(dest), 1) == 6
+    assert serving.serving_versions(dest) == [1, 2] and serving.next_serving_version(dest) == 6
+    assert serving.rollback(str(dest), 1) == 6
     assert (dest / "6" / "saved_model.pb").read_bytes() == b"one"
-    assert storage.serving_versions(dest) == [1, 2, 6]
+    assert serving.serving_versions(dest) == [1, 2, 6]
     with pytest.raises(UserError, match=r"version 5: .*complete versions are \[1, 2, 6\]"):
-        push.rollback(str(dest), 5)
+        serving.rollback(str(dest), 5)
 
 
 def test_uri_helpers():
@@ -79,9 +79,9 @@ def test_uri_helpers():
     assert storage.staging_uri("gs://b/serving/3") == "gs://b/serving/.staging-3"
     with pytest.raises(UserError, match="names no bucket"):
         storage.split_gcs("gs:///x")
-    regex = storage._glob_regex("c/*.txt")
+    regex = storage_gcs._glob_regex("c/*.txt")
     assert regex.match("c/a.txt") and not regex.match("c/d/a.txt")
-    assert storage._glob_regex("c/**/[ab].txt").match("c/d/e/b.txt")
+    assert storage_gcs._glob_regex("c/**/[ab].txt").match("c/d/e/b.txt")
 
 
 def test_files_under_hidden_folders_are_not_corpus(tmp_path):

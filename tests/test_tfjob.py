@@ -13,14 +13,14 @@ import pytest
 import yaml
 from k8s_double import IMAGE_DIGEST, FakeKube, scenarios
 
-from components.train import tfjob
+from components.train import tfjob, tfjob_manifest
 from components.train.launcher import (
     JobSpec,
     LaunchCancelled,
     LaunchError,
     LaunchTimeout,
     OwnerPod,
-    launch,
+    job_name,
 )
 from contracts.errors import UserError
 
@@ -96,7 +96,7 @@ def schema_errors(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]
 
 
 def test_manifest_has_the_operator_layout():
-    manifest = tfjob.build_manifest(make_spec())
+    manifest = tfjob_manifest.build_manifest(make_spec())
     assert manifest["apiVersion"] == "kubeflow.org/v1" and manifest["kind"] == "TFJob"
     spec = manifest["spec"]
     assert set(spec) == {"runPolicy", "tfReplicaSpecs"}  # nothing of runPolicy at spec's top
@@ -137,7 +137,7 @@ def test_manifest_has_the_operator_layout():
 
 
 def test_manifest_without_gpus_owner_or_deadline_leaves_them_out():
-    manifest = tfjob.build_manifest(
+    manifest = tfjob_manifest.build_manifest(
         make_spec(gpus_per_worker=0, owner=None, active_deadline_seconds=None)
     )
     container = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
@@ -159,12 +159,12 @@ def test_manifest_without_gpus_owner_or_deadline_leaves_them_out():
     ],
 )
 def test_manifest_validates_against_the_tfjob_v1_crd_schema(overrides):
-    assert schema_errors(tfjob.build_manifest(make_spec(**overrides)), SCHEMA) == []
+    assert schema_errors(tfjob_manifest.build_manifest(make_spec(**overrides)), SCHEMA) == []
 
 
 def test_schema_check_catches_run_policy_at_the_top_of_spec():
     """The last community launcher's mistake: the apiserver would prune these silently."""
-    manifest = tfjob.build_manifest(make_spec())
+    manifest = tfjob_manifest.build_manifest(make_spec())
     manifest["spec"]["ttlSecondsAfterFinished"] = 3600
     manifest["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = "2"
     errors = schema_errors(manifest, SCHEMA)
@@ -176,17 +176,17 @@ def test_schema_check_catches_run_policy_at_the_top_of_spec():
 
 def test_render_yaml_is_the_manifest():
     spec = make_spec()
-    assert yaml.safe_load(tfjob.render_yaml(spec)) == tfjob.build_manifest(spec)
+    assert yaml.safe_load(tfjob_manifest.render_yaml(spec)) == tfjob_manifest.build_manifest(spec)
 
 
 @pytest.mark.parametrize("image", ["gcr.io/p/trainer:latest", "gcr.io/p/trainer@sha256:abc", ""])
 def test_unpinned_image_is_a_user_error(image):
     with pytest.raises(UserError, match="image"):
-        tfjob.build_manifest(make_spec(image=image))
+        tfjob_manifest.build_manifest(make_spec(image=image))
 
 
 def test_unpinned_image_is_allowed_when_asked():
-    manifest = tfjob.build_manifest(make_spec(image="trainer:dev", allow_unpinned=True))
+    manifest = tfjob_manifest.build_manifest(make_spec(image="trainer:dev", allow_unpinned=True))
     pod = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "trainer:dev"
 
@@ -219,16 +219,16 @@ DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
     ["3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c", "My Run #7 (retry)", "-" * 80, "A" * 200, ""],
 )
 def test_job_name_is_a_valid_deterministic_name(run_id):
-    name = tfjob.job_name(run_id, "train")
-    assert name == tfjob.job_name(run_id, "train")
+    name = job_name(run_id, "train")
+    assert name == job_name(run_id, "train")
     assert DNS1035.match(name) and len(name) <= 52  # room for "-worker-NNN" within 63
-    assert name != tfjob.job_name(run_id, "train-2")
+    assert name != job_name(run_id, "train-2")
     make_spec(name=name)  # JobSpec accepts it
 
 
 def test_job_names_of_long_run_ids_that_share_a_prefix_differ():
     a, b = "r" * 100 + "a", "r" * 100 + "b"
-    assert tfjob.job_name(a, "train") != tfjob.job_name(b, "train")
+    assert job_name(a, "train") != job_name(b, "train")
 
 
 # -- the launcher against the Kubernetes API double --
@@ -331,9 +331,9 @@ def test_sigterm_deletes_the_job_and_fails():
 
 def test_retried_launcher_reattaches_on_409_instead_of_creating_a_second_job():
     spec = make_spec()
-    existing = tfjob.build_manifest(spec)
+    existing = tfjob_manifest.build_manifest(spec)
     with FakeKube(scenarios.success(), existing=existing) as kube:
-        result = launch(spec, "tfjob", api_client=kube.api_client(), out=io.StringIO())
+        result = tfjob.TFJobLauncher(kube.api_client(), out=io.StringIO()).run(spec)
         assert result.reattached
         assert result.gpu_hours == pytest.approx(1.0)
         (post,) = kube.calls("POST")
@@ -341,7 +341,7 @@ def test_retried_launcher_reattaches_on_409_instead_of_creating_a_second_job():
 
 
 def test_an_existing_job_of_another_run_is_not_adopted():
-    existing = tfjob.build_manifest(make_spec(run_id="some-other-run"))
+    existing = tfjob_manifest.build_manifest(make_spec(run_id="some-other-run"))
     with FakeKube(scenarios.hang(), existing=existing) as kube, pytest.raises(UserError):
         run_tfjob(kube)
     assert not kube.calls("DELETE")

@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from components.tokenize import executor
+from components.tokenize import bpe, executor
 from contracts.errors import UserError
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
@@ -137,7 +137,7 @@ def test_encoding_in_chunks_on_threads_equals_encoding_whole(built):
     model = (built[1] / "tokenizer.model").read_bytes()
     text = built[0].read_text(encoding="utf-8")
     whole = spm.SentencePieceProcessor(model_proto=model).encode(text)
-    chunked = executor._encode(model, text, 2, lambda done, total: None, chunk_chars=500)
+    chunked = bpe.encode(model, text, 2, lambda done, total: None, chunk_chars=500)
     assert chunked.tolist() == whole
 
 

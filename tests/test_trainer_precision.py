@@ -6,7 +6,8 @@ from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from trainer.config import ConfigError, precision_policy, resolve_config, use_jit_compile
 from trainer.model import build_gpt
-from trainer.task import build_optimizer, train
+from trainer.optimization import build_optimizer
+from trainer.task import train
 
 
 @pytest.fixture

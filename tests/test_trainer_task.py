@@ -1,4 +1,5 @@
-"""trainer.task: schedule, cluster helpers, CLI errors, and tiny end-to-end training runs."""
+"""trainer.task and the modules it runs: schedule, cluster helpers, CLI errors, and tiny
+end-to-end training runs."""
 
 import json
 import math
@@ -13,19 +14,14 @@ import pytest
 import tensorflow as tf
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
-from trainer import data
-from trainer.config import config_from_dict, learning_rate_at, resolve_config
 from contracts.errors import UserError
+from trainer import data, export
+from trainer.callbacks import TrainMonitor
+from trainer.cluster import choose_strategy, cluster_size, is_chief
+from trainer.config import config_from_dict, config_to_dict, learning_rate_at, resolve_config
 from trainer.model import build_gpt
-from trainer.task import (
-    TrainMonitor,
-    WarmupCosine,
-    _cluster_size,
-    _is_chief,
-    choose_strategy,
-    main,
-    train,
-)
+from trainer.optimization import WarmupCosine
+from trainer.task import main, train
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_KEYS = {
@@ -57,29 +53,62 @@ def test_cluster_helpers_and_default_strategy():
     two_workers = json.dumps(
         {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
     )
-    assert _cluster_size(two_workers) == 2 and not _is_chief(two_workers)
-    assert _is_chief(json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}))
+    assert cluster_size(two_workers) == 2 and not is_chief(two_workers)
+    assert is_chief(json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker"}}))
     with_chief = json.dumps(
         {"cluster": {"chief": ["c:0"], "worker": ["a:1"]}, "task": {"type": "worker", "index": 0}}
     )
-    assert _cluster_size(with_chief) == 2 and not _is_chief(with_chief)
-    assert _is_chief(None) and _cluster_size(None) == 0
+    assert cluster_size(with_chief) == 2 and not is_chief(with_chief)
+    assert is_chief(None) and cluster_size(None) == 0
     assert choose_strategy(None) is tf.distribute.get_strategy()
+
+
+def _config_json(**changes):
+    """The JSON of the tiny test config, with `section.field` values changed (or removed: None)."""
+    sections = config_to_dict(resolve_config("tiny", TINY_OVERRIDES))
+    for key, value in changes.items():
+        section, name = key.split("__")
+        if value is None:
+            del sections[section][name]
+        else:
+            sections[section][name] = value
+    return json.dumps(sections)
 
 
 def test_cli_user_errors_exit_2(tmp_path, examples, capsys):
     dirs = ["--model-dir", str(tmp_path / "m"), "--work-dir", str(tmp_path / "w")]
-    assert main(["--examples", str(tmp_path / "nope"), *dirs]) == 2
+    good = ["--config-json", _config_json()]
+    assert main(["--examples", str(tmp_path / "nope"), *dirs, *good]) == 2
     assert "examples" in capsys.readouterr().err
-    assert main(["--examples", str(examples), *dirs, "--set", "model.n_layerz=2"]) == 2
-    assert "unknown key 'model.n_layerz'" in capsys.readouterr().err
-    assert main(["--examples", str(examples), *dirs, "--set", "model.n_head=3"]) == 2
-    assert "n_head=3 must divide" in capsys.readouterr().err
-    sets = ["--set", "seq_len=16", "--set", "vocab_size=999"]
-    assert main(["--examples", str(examples), *dirs, *sets]) == 2
+    cases = [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "must be a JSON object"),
+        (json.dumps({"model": 5, "train": {}}), "must be a JSON object"),
+        (_config_json(model__n_layerz=2), "unknown key 'model.n_layerz'"),
+        (_config_json(model__n_head=3), "n_head=3 must divide"),
+        (_config_json(train__seed=None), "missing keys train.seed"),
+        (_config_json(train__train_steps="many"), "train.train_steps must be int"),
+    ]
+    for text, message in cases:
+        assert main(["--examples", str(examples), *dirs, "--config-json", text]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --config-json: ") and message in err, err
+        assert "Traceback" not in err and err.count("\n") == 1, err
+    mismatch = _config_json(model__vocab_size=999)
+    assert main(["--examples", str(examples), *dirs, "--config-json", mismatch]) == 2
     err = capsys.readouterr().err
     assert "manifest vocab_size=320 but model.vocab_size=999" in err and "Traceback" not in err
     assert not (tmp_path / "m").exists()
+
+
+def test_cli_takes_the_resolved_config_only(tmp_path, capsys):
+    dirs = ["--model-dir", str(tmp_path / "m"), "--work-dir", str(tmp_path / "w")]
+    with pytest.raises(SystemExit) as exited:
+        main(["--examples", str(tmp_path), *dirs])
+    assert exited.value.code == 2 and "--config-json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exited:  # the trainer resolves no preset or override
+        main(["--examples", str(tmp_path), *dirs, "--config-json", _config_json(), "--set", "x=1"])
+    assert exited.value.code == 2 and "unrecognized arguments: --set" in capsys.readouterr().err
 
 
 def test_seq_len_must_match_manifest(tmp_path, examples):
@@ -184,8 +213,8 @@ def test_multi_worker_training_with_real_worker_processes(tmp_path, examples):
     workers = [f"localhost:{p}" for p in _free_ports(2)]
     flags = ["--examples", str(examples), "--model-dir", str(tmp_path / "model")]
     flags += ["--work-dir", str(tmp_path / "work")]
-    for item in TINY_OVERRIDES + ("train.train_steps=20", "train.checkpoint_every=10"):
-        flags += ["--set", item]
+    cfg = resolve_config("tiny", TINY_OVERRIDES + ("train_steps=20", "checkpoint_every=10"))
+    flags += ["--config-json", json.dumps(config_to_dict(cfg))]
     procs = []
     for index in range(2):
         tf_config = {"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}
@@ -214,23 +243,19 @@ def test_multi_worker_training_with_real_worker_processes(tmp_path, examples):
 def test_a_failed_export_keeps_the_backup_and_the_restart_only_exports(
     tmp_path, examples, monkeypatch
 ):
-    import tensorflow as tf
-
-    from trainer import task
-
     cfg = resolve_config("tiny", TINY_OVERRIDES)
     args = (str(examples), str(tmp_path / "model"), str(tmp_path / "work"), cfg)
-    original = task._write_model_dir
+    original = export.write_model_dir
 
     def unavailable(*a, **k):
         raise tf.errors.UnavailableError(None, None, "storage is briefly unavailable")
 
-    monkeypatch.setattr(task, "_write_model_dir", unavailable)
-    with pytest.raises(task.ExportFailed, match="briefly unavailable"):
+    monkeypatch.setattr(export, "write_model_dir", unavailable)
+    with pytest.raises(export.ExportFailed, match="briefly unavailable"):
         train(*args)
     assert (tmp_path / "work" / "backup").is_dir() and not (tmp_path / "model").exists()
 
-    monkeypatch.setattr(task, "_write_model_dir", original)
+    monkeypatch.setattr(export, "write_model_dir", original)
     steps_run = []
     monkeypatch.setattr(
         TrainMonitor, "on_train_batch_end", lambda self, batch, logs=None: steps_run.append(batch)

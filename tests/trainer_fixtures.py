@@ -56,7 +56,7 @@ def tiny_corpus(n_lines: int = 400, seed: int = 0) -> str:
 
 def train_tokenizer(text: str, prefix: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     """Train a SentencePiece BPE model on `text`; returns the .model path."""
-    from components.tokenize.executor import SENTENCEPIECE_TRAINER_OPTIONS
+    from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
 
     corpus = prefix.with_suffix(".txt")
     corpus.write_text(text, encoding="utf-8")

@@ -288,13 +288,38 @@ def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
 
 
 def config_from_dict(data: Mapping[str, Any]) -> Config:
-    """Rebuild a Config from config_to_dict output; every field must be present and typed."""
+    """Rebuild a Config from config_to_dict output; every field must be present and typed.
+
+    A KFP pipeline parameter of type dict travels as a protobuf Struct, whose numbers are all
+    doubles, so an integral float (512.0) is accepted for an int field; 512.5 is still refused.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config: expected a mapping of sections, got {type(data).__name__}")
     missing = [k for k in valid_keys() if k.split(".")[1] not in data.get(k.split(".")[0], {})]
     if missing:
         raise ConfigError(f"config: missing keys {', '.join(missing)}; pass a complete config")
-    cfg = _apply_nested(Config(), data, "config dict")
+    cfg = _apply_nested(Config(), _ints_from_struct(data), "config dict")
     validate(cfg)
     return cfg
+
+
+def _ints_from_struct(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn integral floats back into ints for int fields (protobuf Struct has only doubles)."""
+    out: dict[str, Any] = {}
+    for section, values in data.items():
+        if section not in _sections() or not isinstance(values, Mapping):
+            out[section] = values  # _apply_nested names the problem
+            continue
+        kinds = {
+            f.name: _field_type(section, f.name) for f in dataclasses.fields(_sections()[section])
+        }
+        out[section] = {
+            name: int(v)
+            if kinds.get(name) is int and isinstance(v, float) and v.is_integer()
+            else v
+            for name, v in values.items()
+        }
+    return out
 
 
 def config_hash(cfg: Config) -> str:

@@ -7,28 +7,45 @@ seq_len tokens and targets the last seq_len (the next token at every position).
 from __future__ import annotations
 
 import json
+import logging
 import posixpath
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import tensorflow as tf
 
+from contracts.artifacts import EXAMPLES_MANIFEST
 from contracts.errors import UserError
+from trainer import config as config_lib
+from trainer.config import Config
+
+log = logging.getLogger("trainer")
 
 
 def read_manifest(examples_dir: str) -> dict[str, Any]:
-    """Load `<examples_dir>/manifest.json` (local or gs://)."""
-    path = posixpath.join(examples_dir, "manifest.json")
+    """Load the Examples folder's manifest (local or gs://)."""
+    path = posixpath.join(examples_dir, EXAMPLES_MANIFEST)
     if not tf.io.gfile.exists(path):
         raise UserError(
             f"examples: {path} not found; pass --examples a folder written by the tokenize step"
         )
     with tf.io.gfile.GFile(path, "r") as f:
-        manifest = json.load(f)
+        manifest: dict[str, Any] = json.load(f)
     for key in ("seq_len", "vocab_size", "splits"):
         if key not in manifest:
             raise UserError(f"examples: {path} has no {key!r}; re-run the tokenize step")
     return manifest
+
+
+def check_manifest(manifest: dict[str, Any], cfg: Config) -> None:
+    """The Examples were cut for this model: same window length and vocabulary size."""
+    for field in ("seq_len", "vocab_size"):
+        have, want = manifest[field], getattr(cfg.model, field)
+        if have != want:
+            raise UserError(
+                f"examples: manifest {field}={have} but model.{field}={want}; re-run tokenize with "
+                f"the same config or set model.{field}={have} in the run's config"
+            )
 
 
 def split_files(examples_dir: str, manifest: dict[str, Any], split: str) -> list[str]:
@@ -102,3 +119,54 @@ def _parse_batch(records: tf.Tensor, seq_len: int) -> tuple[tf.Tensor, tf.Tensor
     features = {"input_ids": tf.io.FixedLenFeature([seq_len + 1], tf.int64)}
     ids = tf.cast(tf.io.parse_example(records, features)["input_ids"], tf.int32)  # (B, T+1)
     return ids[:, :-1], ids[:, 1:]
+
+
+class DistributedData(NamedTuple):
+    """The datasets `fit` reads under a strategy; `eval` is None when validation is off."""
+
+    train: tf.distribute.DistributedDataset  # repeated and shuffled, per-replica batches
+    eval: tf.distribute.DistributedDataset | None  # the same eval_steps batches every time
+    eval_steps: int  # validation batches per run; 0 when the eval split is under one batch
+
+
+def distributed_datasets(
+    strategy: tf.distribute.Strategy, examples_dir: str, manifest: dict[str, Any], cfg: Config
+) -> DistributedData:
+    """The train and eval splits, each worker reading its part; eval is off under one batch."""
+    t = cfg.train
+    train_files = split_files(examples_dir, manifest, "train")
+
+    def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        return make_dataset(
+            train_files,
+            cfg.model.seq_len,
+            t.batch_size,
+            shuffle=True,
+            seed=t.seed,
+            shuffle_buffer=t.shuffle_buffer,
+            repeat=True,
+            input_context=ctx,
+        )
+
+    train_ds = strategy.distribute_datasets_from_function(train_fn)
+    global_batch = config_lib.global_batch_size(t.batch_size, strategy.num_replicas_in_sync)
+    eval_windows = manifest["splits"].get("eval", {}).get("windows", 0)
+    eval_steps = min(t.eval_batches, eval_windows // global_batch)
+    if eval_steps == 0:
+        log.warning(
+            "eval split: %d windows, under one batch of %d; no validation",
+            eval_windows,
+            global_batch,
+        )
+        return DistributedData(train_ds, None, 0)
+    eval_files = split_files(examples_dir, manifest, "eval")
+
+    def eval_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        # The same eval_steps batches every validation; one input pipeline feeds its replicas.
+        return make_dataset(eval_files, cfg.model.seq_len, t.batch_size, input_context=ctx).take(
+            eval_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        )
+
+    return DistributedData(
+        train_ds, strategy.distribute_datasets_from_function(eval_fn), eval_steps
+    )

@@ -1,20 +1,29 @@
-"""Export a trained GPT as a SavedModel with the tokenizer inside the graph.
+"""Export a trained GPT: the Model artifact, whose SavedModel has the tokenizer in its graph.
 
 Signatures (the contract in docs/design.md):
   generate(prompt string[B], max_new_tokens int32[], temperature float32[]) -> {"completion"}
   score(text string[B]) -> {"nats", "tokens", "chars", "nats_per_token", "nats_per_char"}
   serving_default = generate
+The Model artifact holds the SavedModel, the resolved config and the train metrics
+(contracts.artifacts: SERVING_DIR, MODEL_CONFIG, TRAIN_METRICS), written to a temp sibling and
+renamed into place.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
 import uuid
+from collections.abc import Mapping
+from typing import Any
 
 import tensorflow as tf
 import tensorflow_text as tf_text
 import tf_keras as keras
 
+from contracts.artifacts import MODEL_CONFIG, SERVING_DIR, TRAIN_METRICS
+from trainer import config as config_lib
+from trainer import model
 from trainer.config import Config
 
 SCORE_CHUNK = 8  # windows per forward pass in score(), bounding its memory
@@ -23,7 +32,7 @@ SCORE_CHUNK = 8  # windows per forward pass in score(), bounding its memory
 class GPTServing(tf.Module):
     """The model plus its SentencePiece tokenizer, with tf.function serving signatures."""
 
-    def __init__(self, model: keras.Model, seq_len: int, tokenizer_model_path: str):
+    def __init__(self, model: keras.Model, seq_len: int, tokenizer_model_path: str) -> None:
         super().__init__(name="gpt_serving")
         self.model = model
         self.seq_len = seq_len
@@ -38,7 +47,9 @@ class GPTServing(tf.Module):
             tf.TensorSpec([], tf.float32, name="temperature"),
         ]
     )
-    def generate(self, prompt, max_new_tokens, temperature):
+    def generate(
+        self, prompt: tf.Tensor, max_new_tokens: tf.Tensor, temperature: tf.Tensor
+    ) -> dict[str, tf.Tensor]:
         """Continue each prompt by max_new_tokens tokens; returns the continuation only."""
         ids = self.tokenizer.tokenize(prompt)  # ragged (B, None)
         newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)  # seeds an empty prompt
@@ -49,12 +60,18 @@ class GPTServing(tf.Module):
         )
         return {"completion": completion}
 
-    def _generate_row(self, prompt_ids, newline, max_new_tokens, temperature):
+    def _generate_row(
+        self,
+        prompt_ids: tf.Tensor,
+        newline: tf.Tensor,
+        max_new_tokens: tf.Tensor,
+        temperature: tf.Tensor,
+    ) -> tf.Tensor:
         """Sample max_new_tokens ids after prompt_ids (1-D), detokenized to one string."""
         prompt_ids = tf.cond(tf.size(prompt_ids) > 0, lambda: prompt_ids, lambda: newline)
         n_prompt = tf.size(prompt_ids)
 
-        def step(i, tokens):
+        def step(i: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             context = tokens[-self.seq_len :][tf.newaxis]  # (1, T<=seq_len)
             logits = tf.cast(self.model(context, training=False)[0, -1], tf.float32)  # (V,)
             next_id = tf.cond(
@@ -78,7 +95,7 @@ class GPTServing(tf.Module):
         return self.tokenizer.detokenize(tokens[n_prompt:])
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
-    def score(self, text):
+    def score(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
         """Summed next-token loss (nats) of each string, over windows of seq_len + 1."""
         ids = tf.cast(self.tokenizer.tokenize(text), tf.int32)  # ragged (B, None)
         windows, mask = self._windows(ids)  # (B, W, T+1) each
@@ -97,7 +114,7 @@ class GPTServing(tf.Module):
             "nats_per_char": nats / tf.cast(tf.maximum(chars, 1), tf.float32),
         }
 
-    def _windows(self, ids):
+    def _windows(self, ids: tf.RaggedTensor) -> tuple[tf.Tensor, tf.Tensor]:
         """Ragged ids (B, None) -> windows and validity mask (B, W, T+1), stride seq_len."""
         t = self.seq_len
         length = tf.maximum(tf.cast(ids.bounding_shape()[1], tf.int32), t + 1)
@@ -109,7 +126,7 @@ class GPTServing(tf.Module):
         mask = tf.signal.frame(valid, t + 1, t, pad_end=True, axis=1)
         return windows, mask
 
-    def _window_nats(self, windows, mask):
+    def _window_nats(self, windows: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
         """Summed masked next-token loss of each window: (N, T+1) -> (N,), in chunks."""
         n = tf.shape(windows)[0]
         padded_n = (n + SCORE_CHUNK - 1) // SCORE_CHUNK * SCORE_CHUNK
@@ -118,7 +135,7 @@ class GPTServing(tf.Module):
         chunks = tf.reshape(windows, (-1, SCORE_CHUNK, self.seq_len + 1))  # (N/C, C, T+1)
         mchunks = tf.reshape(mask, (-1, SCORE_CHUNK, self.seq_len + 1))
 
-        def chunk_nats(args):
+        def chunk_nats(args: tuple[tf.Tensor, tf.Tensor]) -> tf.Tensor:
             win, m = args  # (C, T+1) each
             logits = tf.cast(self.model(win[:, :-1], training=False), tf.float32)  # (C, T, V)
             loss = tf.nn.sparse_softmax_cross_entropy_with_logits(win[:, 1:], logits)  # (C, T)
@@ -130,6 +147,10 @@ class GPTServing(tf.Module):
             fn_output_signature=tf.TensorSpec([SCORE_CHUNK], tf.float32),
         )
         return tf.reshape(nats, (-1,))[:n]  # (N,)
+
+
+class ExportFailed(Exception):
+    """Writing the Model failed after training; the backup is kept, so a restart only exports."""
 
 
 def export_model(
@@ -144,16 +165,108 @@ def export_model(
         "score": module.score.get_concrete_function(),
     }
     export_dir = export_dir.rstrip("/")
-    parent, name = posixpath.split(export_dir)
-    tmp = posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp = _temp_sibling(export_dir)
     try:
         tf.saved_model.save(module, tmp, signatures=signatures)
-        if tf.io.gfile.exists(export_dir):
-            tf.io.gfile.rmtree(export_dir)
-        tf.io.gfile.rename(tmp, export_dir)
+        _move_into_place(tmp, export_dir)
     finally:
         _remove_if_present(tmp)  # only left when the save failed
     return export_dir
+
+
+def write_model_artifact(
+    gpt: keras.Model,
+    cfg: Config,
+    policy: str,
+    tokenizer_path: str,
+    metrics: Mapping[str, Any],
+    model_dir: str,
+    work_dir: str,
+    is_chief: bool,
+) -> None:
+    """Every worker exports the trained `gpt` (saving may need collectives); the chief writes
+    the Model artifact to `model_dir`, the others into scratch space in `work_dir` they remove.
+
+    Raises ExportFailed on a storage error (a TensorFlow OpError), which a restart can retry.
+    """
+    try:
+        _write_for_role(
+            serving_model(gpt, cfg, policy),
+            cfg,
+            tokenizer_path,
+            metrics,
+            model_dir,
+            work_dir,
+            is_chief,
+        )
+    except tf.errors.OpError as err:
+        raise ExportFailed(str(err)) from err
+
+
+def serving_model(gpt: keras.Model, cfg: Config, policy: str) -> keras.Model:
+    """The model to serve: `gpt` itself, or its weights in a float32 model if trained mixed.
+
+    A SavedModel keeps the compute dtype it was traced with; float16 or bfloat16 matmuls are
+    slow on CPU servers (and evaluate pods), and their noise would enter the blessing margin.
+    """
+    if policy == "float32":
+        return gpt
+    keras.mixed_precision.set_global_policy("float32")
+    serving = model.build_gpt(cfg.model)
+    serving.set_weights(gpt.get_weights())
+    return serving
+
+
+def _write_for_role(
+    gpt: keras.Model,
+    cfg: Config,
+    tokenizer_path: str,
+    metrics: Mapping[str, Any],
+    model_dir: str,
+    work_dir: str,
+    is_chief: bool,
+) -> None:
+    """The chief writes `model_dir`; the others write scratch space in `work_dir` and remove it."""
+    scratch = posixpath.join(work_dir, f"scratch-model-{uuid.uuid4().hex[:8]}")
+    target = model_dir if is_chief else scratch
+    try:
+        write_model_dir(gpt, cfg, tokenizer_path, metrics, target)
+    finally:
+        if not is_chief:
+            _remove_if_present(target)
+
+
+def write_model_dir(
+    gpt: keras.Model, cfg: Config, tokenizer_path: str, metrics: Mapping[str, Any], model_dir: str
+) -> None:
+    """Assemble the Model artifact in a temp sibling, then move it into place."""
+    model_dir = model_dir.rstrip("/")
+    tf.io.gfile.makedirs(posixpath.dirname(model_dir) or ".")
+    tmp = _temp_sibling(model_dir)
+    tf.io.gfile.makedirs(tmp)
+    try:
+        export_model(gpt, cfg, tokenizer_path, posixpath.join(tmp, SERVING_DIR))
+        for fname, payload in (
+            (MODEL_CONFIG, config_lib.config_to_dict(cfg)),
+            (TRAIN_METRICS, metrics),
+        ):
+            with tf.io.gfile.GFile(posixpath.join(tmp, fname), "w") as f:
+                json.dump(payload, f, indent=2, sort_keys=True)
+        _move_into_place(tmp, model_dir)
+    finally:
+        _remove_if_present(tmp)  # a failed export leaves nothing a later step could read
+
+
+def _temp_sibling(path: str) -> str:
+    """A fresh hidden name beside `path` (`.<name>.tmp-<random>`), renamed to `path` when done."""
+    parent, name = posixpath.split(path)
+    return posixpath.join(parent, f".{name}.tmp-{uuid.uuid4().hex[:8]}")
+
+
+def _move_into_place(tmp: str, path: str) -> None:
+    """Replace whatever is at `path` with the complete folder `tmp`."""
+    _remove_if_present(path)
+    tf.io.gfile.rename(tmp, path)
 
 
 def _remove_if_present(path: str) -> None:

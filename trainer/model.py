@@ -8,6 +8,7 @@ embedding matrix. Logits are float32 even under a mixed-precision policy.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import tensorflow as tf
 import tf_keras as keras
@@ -25,13 +26,15 @@ class TiedEmbedding(keras.layers.Layer):
     `call(ids)` embeds (B, T) -> (B, T, C); `call(h, reverse=True)` gives logits (B, T, V).
     """
 
-    def __init__(self, vocab_size: int, d_model: int, init_std: float = 0.02, **kwargs):
+    def __init__(
+        self, vocab_size: int, d_model: int, init_std: float = 0.02, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.vocab_size = vocab_size
         self.d_model = d_model
         self.init_std = init_std
 
-    def build(self, input_shape):
+    def build(self, input_shape: tf.TensorShape) -> None:
         self.embeddings = self.add_weight(
             name="embeddings",
             shape=(self.vocab_size, self.d_model),
@@ -39,13 +42,13 @@ class TiedEmbedding(keras.layers.Layer):
         )
         super().build(input_shape)
 
-    def call(self, inputs, reverse: bool = False):
+    def call(self, inputs: tf.Tensor, reverse: bool = False) -> tf.Tensor:
         if reverse:
             w = tf.cast(self.embeddings, self.compute_dtype)
             return tf.matmul(inputs, w, transpose_b=True)  # (B, T, V)
         return tf.gather(tf.cast(self.embeddings, self.compute_dtype), inputs)  # (B, T, C)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "vocab_size": self.vocab_size,
@@ -57,19 +60,19 @@ class TiedEmbedding(keras.layers.Layer):
 class PositionEmbedding(keras.layers.Layer):
     """Adds a learned position vector to each of the first T positions; T must be <= seq_len."""
 
-    def __init__(self, seq_len: int, d_model: int, init_std: float = 0.02, **kwargs):
+    def __init__(self, seq_len: int, d_model: int, init_std: float = 0.02, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.seq_len = seq_len
         self.d_model = d_model
         self.init_std = init_std
 
-    def build(self, input_shape):
+    def build(self, input_shape: tf.TensorShape) -> None:
         self.positions = self.add_weight(
             name="positions", shape=(self.seq_len, self.d_model), initializer=_init(self.init_std)
         )
         super().build(input_shape)
 
-    def call(self, x):
+    def call(self, x: tf.Tensor) -> tf.Tensor:
         t = x.shape[1]
         if t is not None and t > self.seq_len:
             raise ValueError(
@@ -84,7 +87,7 @@ class PositionEmbedding(keras.layers.Layer):
         )
         return x + tf.cast(self.positions[:t], x.dtype)[tf.newaxis]  # (B, T, C)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "seq_len": self.seq_len,
@@ -103,8 +106,8 @@ class CausalSelfAttention(keras.layers.Layer):
         dropout: float = 0.0,
         init_std: float = 0.02,
         proj_std: float = 0.02,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.d_model = d_model
         self.n_head = n_head
@@ -116,7 +119,7 @@ class CausalSelfAttention(keras.layers.Layer):
         self.attn_drop = keras.layers.Dropout(dropout)
         self.resid_drop = keras.layers.Dropout(dropout)
 
-    def call(self, x, training=None):
+    def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         b, t = tf.shape(x)[0], tf.shape(x)[1]
         hd = self.d_model // self.n_head
         qkv = tf.reshape(self.qkv(x), (b, t, 3, self.n_head, hd))  # (B, T, 3, H, hd)
@@ -131,7 +134,7 @@ class CausalSelfAttention(keras.layers.Layer):
         y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (b, t, self.d_model))  # (B, T, C)
         return self.resid_drop(self.proj(y), training=training)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "d_model": self.d_model,
@@ -154,8 +157,8 @@ class Block(keras.layers.Layer):
         layer_norm_epsilon: float = 1e-5,
         init_std: float = 0.02,
         proj_std: float = 0.02,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.d_model = d_model
         self.n_head = n_head
@@ -175,12 +178,12 @@ class Block(keras.layers.Layer):
         )
         self.mlp_drop = keras.layers.Dropout(dropout)
 
-    def call(self, x, training=None):
+    def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         x = x + self.attn(self.ln_1(x), training=training)  # (B, T, C)
         h = self.fc(self.ln_2(x))  # (B, T, d_ff)
         return x + self.mlp_drop(self.fc_proj(h), training=training)  # (B, T, C)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {
             **super().get_config(),
             "d_model": self.d_model,

@@ -14,12 +14,18 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from components import storage
+from components import serving, storage
+from contracts.artifacts import (
+    EVAL_TEXT,
+    SAVED_MODEL_FILE,
+    SERVING_DIR,
+    TRAIN_METRICS,
+    write_blessing,
+)
 from contracts.errors import UserError
 
 log = logging.getLogger(__name__)
 
-SERVING_SUBDIR = "Format-Serving"  # TFX Model layout: the SavedModel inside the Model artifact
 CHUNK_CHARS = 2048  # eval text is scored in line-aligned chunks of about this many characters
 BATCH_CHUNKS = 8  # chunks per call of the `score` signature
 SAMPLE_PROMPTS = ("ROMEO:", "First Citizen:\n", "The king")  # prompts for the report's samples
@@ -65,10 +71,10 @@ def run(
     is in service at `serving_dir`, at most the baseline's times `1 + tolerance`.
     """
     eval_text = _read_eval_text(examples_dir)
-    candidate_path = Path(model_dir) / SERVING_SUBDIR
+    candidate_path = Path(model_dir) / SERVING_DIR
     candidate_model = _load(candidate_path)
     candidate = score_text(candidate_model, eval_text)
-    baseline_uri = baseline_version(serving_dir)
+    baseline_uri = serving.latest_version_uri(serving_dir)
     baseline = _score_baseline(baseline_uri, eval_text) if baseline_uri else None
     diverged = _diverged(model_dir)
     blessed, reason = decide(candidate, baseline, max_nats_per_char, tolerance, diverged)
@@ -194,23 +200,6 @@ def render_report(result: EvalResult, samples: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
-def read_blessing(blessing_dir: str) -> tuple[bool, str]:
-    """Read a ModelBlessing folder (TFX contract: a `BLESSED` or `NOT_BLESSED` file)."""
-    folder = Path(blessing_dir)
-    if (folder / "BLESSED").is_file():
-        blessed = True
-    elif (folder / "NOT_BLESSED").is_file():
-        blessed = False
-    else:
-        raise UserError(f"not a ModelBlessing folder (no BLESSED or NOT_BLESSED file): {folder}")
-    info = (
-        json.loads((folder / "blessing.json").read_text())
-        if (folder / "blessing.json").is_file()
-        else {}
-    )
-    return blessed, str(info.get("reason", ""))
-
-
 def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> None:
     info = {
         "blessed": int(result.blessed),
@@ -221,14 +210,7 @@ def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> No
         "baseline": asdict(result.baseline) if result.baseline else None,
     }
     with storage.atomic_dir(blessing_dir) as tmp:
-        (tmp / ("BLESSED" if result.blessed else "NOT_BLESSED")).write_text("")
-        (tmp / "blessing.json").write_text(json.dumps(info, indent=2) + "\n")
-
-
-def baseline_version(serving_dir: str) -> str | None:
-    """The model in service: the highest complete version under `serving_dir` (local or gs://)."""
-    versions = storage.serving_versions(serving_dir)
-    return storage.join(serving_dir, str(versions[-1])) if versions else None
+        write_blessing(tmp, result.blessed, info)
 
 
 def _score_baseline(uri: str, eval_text: str) -> Scores:
@@ -244,7 +226,7 @@ def _score_baseline(uri: str, eval_text: str) -> Scores:
 
 
 def _diverged(model_dir: str) -> str:
-    metrics_path = Path(model_dir) / "train_metrics.json"
+    metrics_path = Path(model_dir) / TRAIN_METRICS
     if not metrics_path.is_file():
         return ""
     metrics = json.loads(metrics_path.read_text())
@@ -254,7 +236,7 @@ def _diverged(model_dir: str) -> str:
 
 
 def _read_eval_text(examples_dir: str) -> str:
-    path = Path(examples_dir) / "raw" / "eval.txt"
+    path = Path(examples_dir) / EVAL_TEXT
     if not path.is_file():
         raise UserError(f"Examples folder has no eval text: {path} is missing")
     return path.read_text(encoding="utf-8")
@@ -264,7 +246,7 @@ def _load(saved_model_dir: Path):
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 -- registers the in-graph SentencePiece ops
 
-    if not (saved_model_dir / "saved_model.pb").is_file():
+    if not (saved_model_dir / SAVED_MODEL_FILE).is_file():
         raise UserError(f"no SavedModel at {saved_model_dir}")
     return tf.saved_model.load(str(saved_model_dir))
 

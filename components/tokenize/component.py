@@ -8,8 +8,7 @@ from kfp.dsl import Dataset, Output
 
 def tokenize(
     corpus: str,
-    config: str,
-    overrides: list,
+    config: dict,
     eval_fraction: float,
     tokenizer: str,
     work_root: str,
@@ -18,37 +17,38 @@ def tokenize(
     image: str,
     examples: Output[Dataset],
 ) -> NamedTuple(  # type: ignore[valid-type]  # KFP reads outputs from this form
-    "TokenizeOutputs", [("examples_uri", str), ("dataset_version", str), ("config_hash", str)]
+    "TokenizeOutputs", [("examples_uri", str), ("dataset_version", str)]
 ):
     """Tokenize a text corpus into sharded TFRecords (TFX Examples layout).
 
-    `tokenizer` is a SentencePiece model to reuse; "" trains one on the corpus.
+    `config` is the resolved trainer config (`config_to_dict`); its vocab_size and seq_len shape
+    the Examples. `tokenizer` is a SentencePiece model to reuse; "" trains one on the corpus.
 
     The Examples live at `<work_root>/datasets/<dataset_version>/`, written once per version and
-    reused after: the output artifact points there. Returns that URI, the dataset version and
-    the trainer config's hash as output parameters, so the train task's KFP cache key follows
-    the data and the config, and nothing per-run (docs/lineage.md).
+    reused after: the output artifact points there. Returns that URI and the dataset version as
+    output parameters, so the train task's KFP cache key follows the data, and nothing per-run
+    (docs/lineage.md).
     """
     import os
 
     from components import lineage, provenance
     from components.tokenize import executor
-    from trainer.config import config_hash, resolve_config
+    from contracts.artifacts import DATASETS_DIR
+    from trainer.config import config_from_dict
 
     params = {
         "corpus": corpus,
         "config": config,
-        "overrides": overrides,
         "eval_fraction": eval_fraction,
         "tokenizer": tokenizer,
     }
     run_id, found = provenance.at_step_start(image, os.environ)
     with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
-        cfg = resolve_config(config, overrides)
+        cfg = config_from_dict(config)
         rec.set(vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
         dataset = executor.run_content_addressed(
             corpus,
-            f"{work_root}/datasets",
+            f"{work_root}/{DATASETS_DIR}",
             vocab_size=cfg.model.vocab_size,
             seq_len=cfg.model.seq_len,
             eval_fraction=eval_fraction,
@@ -61,7 +61,7 @@ def tokenize(
         examples.metadata.update(props)
         rec.output("examples", "Examples", examples.uri, props)
         rec.dataset_version = manifest["dataset_version"]
-    return (dataset.uri, manifest["dataset_version"], config_hash(cfg))
+    return (dataset.uri, manifest["dataset_version"])
 
 
 def make(image: str) -> dsl.component:

@@ -6,8 +6,7 @@ from kfp.dsl import Model, Output
 
 def train(
     examples_uri: str,
-    config: str,
-    overrides: list,
+    config: dict,
     launcher: str,
     workers: int,
     gpus_per_worker: int,
@@ -21,36 +20,28 @@ def train(
     pipeline_name: str,
     image: str,
     dataset_version: str,
-    config_hash: str,
     model: Output[Model],
 ):
     """Train the GPT on the Examples with `workers` trainer processes (a TFJob or local).
 
-    `deadline_seconds` 0 means no deadline. `examples_uri` (content-addressed),
-    `dataset_version` and `config_hash` come from the tokenize task as parameters, not as an
-    artifact: KFP keys an input artifact by its identity, new every run, while these values
-    change exactly when the data or the config do. So they make this task's KFP cache key.
+    `config` is the resolved trainer config (`config_to_dict`), resolved once where the run was
+    defined. `deadline_seconds` 0 means no deadline. `examples_uri` (content-addressed) and
+    `dataset_version` come from the tokenize task as parameters, not as an artifact: KFP keys an
+    input artifact by its identity, new every run, while these values change exactly when the
+    data does. With `config`, they make this task's KFP cache key.
     """
     import os
 
-    from components import lineage, provenance
+    from components import kube, lineage, provenance
     from components.train import executor
+    from contracts.artifacts import step_work_dir
+    from trainer.config import config_from_dict, config_hash
 
-    placement = executor.cluster_placement(os.environ) if launcher == "tfjob" else {}
-    job = executor.TrainJob(
-        launcher=launcher,
-        workers=workers,
-        gpus_per_worker=gpus_per_worker,
-        image=trainer_image,
-        backoff_limit=backoff_limit,
-        deadline_seconds=deadline_seconds or None,
-        node_selector=node_selector,
-        tolerations=tolerations,
-        **placement,
+    placement = (
+        executor.cluster_placement(kube.pod_identity(os.environ)) if launcher == "tfjob" else {}
     )
     params = {
         "config": config,
-        "overrides": overrides,
         "launcher": launcher,
         "workers": workers,
         "gpus_per_worker": gpus_per_worker,
@@ -59,23 +50,31 @@ def train(
         "node_selector": node_selector,
         "tolerations": tolerations,
         "trainer_image": trainer_image,
-        "config_hash": config_hash,
     }
     run_id, found = provenance.at_step_start(image, os.environ)
     with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples_uri, upstream=True)
-        executor.check_cache_inputs(
-            examples_uri, dataset_version, config_hash, config=config, overrides=overrides
-        )
-        result = executor.run(
+        cfg = config_from_dict(config)  # a hand-edited config fails here, on the record
+        rec.parameters["config_hash"] = config_hash(cfg)
+        executor.check_cache_inputs(examples_uri, dataset_version)
+        work_dir = f"{work_root}/{step_work_dir(run_id, 'train')}"
+        spec = executor.job_spec(
             examples_uri,
             model.uri,
-            f"{work_root}/work/{run_id}/train",
-            config=config,
-            overrides=overrides,
-            job=job,
+            work_dir,
+            cfg,
+            launcher=launcher,
             run_id=run_id,
+            image=trainer_image,
+            workers=workers,
+            gpus_per_worker=gpus_per_worker,
+            backoff_limit=backoff_limit,
+            active_deadline_seconds=deadline_seconds or None,  # the one place the names differ
+            node_selector=node_selector,
+            tolerations=tolerations,
+            **placement,
         )
+        result = executor.run(spec, cfg, model.uri, executor.make_launcher(launcher, work_dir))
         properties = {**result.model_properties, "dataset_version": dataset_version}
         model.metadata.update(properties)
         rec.set(**result.execution_properties)

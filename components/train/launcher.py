@@ -1,6 +1,8 @@
-"""What a training job is and how to start it: the shared `JobSpec`, result and errors.
+"""The launcher contract: what a training job is (`JobSpec`), what running it returns or raises.
 
-Two launchers run the same `JobSpec` with the same semantics and return the same `LaunchResult`:
+Every `Launcher` runs the same `JobSpec` with the same semantics and returns the same
+`LaunchResult`. This module imports no implementation; each imports it, and the train executor
+(`executor.make_launcher`) is the one place that picks one:
 
 - `local` (components/train/local_launcher.py): worker processes on this machine, with TF_CONFIG
   written as the Training Operator writes it. For tests, laptops and `kfp.local`.
@@ -13,19 +15,19 @@ permanent error; 128-255 (a signal: 137 = SIGKILL/OOM, 143 = SIGTERM/preemption)
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, Protocol
 
 from contracts.errors import UserError
 
 RESTART_POLICIES = ("ExitCode", "OnFailure", "Never")  # the operator's; "Always" suits no training
 CLEAN_POD_POLICIES = ("Running", "All", "None")  # the operator's runPolicy.cleanPodPolicy values
-LAUNCHERS = ("local", "tfjob")
 # A TFJob's Services are named `<job>-worker-<i>`, a DNS-1035 label of at most 63 characters,
 # so the job name leaves room for "-worker-" and three digits.
 MAX_JOB_NAME = 52
@@ -40,6 +42,22 @@ def is_retryable_exit_code(code: int) -> bool:
     return code >= 128
 
 
+def job_name(run_id: str, task_id: str, prefix: str = "train") -> str:
+    """A deterministic job name for one task of one pipeline run.
+
+    The same (run_id, task_id) always gives the same name, so a retried launcher finds and
+    re-attaches to the job its previous attempt created instead of starting a second one; pass a
+    task id that stays the same across retries (e.g. the task's name in the DAG). The name is a
+    DNS-1035 label of at most 52 characters (room for the operator's `-worker-<i>` Services): a
+    readable slug of the run id plus a hash of both ids.
+    """
+    digest = hashlib.sha256(f"{run_id}\0{task_id}".encode()).hexdigest()[:10]
+    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
+    room = MAX_JOB_NAME - len(prefix) - len(digest) - 2
+    slug = slug[:room].strip("-")
+    return "-".join(p for p in (prefix, slug, digest) if p)
+
+
 @dataclass(frozen=True)
 class OwnerPod:
     """The pod that runs the launcher; a TFJob it owns is garbage-collected with it."""
@@ -52,10 +70,10 @@ class OwnerPod:
 class JobSpec:
     """One distributed training job, as both launchers understand it."""
 
-    name: str  # job name: TFJob metadata.name and the local log folder; see tfjob.job_name
+    name: str  # job name: TFJob metadata.name and the local log folder; see job_name
     command: Sequence[str]  # program every worker runs, e.g. ("python", "-m", "trainer.task", ...)
     image: str = ""  # container image by digest (`repo@sha256:<hex>`); unused by the local launcher
-    namespace: str = "default"  # Kubernetes namespace of the TFJob
+    namespace: str = "kubeflow"  # namespace of the TFJob (KFP's; in a pod, the launcher's own)
     run_id: str = ""  # pipeline run id, set as the label `gptpipe.dev/run-id` on the job and pods
     workers: int = 1  # MultiWorkerMirroredStrategy workers (TFJob Worker replicas); 0 is the chief
     gpus_per_worker: int = 0  # `nvidia.com/gpu` limit of each worker
@@ -96,7 +114,7 @@ def _validate(spec: JobSpec) -> None:
         raise bad(
             f"name {spec.name!r} is invalid",
             f"use at most {MAX_JOB_NAME} lowercase letters, digits and '-', starting with a "
-            "letter (tfjob.job_name builds one)",
+            "letter (launcher.job_name builds one)",
         )
     if not _DNS1123.match(spec.namespace) or len(spec.namespace) > 63:
         raise bad(f"namespace {spec.namespace!r} is invalid", "use a DNS-1123 label")
@@ -213,29 +231,12 @@ def cancel_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def launch(
-    spec: JobSpec,
-    launcher: str = "local",
-    *,
-    timeout_seconds: float | None = None,
-    out: TextIO | None = None,
-    log_dir: str | None = None,
-    api_client: Any = None,
-) -> LaunchResult:
-    """Run `spec` to completion with the named launcher; raise `LaunchError` if it fails.
+class Launcher(Protocol):
+    """Runs a `JobSpec` to the end: local worker processes or a TFJob, same semantics."""
 
-    `timeout_seconds` is the launcher's own limit on top of `spec.active_deadline_seconds`;
-    `log_dir` (local only) keeps the workers' logs; `api_client` (tfjob only) is a configured
-    `kubernetes.client.ApiClient` (default: in-cluster, then kubeconfig).
-    """
-    if launcher == "local":
-        from components.train.local_launcher import LocalLauncher
+    def run(self, spec: JobSpec, *, timeout_seconds: float | None = None) -> LaunchResult:
+        """Run `spec` to success and report it; raise `LaunchError` (or a subclass) if it fails.
 
-        return LocalLauncher(log_dir=log_dir, out=out).run(spec, timeout_seconds=timeout_seconds)
-    if launcher == "tfjob":
-        from components.train.tfjob import TFJobLauncher
-
-        return TFJobLauncher(api_client=api_client, out=out).run(
-            spec, timeout_seconds=timeout_seconds
-        )
-    raise UserError(f"launcher {launcher!r} is unknown: use one of {LAUNCHERS}")
+        `timeout_seconds` is the launcher's own limit on top of `spec.active_deadline_seconds`.
+        """
+        ...

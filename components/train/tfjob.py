@@ -1,17 +1,7 @@
 """Run a `JobSpec` as a Kubeflow Training Operator v1 TFJob and watch it to the end.
 
-Replica layout: Worker replicas only, no Chief. Under MultiWorkerMirroredStrategy every worker
-is the same program with the same resources, and TensorFlow makes worker 0 the chief when
-TF_CONFIG has no "chief" task. With Worker replicas only, the operator writes TF_CONFIG as
-{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}, "environment": "cloud"}
-(exactly what the local launcher writes), labels worker 0 `job-role: master`, and marks the job
-Succeeded when worker 0 exits 0 (the default success policy). A Chief replica would need its own
-replica spec with the same resources and would put a "chief" task in TF_CONFIG for nothing.
-
-The operator injects TF_CONFIG only into the container named `tensorflow`, and sets none when the
-job has one replica in all; the trainer must treat a missing TF_CONFIG as single-worker.
-
-What the launcher adds to the operator:
+The manifest comes from `tfjob_manifest` (which explains the replica layout). What the launcher
+adds to the operator:
 - it enforces `backoff_limit` itself: under `restartPolicy: ExitCode` the v1 operator recreates
   pods forever and ignores runPolicy.backoffLimit (kubeflow/trainer#2045);
 - a worker that exits 1-127 while the job shows Restarting (kubeflow/trainer#2044) fails the job;
@@ -23,10 +13,8 @@ What the launcher adds to the operator:
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import math
-import re
 import sys
 import threading
 import time
@@ -34,10 +22,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, TextIO
 
-import yaml
-
+from components import kube
 from components.train.launcher import (
-    MAX_JOB_NAME,
     JobSpec,
     LaunchCancelled,
     LaunchError,
@@ -47,147 +33,22 @@ from components.train.launcher import (
     format_failure,
     is_retryable_exit_code,
 )
+from components.train.tfjob_manifest import (
+    CONTAINER,
+    GROUP,
+    LABEL_JOB_NAME,
+    LABEL_REPLICA_INDEX,
+    LABEL_REPLICA_TYPE,
+    LABEL_RUN_ID,
+    PLURAL,
+    VERSION,
+    build_manifest,
+)
 from contracts.errors import UserError
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "tfjobs", "TFJob"
-CONTAINER = "tensorflow"  # the only container the operator injects TF_CONFIG into
-REPLICA = "Worker"
-LABEL_JOB_NAME = "training.kubeflow.org/job-name"  # set by the operator on every pod
-LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "worker"
-LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"  # "0", "1", ...
-LABEL_RUN_ID = "gptpipe.dev/run-id"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 TIMEOUT_SLACK_SECONDS = 900  # default launcher timeout beyond active_deadline_seconds
-_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-
-
-def job_name(run_id: str, task_id: str, prefix: str = "train") -> str:
-    """A deterministic TFJob name for one task of one pipeline run.
-
-    The same (run_id, task_id) always gives the same name, so a retried launcher finds and
-    re-attaches to the job its previous attempt created instead of starting a second one; pass a
-    task id that stays the same across retries (e.g. the task's name in the DAG). The name is a
-    DNS-1035 label of at most 52 characters (room for the operator's `-worker-<i>` Services): a
-    readable slug of the run id plus a hash of both ids.
-    """
-    digest = hashlib.sha256(f"{run_id}\0{task_id}".encode()).hexdigest()[:10]
-    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
-    room = MAX_JOB_NAME - len(prefix) - len(digest) - 2
-    slug = slug[:room].strip("-")
-    return "-".join(p for p in (prefix, slug, digest) if p)
-
-
-def _labels(spec: JobSpec) -> dict[str, str]:
-    labels = {LABEL_MANAGED_BY: "gptpipe", **spec.labels}
-    if spec.run_id:
-        labels[LABEL_RUN_ID] = spec.run_id
-    return labels
-
-
-def _container(spec: JobSpec) -> dict[str, Any]:
-    # Unbuffered output so that worker 0's log streams into the step log as it is written.
-    env = {"PYTHONUNBUFFERED": "1", **spec.env}
-    resources: dict[str, Any] = {"requests": {"cpu": spec.cpu, "memory": spec.memory}}
-    if spec.gpus_per_worker:
-        # Extended resources go in limits; Kubernetes sets the request equal to the limit.
-        resources["limits"] = {"nvidia.com/gpu": str(spec.gpus_per_worker)}
-    container: dict[str, Any] = {
-        "name": CONTAINER,
-        "image": spec.image,
-        "command": list(spec.command),
-        "env": [{"name": k, "value": v} for k, v in env.items()],
-        "resources": resources,
-    }
-    if spec.volume_mounts:
-        container["volumeMounts"] = [dict(m) for m in spec.volume_mounts]
-    return container
-
-
-def _pod_template(spec: JobSpec) -> dict[str, Any]:
-    pod_spec: dict[str, Any] = {"containers": [_container(spec)]}
-    if spec.node_selector:
-        pod_spec["nodeSelector"] = dict(spec.node_selector)
-    if spec.tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
-    if spec.volumes:
-        pod_spec["volumes"] = [dict(v) for v in spec.volumes]
-    if spec.service_account:
-        pod_spec["serviceAccountName"] = spec.service_account
-    metadata: dict[str, Any] = {"labels": _labels(spec)}
-    if spec.pod_annotations:
-        metadata["annotations"] = dict(spec.pod_annotations)
-    return {"metadata": metadata, "spec": pod_spec}
-
-
-def _run_policy(spec: JobSpec) -> dict[str, Any]:
-    policy: dict[str, Any] = {
-        "cleanPodPolicy": spec.clean_pod_policy,
-        "backoffLimit": spec.backoff_limit,
-    }
-    if spec.active_deadline_seconds is not None:
-        policy["activeDeadlineSeconds"] = spec.active_deadline_seconds
-    if spec.ttl_seconds_after_finished is not None:
-        policy["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
-    return policy
-
-
-def build_manifest(spec: JobSpec) -> dict[str, Any]:
-    """The kubeflow.org/v1 TFJob for `spec`, as the JSON the apiserver takes.
-
-    Raises `UserError` if the image is not pinned by digest (unless `spec.allow_unpinned`): a
-    tag can move between a worker's first start and its restart, and the run's lineage must name
-    the bytes that trained the model.
-    """
-    if not spec.image:
-        raise UserError("JobSpec image is empty: a TFJob needs a container image by digest")
-    if not (_DIGEST.search(spec.image) or spec.allow_unpinned):
-        raise UserError(
-            f"JobSpec image {spec.image!r} is not pinned by digest: "
-            "use repo/name@sha256:<64 hex> (or allow_unpinned=True outside pipeline runs)"
-        )
-    metadata: dict[str, Any] = {
-        "name": spec.name,
-        "namespace": spec.namespace,
-        "labels": _labels(spec),
-    }
-    if spec.owner is not None:
-        # No blockOwnerDeletion: it needs update rights on pods/finalizers the launcher lacks.
-        metadata["ownerReferences"] = [
-            {"apiVersion": "v1", "kind": "Pod", "name": spec.owner.name, "uid": spec.owner.uid}
-        ]
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": KIND,
-        "metadata": metadata,
-        "spec": {
-            "runPolicy": _run_policy(spec),
-            "tfReplicaSpecs": {
-                REPLICA: {
-                    "replicas": spec.workers,
-                    "restartPolicy": spec.restart_policy,
-                    "template": _pod_template(spec),
-                }
-            },
-        },
-    }
-
-
-def render_yaml(spec: JobSpec) -> str:
-    """The TFJob manifest as YAML, for `gptpipe tfjob-manifest` and `kubectl apply -f -`."""
-    return yaml.safe_dump(build_manifest(spec), sort_keys=False, default_flow_style=False)
-
-
-def default_api_client() -> Any:
-    """An ApiClient from the in-cluster service account, else from ~/.kube/config."""
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -323,7 +184,7 @@ class TFJobLauncher:
     ) -> None:
         from kubernetes import client
 
-        self.api_client = api_client if api_client is not None else default_api_client()
+        self.api_client = api_client if api_client is not None else kube.default_api_client()
         self.custom = client.CustomObjectsApi(self.api_client)
         self.core = client.CoreV1Api(self.api_client)
         self.out = out if out is not None else sys.stdout
@@ -388,7 +249,7 @@ class TFJobLauncher:
         if spec.run_id and owner_run != spec.run_id:
             raise UserError(
                 f"TFJob {spec.namespace}/{spec.name} already exists for run {owner_run!r}, not "
-                f"{spec.run_id!r}: choose another job name (tfjob.job_name(run_id, task_id))"
+                f"{spec.run_id!r}: choose another job name (launcher.job_name(run_id, task_id))"
             )
         self._say(f"re-attached to existing TFJob {spec.namespace}/{spec.name}")
         return job, True
@@ -459,7 +320,7 @@ class TFJobLauncher:
             return
         pods = self._pods(spec)
         for pod in pods:
-            image_id = _worker_status(pod).get("imageID") or ""
+            image_id = kube.container_image_ids(pod).get(CONTAINER, "")
             if image_id:
                 digests[pod["metadata"]["name"]] = image_id.rsplit("@", 1)[-1]
         if state.restarts > spec.backoff_limit:

@@ -1,0 +1,68 @@
+"""Kubernetes access: the API client, the pod this process runs in, and reading a pod.
+
+A shared layer: provenance (which image the kubelet really ran) and the train step (where its
+TFJob goes, and who owns it) use it; it imports no step. The `kubernetes` package is imported
+inside the functions, so code that never talks to a cluster (a local run) never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+POD_NAME_ENV = "KFP_POD_NAME"  # KFP v2 sets it on every executor pod (downward API metadata.name)
+POD_UID_ENV = "KFP_POD_UID"  # KFP v2 sets it on every executor pod (downward API metadata.uid)
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+@dataclass(frozen=True)
+class PodIdentity:
+    """The pod this process runs in; every field is "" outside a pod (or when not exposed)."""
+
+    name: str = ""  # metadata.name, from POD_NAME_ENV
+    uid: str = ""  # metadata.uid, from POD_UID_ENV
+    namespace: str = ""  # the pod's namespace, from its service account's namespace file
+
+
+def pod_identity(
+    env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
+) -> PodIdentity:
+    """Read the pod's identity from the downward-API environment and the service account."""
+    try:
+        namespace = Path(namespace_file).read_text(encoding="utf-8").strip()
+    except OSError:
+        namespace = ""
+    return PodIdentity(env.get(POD_NAME_ENV, ""), env.get(POD_UID_ENV, ""), namespace)
+
+
+def default_api_client() -> Any:
+    """A `kubernetes.client.ApiClient` from the in-cluster service account, else ~/.kube/config."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+def read_pod(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
+    """GET /api/v1/namespaces/{ns}/pods/{name} through the official client, as plain JSON."""
+    from kubernetes import client
+
+    response = client.CoreV1Api(api_client).read_namespaced_pod(
+        name, namespace, _preload_content=False
+    )
+    return dict(json.loads(response.data))
+
+
+def container_image_ids(pod: Mapping[str, Any]) -> dict[str, str]:
+    """Container name -> the imageID the kubelet reports (what it really runs), from pod JSON.
+
+    A container that has not started yet is missing, or maps to "".
+    """
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return {s.get("name", ""): s.get("imageID") or "" for s in statuses}

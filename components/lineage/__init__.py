@@ -1,0 +1,74 @@
+"""The lineage layer: the only code that talks to ML Metadata (MLMD).
+
+Steps describe what they did with plain Python (`ArtifactRecord`, dicts of parameters) and read
+lineage back as plain dicts; no MLMD proto leaves this package, so the store can be replaced
+without touching a step. Steps and tools use this package's names
+(`from components import lineage; lineage.step(...)`), never its submodules:
+
+- `store`: addressing: `store_config`, `is_service`, `open_store` (a SQLite path, or an MLMD
+  gRPC service as `host:port` or `grpc://host:port`);
+- `schema`: the vocabulary: TFX's artifact types (`ARTIFACT_TYPES`), the contexts
+  (`PIPELINE_CONTEXT`, `RUN_CONTEXT`, `DATASET_CONTEXT`), `ArtifactRecord`, and how plain
+  values and event paths are written in MLMD's protos;
+- `record`: writing: `step` and its `StepRecorder`, `record_execution` (with the CACHED
+  executions of the upstream steps KFP skipped), `environment_digest`;
+- `query`: reading back as `ArtifactView` and `ExecutionView`: `find_artifact`, `producer_of`,
+  `inputs_of`, `outputs_of`, `parameters_of`, `run_summary`, `failure_of`,
+  `models_for_dataset`, `latest_pushed_model`, `latest_run_id`.
+
+Walking a pushed model back to its data (`gptpipe lineage`) is `pipelines.lineage_cmd.trace`,
+built on `query`.
+"""
+
+from components.lineage.query import (
+    ArtifactView,
+    ExecutionView,
+    failure_of,
+    find_artifact,
+    inputs_of,
+    latest_pushed_model,
+    latest_run_id,
+    models_for_dataset,
+    outputs_of,
+    parameters_of,
+    producer_of,
+    run_summary,
+)
+from components.lineage.record import StepRecorder, environment_digest, record_execution, step
+from components.lineage.schema import (
+    ARTIFACT_TYPES,
+    DATASET_CONTEXT,
+    EXECUTION_TYPE_PREFIX,
+    PIPELINE_CONTEXT,
+    RUN_CONTEXT,
+    ArtifactRecord,
+)
+from components.lineage.store import is_service, open_store, store_config
+
+__all__ = [
+    "ARTIFACT_TYPES",
+    "DATASET_CONTEXT",
+    "EXECUTION_TYPE_PREFIX",
+    "PIPELINE_CONTEXT",
+    "RUN_CONTEXT",
+    "ArtifactRecord",
+    "ArtifactView",
+    "ExecutionView",
+    "StepRecorder",
+    "environment_digest",
+    "failure_of",
+    "find_artifact",
+    "inputs_of",
+    "is_service",
+    "latest_pushed_model",
+    "latest_run_id",
+    "models_for_dataset",
+    "open_store",
+    "outputs_of",
+    "parameters_of",
+    "producer_of",
+    "record_execution",
+    "run_summary",
+    "step",
+    "store_config",
+]

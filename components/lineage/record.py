@@ -1,0 +1,409 @@
+"""Recording lineage: one execution per step run, with its inputs, outputs and contexts.
+
+`step()` wraps a step's code and records it when the block ends (COMPLETE, or FAILED with the
+error); `record_execution` is the one write underneath it. When KFP served an upstream task from
+its cache, a CACHED execution of it is recorded in this run first, so a run's record is whole.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.metadata
+import json
+import re
+import sys
+import time
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from typing import Any
+
+from ml_metadata.metadata_store import metadata_store
+
+from components.lineage.query import original_producer, run_executions
+from components.lineage.schema import (
+    ARTIFACT_TYPES,
+    DATASET_CONTEXT,
+    EXECUTION_TYPE_PREFIX,
+    PIPELINE_CONTEXT,
+    RUN_CONTEXT,
+    ArtifactRecord,
+    event_index,
+    event_key,
+    new_event,
+    set_values,
+    to_scalar,
+)
+from components.lineage.store import mlmd, open_store
+from contracts.errors import UserError
+
+# Execution custom properties this module writes itself; callers may not pass them.
+_RESERVED = frozenset(
+    {
+        "step",
+        "pipeline_name",
+        "run_id",
+        "dataset_version",
+        "environment_digest",
+        "start_time_ms",
+        "end_time_ms",
+        "parameters",
+        "cached_from_execution_id",
+        "cached_from_run_id",
+    }
+)
+_STATES = ("NEW", "RUNNING", "COMPLETE", "FAILED", "CACHED", "CANCELED")
+_STEP_RE = re.compile(r"[a-z][a-z0-9_]*")
+
+
+@functools.cache
+def environment_digest() -> str:
+    """sha256 of the Python version and every installed distribution with its version.
+
+    Two executions with the same digest ran with the same packages; computed once per process.
+    """
+    dists = {
+        f"{(d.metadata['Name'] or '').lower()}=={d.version}"
+        for d in importlib.metadata.distributions()
+    }
+    text = "\n".join([sys.version, *sorted(dists)])
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---- recording -----------------------------------------------------------------------------
+
+
+def record_execution(
+    store_uri: str,
+    *,
+    step: str,
+    pipeline_name: str,
+    run_id: str,
+    parameters: Mapping[str, Any],
+    inputs: Mapping[str, Iterable[ArtifactRecord]],
+    outputs: Mapping[str, Iterable[ArtifactRecord]],
+    properties: Mapping[str, Any] | None = None,
+    state: str = "COMPLETE",
+    start_time: float | None = None,
+    end_time: float | None = None,
+    dataset_version: str | None = None,
+    upstream: Collection[str] = (),
+) -> int:
+    """Record one step execution with its inputs, outputs and contexts, atomically.
+
+    Inputs already in the store (same type and URI, latest wins) are reused, so the lineage
+    graph connects across steps; outputs are always new LIVE artifacts. Times are epoch
+    seconds; `end_time` defaults to now. Returns the execution id.
+
+    `upstream` names the input keys that an upstream task of this pipeline produced. When such
+    an input was made in another run, KFP served that task from its cache and nothing ran it
+    in this run: a CACHED execution of it is recorded here first (see `_record_cached`).
+    """
+    if not _STEP_RE.fullmatch(step):
+        raise ValueError(f"step {step!r} must be a lowercase identifier such as 'train'")
+    if state not in _STATES:
+        raise ValueError(f"state {state!r} must be one of {', '.join(_STATES)}")
+    store = open_store(store_uri)
+    execution = mlmd.Execution(
+        type_id=_put_execution_type(store, step),
+        last_known_state=mlmd.Execution.State.Value(state),
+    )
+    set_values(
+        execution.custom_properties,
+        _execution_values(
+            step=step,
+            pipeline_name=pipeline_name,
+            run_id=run_id,
+            parameters=parameters,
+            properties=properties or {},
+            start_time=start_time,
+            end_time=end_time,
+            dataset_version=dataset_version,
+        ),
+    )
+    pairs = [
+        (_stored_or_new(store, record), new_event(mlmd.Event.INPUT, key, index))
+        for key, records in inputs.items()
+        for index, record in enumerate(records)
+    ]
+    cached_from = [
+        artifact.id
+        for (artifact, event) in pairs
+        if artifact.HasField("id") and event_key(event) in upstream
+    ]
+    _record_cached(store, run_id, pipeline_name, cached_from)
+    pairs += [
+        (_new_artifact(store, record), new_event(mlmd.Event.OUTPUT, key, index))
+        for key, records in outputs.items()
+        for index, record in enumerate(records)
+    ]
+    contexts = [
+        _context(store, PIPELINE_CONTEXT, pipeline_name),
+        _run_context(store, run_id, pipeline_name),
+    ]
+    if dataset_version:
+        contexts.append(_context(store, DATASET_CONTEXT, dataset_version))
+    execution_id, _, _ = store.put_execution(
+        execution, pairs, contexts, reuse_context_if_already_exist=True, force_reuse_context=True
+    )
+    return int(execution_id)
+
+
+def _execution_values(
+    *,
+    step: str,
+    pipeline_name: str,
+    run_id: str,
+    parameters: Mapping[str, Any],
+    properties: Mapping[str, Any],
+    start_time: float | None,
+    end_time: float | None,
+    dataset_version: str | None,
+) -> dict[str, Any]:
+    """Merge caller parameters and properties with the values this module always records."""
+    clash = (set(parameters) & set(properties)) | ((set(parameters) | set(properties)) & _RESERVED)
+    if clash:
+        raise ValueError(f"execution property names used twice or reserved: {sorted(clash)}")
+    values: dict[str, Any] = {**parameters, **properties}
+    values.update(
+        parameters=json.dumps(dict(parameters), sort_keys=True, default=str),
+        step=step,
+        pipeline_name=pipeline_name,
+        run_id=run_id,
+        environment_digest=environment_digest(),
+        end_time_ms=int((time.time() if end_time is None else end_time) * 1000),
+    )
+    if start_time is not None:
+        values["start_time_ms"] = int(start_time * 1000)
+    if dataset_version:
+        values["dataset_version"] = dataset_version
+    return values
+
+
+def _record_cached(
+    store: metadata_store.MetadataStore, run_id: str, pipeline_name: str, artifact_ids: list[int]
+) -> None:
+    """Record, in this run, a CACHED execution for each upstream step KFP skipped.
+
+    A skipped step leaves no trace of its own, but the step that reads its output sees an
+    artifact made by another run. Like KFP's driver, the CACHED execution copies the original's
+    properties (image, parameters, code version...), adds `cached_from_execution_id` and
+    `cached_from_run_id`, and has OUTPUT events to the same artifacts. The original's own
+    upstream inputs from its run are followed too, so a chain of skipped steps is complete.
+    """
+    done = {view["step"] for view in run_executions(store, run_id)}
+    pending: list[tuple[int, str | None]] = [(a, None) for a in artifact_ids]
+    while pending:
+        artifact_id, from_run = pending.pop()
+        producer = original_producer(store, artifact_id)
+        if producer is None:
+            continue
+        props = producer.custom_properties
+        step, its_run = props["step"].string_value, props["run_id"].string_value
+        if its_run == run_id or step in done or (from_run is not None and its_run != from_run):
+            continue
+        done.add(step)
+        _put_cached(store, producer, run_id, pipeline_name)
+        inputs = store.get_events_by_execution_ids([producer.id])
+        pending += [(e.artifact_id, its_run) for e in inputs if e.type == mlmd.Event.INPUT]
+
+
+def _put_cached(
+    store: metadata_store.MetadataStore, original: Any, run_id: str, pipeline_name: str
+) -> None:
+    execution = mlmd.Execution(
+        type_id=original.type_id, last_known_state=mlmd.Execution.State.Value("CACHED")
+    )
+    execution.custom_properties.MergeFrom(original.custom_properties)
+    now_ms = int(time.time() * 1000)
+    set_values(
+        execution.custom_properties,
+        {
+            "run_id": run_id,
+            "pipeline_name": pipeline_name,
+            "cached_from_execution_id": original.id,
+            "cached_from_run_id": original.custom_properties["run_id"].string_value,
+            "start_time_ms": now_ms,
+            "end_time_ms": now_ms,
+        },
+    )
+    outputs = [
+        e for e in store.get_events_by_execution_ids([original.id]) if e.type == mlmd.Event.OUTPUT
+    ]
+    artifacts = {a.id: a for a in store.get_artifacts_by_id([e.artifact_id for e in outputs])}
+    pairs = [
+        (artifacts[e.artifact_id], new_event(mlmd.Event.OUTPUT, event_key(e), event_index(e)))
+        for e in outputs
+    ]
+    contexts = [
+        _context(store, PIPELINE_CONTEXT, pipeline_name),
+        _run_context(store, run_id, pipeline_name),
+    ]
+    version = original.custom_properties["dataset_version"].string_value
+    if version:
+        contexts.append(_context(store, DATASET_CONTEXT, version))
+    store.put_execution(
+        execution, pairs, contexts, reuse_context_if_already_exist=True, force_reuse_context=True
+    )
+
+
+def _stored_or_new(store: metadata_store.MetadataStore, record: ArtifactRecord) -> Any:
+    """The latest stored artifact with this type and URI, or a new one if there is none."""
+    type_id = _put_artifact_type(store, record.type_name)
+    matches = [a for a in store.get_artifacts_by_uri(record.uri) if a.type_id == type_id]
+    if matches:
+        return max(matches, key=lambda a: (a.create_time_since_epoch, a.id))
+    return _new_artifact(store, record)
+
+
+def _new_artifact(store: metadata_store.MetadataStore, record: ArtifactRecord) -> Any:
+    """A new LIVE artifact: TFX's typed properties where declared, the rest custom."""
+    type_id = _put_artifact_type(store, record.type_name)
+    declared = ARTIFACT_TYPES[record.type_name]
+    artifact = mlmd.Artifact(type_id=type_id, uri=record.uri, state=mlmd.Artifact.LIVE)
+    typed = {k: v for k, v in record.properties.items() if k in declared}
+    for key, value in typed.items():
+        expected = int if declared[key] == mlmd.INT else str
+        if isinstance(value, bool) or not isinstance(to_scalar(value), expected):
+            raise ValueError(
+                f"{record.type_name} property {key!r} must be {expected.__name__}, got {value!r}"
+            )
+    set_values(artifact.properties, typed)
+    set_values(
+        artifact.custom_properties,
+        {k: v for k, v in record.properties.items() if k not in declared},
+    )
+    return artifact
+
+
+# ---- types and contexts -------------------------------------------------------------------
+
+
+def _put_artifact_type(store: metadata_store.MetadataStore, name: str) -> int:
+    if name not in ARTIFACT_TYPES:
+        raise ValueError(f"artifact type {name!r} is not one of {', '.join(ARTIFACT_TYPES)}")
+    artifact_type = mlmd.ArtifactType(name=name)
+    for key, kind in ARTIFACT_TYPES[name].items():
+        artifact_type.properties[key] = kind
+    return int(store.put_artifact_type(artifact_type, can_add_fields=True))
+
+
+def _put_execution_type(store: metadata_store.MetadataStore, step: str) -> int:
+    name = EXECUTION_TYPE_PREFIX + "".join(part.capitalize() for part in step.split("_"))
+    return int(store.put_execution_type(mlmd.ExecutionType(name=name), can_add_fields=True))
+
+
+def _put_context_type(store: metadata_store.MetadataStore, name: str) -> int:
+    return int(store.put_context_type(mlmd.ContextType(name=name), can_add_fields=True))
+
+
+def _context(store: metadata_store.MetadataStore, type_name: str, name: str) -> Any:
+    """The stored context of this type and name, or a new one put_execution will create."""
+    if not name:
+        raise ValueError(f"{type_name} context needs a non-empty name")
+    type_id = _put_context_type(store, type_name)
+    stored = store.get_context_by_type_and_name(type_name, name)
+    return stored if stored is not None else mlmd.Context(type_id=type_id, name=name)
+
+
+def _run_context(store: metadata_store.MetadataStore, run_id: str, pipeline_name: str) -> Any:
+    """The run's context; a run id already used by another pipeline is an error."""
+    context = _context(store, RUN_CONTEXT, run_id)
+    if not context.HasField("id"):
+        context.custom_properties["pipeline_name"].string_value = pipeline_name
+    elif context.custom_properties["pipeline_name"].string_value != pipeline_name:
+        raise UserError(
+            f"run id {run_id!r} already belongs to pipeline "
+            f"{context.custom_properties['pipeline_name'].string_value!r}: use a new run id"
+        )
+    return context
+
+
+# ---- around a step -------------------------------------------------------------------------
+
+
+class StepRecorder:
+    """Collects what one step did while it runs; `step()` records it when the step ends."""
+
+    def __init__(self, parameters: Mapping[str, Any]) -> None:
+        self.parameters = dict(parameters)
+        self.inputs: dict[str, list[ArtifactRecord]] = {}
+        self.outputs: dict[str, list[ArtifactRecord]] = {}
+        self.properties: dict[str, Any] = {}
+        self.dataset_version: str | None = None
+        self.upstream: set[str] = set()
+
+    def input(
+        self,
+        key: str,
+        type_name: str,
+        uri: str,
+        properties: Mapping[str, Any] | None = None,
+        *,
+        upstream: bool = False,
+    ) -> None:
+        """Name an artifact the step read; `upstream` if a task of this pipeline made it."""
+        self.inputs.setdefault(key, []).append(
+            ArtifactRecord(type_name, uri, dict(properties or {}))
+        )
+        if upstream:
+            self.upstream.add(key)
+
+    def output(
+        self, key: str, type_name: str, uri: str, properties: Mapping[str, Any] | None = None
+    ) -> None:
+        """Name an artifact the step wrote."""
+        self.outputs.setdefault(key, []).append(
+            ArtifactRecord(type_name, uri, dict(properties or {}))
+        )
+
+    def set(self, **properties: Any) -> None:
+        """Add execution properties (image digests, GPU-hours, job names...)."""
+        self.properties.update(properties)
+
+
+@contextlib.contextmanager
+def step(
+    store_uri: str,
+    step_name: str,
+    pipeline_name: str,
+    run_id: str,
+    parameters: Mapping[str, Any],
+    properties: Mapping[str, Any] | None = None,
+) -> Iterator[StepRecorder]:
+    """Record one execution of `step_name` around the block: COMPLETE, or FAILED on an error.
+
+    A failed execution keeps its inputs but records no outputs, so nothing downstream can
+    mistake a half-made artifact for a real one.
+    """
+    recorder = StepRecorder(parameters)
+    recorder.set(**(properties or {}))
+    start = time.time()
+    state = "FAILED"
+    try:
+        yield recorder
+        state = "COMPLETE"
+    except UserError as err:
+        # A mistake in the input, not a bug: one clear line in the step's log, no traceback,
+        # and the message on the FAILED execution so a runner can show it (`failure_of`).
+        recorder.set(error=str(err))
+        print(f"gptpipe {step_name}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as err:
+        recorder.set(error=f"{type(err).__name__}: {err}")
+        raise
+    finally:
+        record_execution(
+            store_uri,
+            step=step_name,
+            pipeline_name=pipeline_name,
+            run_id=run_id,
+            parameters=recorder.parameters,
+            inputs=recorder.inputs,
+            outputs=recorder.outputs if state == "COMPLETE" else {},
+            properties=recorder.properties,
+            state=state,
+            start_time=start,
+            dataset_version=recorder.dataset_version,
+            upstream=recorder.upstream,
+        )

@@ -1,0 +1,102 @@
+"""The storage layer: the only code that moves bytes for the pipeline steps.
+
+Every public function takes a local path or a `gs://bucket/key` URI. Steps use this package's
+names (`from components import storage; storage.join(...)`), never its submodules:
+
+- `uris`: addresses and fingerprints: `is_gcs`, `join`, `split_gcs`, `FileInfo`,
+  `sha256_file`, `crc32c_file`;
+- `files`: what works on either kind of address: listing (`list_files`, `list_tree`,
+  `has_content`, `check_folder`, `folders_holding`, `tree_crc32c`, `same_files`), reading
+  (`open_read`, `read_bytes`), writing, copying and deleting (`write_bytes`,
+  `write_text_atomic`, `copy`, `upload_dir`, `download_dir`, `delete_tree`, `local_copy`);
+- `local`: how those work on local disk (writes through a temporary sibling and a rename);
+- `gcs`: how they work on GCS: the client (`client`, `set_client`), retries, resumable
+  uploads, errors a user causes as `UserError`, the crc32c-checked streamed reader
+  (`ObjectChangedError`), single-object `upload_file` and `download_file`;
+- `publish`: folders that appear whole: `atomic_dir`, `publish_dir`, and on gs:// the staging
+  protocol with `staging_uri`, `names_taken` and `finish_publishes`.
+
+Settings (`gcs.RETRY`, `gcs.WORKERS`, the chunk sizes, `publish.STAGING_PREFIX`) are not
+re-exported: a test that replaces one, or a helper such as `gcs.copy_object`, patches it in the
+submodule that reads it.
+
+The trainer, inside TFJob workers, reads and writes `gs://` through TensorFlow's own file
+system (`tf.io.gfile`, `tf.data`), never through this package. TF Serving's version folders
+are `components.serving`, built on this package.
+"""
+
+from components.storage.files import (
+    check_folder,
+    copy,
+    delete_tree,
+    download_dir,
+    folders_holding,
+    has_content,
+    list_files,
+    list_tree,
+    local_copy,
+    open_read,
+    read_bytes,
+    same_files,
+    tree_crc32c,
+    upload_dir,
+    write_bytes,
+    write_text_atomic,
+)
+from components.storage.gcs import (
+    ObjectChangedError,
+    client,
+    download_file,
+    set_client,
+    upload_file,
+)
+from components.storage.publish import (
+    atomic_dir,
+    finish_publishes,
+    names_taken,
+    publish_dir,
+    staging_uri,
+)
+from components.storage.uris import (
+    FileInfo,
+    crc32c_file,
+    is_gcs,
+    join,
+    sha256_file,
+    split_gcs,
+)
+
+__all__ = [
+    "FileInfo",
+    "ObjectChangedError",
+    "atomic_dir",
+    "check_folder",
+    "client",
+    "copy",
+    "crc32c_file",
+    "delete_tree",
+    "download_dir",
+    "download_file",
+    "finish_publishes",
+    "folders_holding",
+    "has_content",
+    "is_gcs",
+    "join",
+    "list_files",
+    "list_tree",
+    "local_copy",
+    "names_taken",
+    "open_read",
+    "publish_dir",
+    "read_bytes",
+    "same_files",
+    "set_client",
+    "sha256_file",
+    "split_gcs",
+    "staging_uri",
+    "tree_crc32c",
+    "upload_dir",
+    "upload_file",
+    "write_bytes",
+    "write_text_atomic",
+]

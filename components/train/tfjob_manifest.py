@@ -1,0 +1,133 @@
+"""The TFJob manifest for a `JobSpec`: pure, no API calls (`gptpipe tfjob-manifest` prints it).
+
+Replica layout: Worker replicas only, no Chief. Under MultiWorkerMirroredStrategy every worker
+is the same program with the same resources, and TensorFlow makes worker 0 the chief when
+TF_CONFIG has no "chief" task. With Worker replicas only, the operator writes TF_CONFIG as
+{"cluster": {"worker": [...]}, "task": {"type": "worker", "index": i}, "environment": "cloud"}
+(exactly what the local launcher writes), labels worker 0 `job-role: master`, and marks the job
+Succeeded when worker 0 exits 0 (the default success policy). A Chief replica would need its own
+replica spec with the same resources and would put a "chief" task in TF_CONFIG for nothing.
+
+The operator injects TF_CONFIG only into the container named `tensorflow`, and sets none when the
+job has one replica in all; the trainer must treat a missing TF_CONFIG as single-worker.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import yaml
+
+from components.train.launcher import JobSpec
+from contracts.errors import UserError
+
+GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "tfjobs", "TFJob"
+CONTAINER = "tensorflow"  # the only container the operator injects TF_CONFIG into
+REPLICA = "Worker"
+LABEL_JOB_NAME = "training.kubeflow.org/job-name"  # set by the operator on every pod
+LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "worker"
+LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"  # "0", "1", ...
+LABEL_RUN_ID = "gptpipe.dev/run-id"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def _labels(spec: JobSpec) -> dict[str, str]:
+    labels = {LABEL_MANAGED_BY: "gptpipe", **spec.labels}
+    if spec.run_id:
+        labels[LABEL_RUN_ID] = spec.run_id
+    return labels
+
+
+def _container(spec: JobSpec) -> dict[str, Any]:
+    # Unbuffered output so that worker 0's log streams into the step log as it is written.
+    env = {"PYTHONUNBUFFERED": "1", **spec.env}
+    resources: dict[str, Any] = {"requests": {"cpu": spec.cpu, "memory": spec.memory}}
+    if spec.gpus_per_worker:
+        # Extended resources go in limits; Kubernetes sets the request equal to the limit.
+        resources["limits"] = {"nvidia.com/gpu": str(spec.gpus_per_worker)}
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": spec.image,
+        "command": list(spec.command),
+        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "resources": resources,
+    }
+    if spec.volume_mounts:
+        container["volumeMounts"] = [dict(m) for m in spec.volume_mounts]
+    return container
+
+
+def _pod_template(spec: JobSpec) -> dict[str, Any]:
+    pod_spec: dict[str, Any] = {"containers": [_container(spec)]}
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.volumes:
+        pod_spec["volumes"] = [dict(v) for v in spec.volumes]
+    if spec.service_account:
+        pod_spec["serviceAccountName"] = spec.service_account
+    metadata: dict[str, Any] = {"labels": _labels(spec)}
+    if spec.pod_annotations:
+        metadata["annotations"] = dict(spec.pod_annotations)
+    return {"metadata": metadata, "spec": pod_spec}
+
+
+def _run_policy(spec: JobSpec) -> dict[str, Any]:
+    policy: dict[str, Any] = {
+        "cleanPodPolicy": spec.clean_pod_policy,
+        "backoffLimit": spec.backoff_limit,
+    }
+    if spec.active_deadline_seconds is not None:
+        policy["activeDeadlineSeconds"] = spec.active_deadline_seconds
+    if spec.ttl_seconds_after_finished is not None:
+        policy["ttlSecondsAfterFinished"] = spec.ttl_seconds_after_finished
+    return policy
+
+
+def build_manifest(spec: JobSpec) -> dict[str, Any]:
+    """The kubeflow.org/v1 TFJob for `spec`, as the JSON the apiserver takes.
+
+    Raises `UserError` if the image is not pinned by digest (unless `spec.allow_unpinned`): a
+    tag can move between a worker's first start and its restart, and the run's lineage must name
+    the bytes that trained the model.
+    """
+    if not spec.image:
+        raise UserError("JobSpec image is empty: a TFJob needs a container image by digest")
+    if not (_DIGEST.search(spec.image) or spec.allow_unpinned):
+        raise UserError(
+            f"JobSpec image {spec.image!r} is not pinned by digest: "
+            "use repo/name@sha256:<64 hex> (or allow_unpinned=True outside pipeline runs)"
+        )
+    metadata: dict[str, Any] = {
+        "name": spec.name,
+        "namespace": spec.namespace,
+        "labels": _labels(spec),
+    }
+    if spec.owner is not None:
+        # No blockOwnerDeletion: it needs update rights on pods/finalizers the launcher lacks.
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Pod", "name": spec.owner.name, "uid": spec.owner.uid}
+        ]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": {
+            "runPolicy": _run_policy(spec),
+            "tfReplicaSpecs": {
+                REPLICA: {
+                    "replicas": spec.workers,
+                    "restartPolicy": spec.restart_policy,
+                    "template": _pod_template(spec),
+                }
+            },
+        },
+    }
+
+
+def render_yaml(spec: JobSpec) -> str:
+    """The TFJob manifest as YAML, for `gptpipe tfjob-manifest` and `kubectl apply -f -`."""
+    return yaml.safe_dump(build_manifest(spec), sort_keys=False, default_flow_style=False)

@@ -1,0 +1,65 @@
+"""The optimizer: AdamW under a warmup + cosine schedule, its peak scaled to the global batch."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+
+from trainer import config as config_lib
+from trainer.config import Config
+
+
+class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
+    """Warmup then cosine decay, in TF ops; the same curve as config.learning_rate_at."""
+
+    def __init__(
+        self, peak_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float
+    ) -> None:
+        self.peak_lr = peak_lr
+        self.warmup_steps = warmup_steps
+        self.total_steps = total_steps
+        self.min_lr_ratio = min_lr_ratio
+
+    def __call__(self, step: tf.Tensor | int) -> tf.Tensor:
+        step = tf.cast(step, tf.float32)
+        warmup = self.peak_lr * (step + 1.0) / max(self.warmup_steps, 1)
+        decay_steps = max(1, self.total_steps - self.warmup_steps)
+        progress = tf.clip_by_value((step - self.warmup_steps) / decay_steps, 0.0, 1.0)
+        cosine = 0.5 * (1.0 + tf.cos(math.pi * progress))
+        decayed = self.peak_lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
+        return tf.where(step < self.warmup_steps, warmup, decayed)
+
+    def get_config(self) -> dict[str, Any]:
+        return {
+            "peak_lr": self.peak_lr,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+            "min_lr_ratio": self.min_lr_ratio,
+        }
+
+
+def build_optimizer(
+    cfg: Config, global_batch: int, policy: str = "float32"
+) -> tuple[keras.optimizers.Optimizer, WarmupCosine]:
+    """AdamW with a warmup+cosine schedule whose peak LR is scaled to the global batch.
+
+    Under mixed_float16 it is wrapped in a dynamic LossScaleOptimizer: float16 gradients of a
+    small loss underflow. bfloat16 has float32's exponent range and needs no loss scaling.
+    """
+    t = cfg.train
+    peak = config_lib.scaled_learning_rate(t.learning_rate, global_batch, t.reference_batch_size)
+    schedule = WarmupCosine(peak, t.warmup_steps, t.train_steps, t.min_lr_ratio)
+    optimizer = keras.optimizers.AdamW(
+        learning_rate=schedule,
+        weight_decay=t.weight_decay,
+        beta_1=t.beta_1,
+        beta_2=t.beta_2,
+        global_clipnorm=t.grad_clip_norm or None,
+    )
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    if policy == "mixed_float16":
+        optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+    return optimizer, schedule

@@ -1,0 +1,31 @@
+"""The numerics of the training step on this host: the mixed-precision policy and XLA.
+
+The rules are pure functions in trainer.config (`precision_policy`, `use_jit_compile`); this
+module asks TensorFlow which device it runs on and applies them.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+
+from trainer import config as config_lib
+from trainer.config import Config
+
+
+def device_kind() -> tuple[str, tuple[int, int] | None]:
+    """("gpu", compute capability) for a GPU host, else ("cpu", None)."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "cpu", None
+    details = tf.config.experimental.get_device_details(gpus[0])
+    return "gpu", details.get("compute_capability")
+
+
+def set_precision_and_choose_xla(cfg: Config, workers: int, replicas: int) -> tuple[str, bool]:
+    """The mixed-precision policy, set globally before any layer exists, and whether to use XLA."""
+    kind, capability = device_kind()
+    policy = config_lib.precision_policy(cfg.train.precision, kind, capability)
+    keras.mixed_precision.set_global_policy(policy)
+    jit = config_lib.use_jit_compile(cfg.train.jit_compile, kind, workers, replicas)
+    return policy, jit

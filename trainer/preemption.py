@@ -1,0 +1,113 @@
+"""Surviving preemption: on SIGTERM every worker backs up at the same step and exits retryably.
+
+docs/training.md ("Preemption") tells why it is built this way and not on TensorFlow's
+PreemptionCheckpointHandler.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import tensorflow as tf
+import tf_keras as keras
+
+log = logging.getLogger("trainer")
+
+# 128 + SIGTERM, what Kubernetes reports for a container stopped by SIGTERM: retryable under the
+# operator's ExitCode restart policy. The trainer exits with it when preempted (after its backup)
+# and when it loses a peer worker.
+EXIT_PREEMPTED = 128 + signal.SIGTERM
+
+Agreement = Callable[[float], float]  # this worker's flag (0.0/1.0) -> the sum over all workers
+
+
+class Preempted(Exception):
+    """The worker group stopped at `step` because a worker got SIGTERM; the backup is at `step`."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"preempted: backed up at step {step}")
+        self.step = step
+
+
+class PreemptionWatch:
+    """Turns SIGTERM into a flag that training polls; the process keeps running until it saves."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        """Handle SIGTERM from now on (in the main thread only, where Python allows it)."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._handler)
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if not self.requested:
+            log.warning("received SIGTERM: backing up and stopping at the end of this step")
+        self.requested = True
+
+
+def preemption_agreement(strategy: tf.distribute.Strategy, workers: int) -> Agreement:
+    """A function: this worker's flag -> the sum of all workers' flags (all-reduce when >1)."""
+    if workers <= 1:
+        return lambda flag: flag
+
+    @tf.function
+    def all_reduce(flag: tf.Tensor) -> tf.Tensor:
+        def replica_fn(value: tf.Tensor) -> tf.Tensor:
+            ctx = tf.distribute.get_replica_context()
+            # identity places the value on this replica's device: all_reduce reduces to there.
+            return ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.identity(value))
+
+        per_replica = strategy.run(replica_fn, args=(flag,))
+        return strategy.experimental_local_results(per_replica)[0]
+
+    return lambda flag: float(all_reduce(tf.constant(flag, tf.float32)))
+
+
+class PreemptibleBackup(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore every `save_freq` steps that also backs up and stops when preempted.
+
+    A SIGTERM reaches one worker; the others must stop at the same step, because the backup is
+    a collective save under MultiWorkerMirroredStrategy. So at every step end all workers sum
+    their preemption flags (`agree`, one scalar all-reduce); when the sum is non-zero each takes
+    the backup and raises `Preempted`.
+    """
+
+    def __init__(
+        self, backup_dir: str, save_freq: int, watch: PreemptionWatch, agree: Agreement
+    ) -> None:
+        # The backup outlives fit: it is removed only once the Model is exported, so a job that
+        # fails while exporting resumes at its last step instead of training again from 0.
+        super().__init__(backup_dir=backup_dir, save_freq=save_freq, delete_checkpoint=False)
+        self.watch = watch
+        self.agree = agree
+        self.initial_step = 0
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_begin(logs)  # restores the backup, if any
+        self.initial_step = int(self.model.optimizer.iterations.numpy())
+        if self.initial_step:
+            log.info("resumed at step %d from the backup in %s", self.initial_step, self.backup_dir)
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        super().on_train_batch_end(batch, logs)
+        if self.agree(1.0 if self.watch.requested else 0.0) > 0:
+            step = int(self.model.optimizer.iterations.numpy())
+            self._backup(epoch=self._current_epoch, batch=batch)
+            log.warning("preempted: backed up at step %d; exiting %d", step, EXIT_PREEMPTED)
+            raise Preempted(step)
+
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
+        # A non-chief worker's write folder (backup/workertemp_<i>) is made when training starts
+        # but only removed after a save; an attempt that saves nothing would leave it behind.
+        state = self._training_state
+        if state.write_checkpoint_manager is not state.read_checkpoint_manager:
+            scratch = state.write_checkpoint_manager.directory
+            if tf.io.gfile.exists(scratch):
+                tf.io.gfile.rmtree(scratch)
+        super().on_train_end(logs)
