@@ -15,6 +15,11 @@ from typing import Any
 
 POD_NAME_ENV = "KFP_POD_NAME"  # KFP v2 sets it on every executor pod (downward API metadata.name)
 POD_UID_ENV = "KFP_POD_UID"  # KFP v2 sets it on every executor pod (downward API metadata.uid)
+# KFP sets no namespace variable; the pipeline sets this one from the pod's metadata.namespace
+# (kfp-kubernetes use_field_path_as_env, pipelines/pipeline.py). The service account's
+# namespace file is the fallback for pods that lack it.
+POD_NAMESPACE_ENV = "GPTPIPE_POD_NAMESPACE"
+POD_NAMESPACE_FIELD = "metadata.namespace"
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 
 
@@ -30,11 +35,13 @@ class PodIdentity:
 def pod_identity(
     env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
 ) -> PodIdentity:
-    """Read the pod's identity from the downward-API environment and the service account."""
-    try:
-        namespace = Path(namespace_file).read_text(encoding="utf-8").strip()
-    except OSError:
-        namespace = ""
+    """Read the pod's identity from the downward-API environment, else the service account."""
+    namespace = env.get(POD_NAMESPACE_ENV, "").strip()
+    if not namespace:
+        try:
+            namespace = Path(namespace_file).read_text(encoding="utf-8").strip()
+        except OSError:
+            namespace = ""
     return PodIdentity(env.get(POD_NAME_ENV, ""), env.get(POD_UID_ENV, ""), namespace)
 
 

@@ -20,6 +20,9 @@ EXAMPLES_MANIFEST = "manifest.json"  # written last: its presence marks the fold
 TOKENIZER_FILE = "tokenizer.model"  # the SentencePiece model the shards were encoded with
 EVAL_TEXT = "raw/eval.txt"  # the eval split's text, for tokenizer-independent scoring
 DATASETS_DIR = "datasets"  # under the artifact root: one content-addressed folder per version
+# In the tokenize task's own KFP output artifact: where the content-addressed Examples are. KFP's
+# launcher refuses an output URI outside the run's folder, so the artifact stays there and points.
+EXAMPLES_REF = "examples.json"
 
 
 def split_dir(split: str) -> str:

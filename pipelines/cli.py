@@ -80,6 +80,19 @@ def _add_compile(sub: Any) -> None:
         "--lock", type=Path, default=None, help="image digest lock (images/digests.json)"
     )
     comp.add_argument("--allow-unpinned", action="store_true", help="allow images without digests")
+    comp.add_argument(
+        "--pipeline-root",
+        required=True,
+        help="gs://BUCKET/PATH: KFP's pipeline root and artifact_root's default",
+    )
+    comp.add_argument(
+        "--image-pull-secret",
+        dest="image_pull_secrets",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Secret the step pods pull their image with, repeatable",
+    )
     _config_options(comp)
     comp.set_defaults(func=_cmd_compile)
 
@@ -227,9 +240,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_compile(args: argparse.Namespace) -> int:
     from pipelines import compiler
+    from pipelines.pipeline import Target
 
     images = compiler.load_images(args.lock, allow_unpinned=args.allow_unpinned)
-    path = compiler.compile_pipeline(args.output, images, _resolved_config(args))
+    target = Target(
+        images,
+        pipeline_root=args.pipeline_root,
+        image_pull_secrets=tuple(args.image_pull_secrets),
+    )
+    path = compiler.compile_pipeline(args.output, target, _resolved_config(args))
     print(f"wrote {path}")
     return 0
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from kfp import compiler
 
 from contracts.errors import UserError
-from pipelines.pipeline import Images, build
+from pipelines.pipeline import Images, Target, build
 from trainer.config import Config
 
 DIGEST_LOCK = Path(__file__).resolve().parent.parent / "images" / "digests.json"
@@ -41,13 +41,29 @@ def load_images(lock: Path | None = None, allow_unpinned: bool = False) -> Image
     return images
 
 
-def compile_pipeline(output: str | Path, images: Images, config: Config) -> Path:
+def check_pipeline_root(root: str) -> None:
+    """Refuse a pipeline root that is not gs://: the steps and TFJob workers share it.
+
+    KFP's own default is `minio://mlpipeline/v2/artifacts`, which the storage layer cannot
+    reach; "" leaves the root to KFP's defaultPipelineRoot, which must then be gs:// too.
+    """
+    if root and not root.startswith("gs://"):
+        raise UserError(
+            f"pipeline root {root!r} is not gs://: gptpipe's steps and TFJob workers share "
+            "artifacts on GCS; pass --pipeline-root gs://BUCKET/PATH (and set KFP's "
+            "defaultPipelineRoot, in its kfp-launcher ConfigMap, to a gs:// bucket as well)"
+        )
+
+
+def compile_pipeline(output: str | Path, target: Target, config: Config) -> Path:
     """Write the compiled pipeline YAML to `output` and return its path.
 
     `config`, resolved by the caller, is the default of the pipeline's `config` parameter; a run
     may pass another resolved config (`gptpipe` resolves presets, YAML files and overrides).
+    `target.pipeline_root` becomes the YAML's defaultPipelineRoot and artifact_root's default.
     """
+    check_pipeline_root(target.pipeline_root)
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build(images, config), str(output))
+    compiler.Compiler().compile(build(target, config), str(output))
     return output

@@ -14,12 +14,12 @@ from typing import Any
 from components import lineage, provenance, storage
 from contracts.errors import UserError
 from pipelines.config import DEFAULT_ROOT
-from pipelines.pipeline import Images
+from pipelines.pipeline import Images, Target
 from trainer.config import Config
 
 # Pipeline parameters, by the step whose recorded parameters hold them (see pipelines/pipeline.py).
 PIPELINE_PARAMETERS = {
-    "tokenize": ("corpus", "config", "eval_fraction", "tokenizer"),
+    "tokenize": ("corpus", "config", "eval_fraction", "tokenizer", "artifact_root"),
     "train": (
         "launcher",
         "workers",
@@ -28,6 +28,9 @@ PIPELINE_PARAMETERS = {
         "deadline_seconds",
         "node_selector",
         "tolerations",
+        "worker_cpu",
+        "worker_memory",
+        "service_account",
     ),
     "evaluate": ("serving_dir", "max_nats_per_char", "tolerance"),
 }
@@ -312,7 +315,9 @@ def reproduce(
     check_sources(
         arguments["corpus"], found["examples"]["sources"], found["examples"]["dataset_version"]
     )
-    pipeline = compiler.compile_pipeline(output, images, config)
+    root = str(arguments.get("artifact_root", ""))
+    target = Target(images, pipeline_root=root if storage.is_gcs(root) else "")
+    pipeline = compiler.compile_pipeline(output, target, config)
     params = Path(output).with_suffix(".params.json")
     params.write_text(
         json.dumps(

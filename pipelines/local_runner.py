@@ -13,12 +13,13 @@ from components import lineage, provenance, storage
 from components.provenance import LOCAL_IMAGE
 from contracts.errors import UserError
 from pipelines.config import RunConfig
-from pipelines.pipeline import Images, build
+from pipelines.pipeline import Images, Target, build
 from trainer.config import Config
 
 # SubprocessRunner runs every step in this Python environment; there is no image to pull, and
 # lineage records each execution as `unpinned`.
 LOCAL_IMAGES = Images(pipeline=LOCAL_IMAGE, trainer=LOCAL_IMAGE)
+LOCAL_TARGET = Target(LOCAL_IMAGES, release_on_exit=False)
 _DEFAULTS = RunConfig()
 
 
@@ -72,19 +73,21 @@ def run_local(run: LocalRun) -> dict:
     """Run the whole pipeline through kfp.local and return the run's summary from lineage."""
     preflight(run)
     run.state.mkdir(parents=True, exist_ok=True)
+    pipeline_root = str(run.state / "pipeline_root")
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
-        pipeline_root=str(run.state / "pipeline_root"),
+        pipeline_root=pipeline_root,
         raise_on_error=True,
     )
     corpus = run.corpus if any(ch in run.corpus for ch in "*?[") else _absolute(run.corpus)
-    pipeline = build(LOCAL_IMAGES, run.config)
+    pipeline = build(LOCAL_TARGET, run.config)
     run_id = f"local-{uuid.uuid4().hex[:12]}"
     try:
         with _run_id_in_environment(run_id):
             pipeline(
                 corpus=corpus,
                 serving_dir=run.serving_dir,
+                artifact_root=pipeline_root,
                 eval_fraction=run.eval_fraction,
                 tokenizer=_absolute(run.tokenizer) if run.tokenizer else "",
                 max_nats_per_char=run.max_nats_per_char,

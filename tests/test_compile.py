@@ -8,6 +8,7 @@ import yaml
 
 from contracts.errors import UserError
 from pipelines import cli, compiler
+from pipelines.pipeline import Target
 from trainer.config import DEFAULT_PRESET, config_to_dict, resolve_config
 
 HERE = Path(__file__).resolve().parent
@@ -15,11 +16,24 @@ LOCK = HERE / "data" / "digests.json"
 GOLDEN = HERE / "golden" / "gptpipe.yaml"
 
 
-def compile_default(path: Path) -> Path:
-    """The pipeline compiled with the test lock and the default preset."""
-    return compiler.compile_pipeline(
-        path, compiler.load_images(LOCK), resolve_config(DEFAULT_PRESET)
-    )
+ROOT = "gs://gptpipe-test/root"
+STEPS = ("tokenize", "train", "evaluate", "push", "release")
+# The only runtime placeholders KFP's v2 driver resolves in a parameter value (2.5.0:
+# backend/src/v2/driver/driver.go, resolveInputs; later releases add create and schedule time).
+DRIVER_PLACEHOLDERS = {
+    "{{$.pipeline_job_name}}",
+    "{{$.pipeline_job_resource_name}}",
+    "{{$.pipeline_job_uuid}}",
+    "{{$.pipeline_task_name}}",
+    "{{$.pipeline_task_uuid}}",
+}
+
+
+def compile_default(path: Path, **target: object) -> Path:
+    """The pipeline compiled with the test lock, a gs:// root and the default preset."""
+    target = {"pipeline_root": ROOT, **target}
+    found = Target(compiler.load_images(LOCK), **target)  # type: ignore[arg-type]
+    return compiler.compile_pipeline(path, found, resolve_config(DEFAULT_PRESET))
 
 
 def test_compiled_pipeline_matches_golden(tmp_path, request):
@@ -34,7 +48,7 @@ def test_compiled_pipeline_matches_golden(tmp_path, request):
 def test_every_executor_image_is_pinned_by_digest(tmp_path):
     spec, _ = yaml.safe_load_all(compile_default(tmp_path / "p.yaml").read_text())
     executors = spec["deploymentSpec"]["executors"]
-    assert set(executors) == {"exec-tokenize", "exec-train", "exec-evaluate", "exec-push"}
+    assert set(executors) == {f"exec-{step}" for step in STEPS}
     for executor in executors.values():
         assert "@sha256:" in executor["container"]["image"]
     trainer_image = json.loads(LOCK.read_text())["trainer"]
@@ -46,7 +60,8 @@ def test_compile_without_lock_fails_unless_unpinned_is_allowed(tmp_path, capsys)
     with pytest.raises(UserError, match="--allow-unpinned"):
         compiler.load_images(missing)
     assert compiler.load_images(missing, allow_unpinned=True) == compiler.UNPINNED_IMAGES
-    code = cli.main(["compile", "--output", str(tmp_path / "p.yaml"), "--lock", str(missing)])
+    argv = ["compile", "--output", str(tmp_path / "p.yaml"), "--pipeline-root", ROOT]
+    code = cli.main([*argv, "--lock", str(missing)])
     assert code == 2 and "no image digest lock" in capsys.readouterr().err
 
 
@@ -59,32 +74,40 @@ def test_lock_with_a_tag_is_refused(tmp_path):
 
 def test_cli_compile_writes_yaml(tmp_path, capsys):
     out = tmp_path / "gptpipe.yaml"
-    assert cli.main(["compile", "--output", str(out), "--lock", str(LOCK)]) == 0
+    argv = ["compile", "--output", str(out), "--lock", str(LOCK), "--pipeline-root", ROOT]
+    assert cli.main(argv) == 0
     spec, platform = yaml.safe_load_all(out.read_text())
     assert spec["pipelineInfo"]["name"] == "gptpipe"
     # The run id reaches every step from its pod's label, never as a (cache-keyed) input.
     executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    assert set(executors) == {"exec-tokenize", "exec-train", "exec-evaluate", "exec-push"}
+    assert set(executors) == {
+        "exec-tokenize",
+        "exec-train",
+        "exec-evaluate",
+        "exec-push",
+        "exec-release",
+    }
     for config in executors.values():
         assert config["fieldPathAsEnv"] == [
-            {"name": "KFP_RUN_ID", "fieldPath": "metadata.labels['pipeline/runid']"}
+            {"name": "KFP_RUN_ID", "fieldPath": "metadata.labels['pipeline/runid']"},
+            {"name": "GPTPIPE_POD_NAMESPACE", "fieldPath": "metadata.namespace"},
         ]
     assert "pipeline_job_uuid" not in out.read_text()
     # Train's KFP cache key holds no artifact (KFP keys those by identity, new every run): its
     # Examples arrive as the content-addressed URI, with the dataset version; the resolved
     # config is a parameter itself, so it is in the key by value.
-    train = spec["root"]["dag"]["tasks"]["train"]["inputs"]
+    train = all_tasks(spec)["train"]["inputs"]
     assert "artifacts" not in train
     assert train["parameters"]["examples_uri"]["taskOutputParameter"]["producerTask"] == "tokenize"
-    assert train["parameters"]["config"]["componentInputParameter"] == "config"
+    assert train["parameters"]["config"]["componentInputParameter"].endswith("config")
 
 
 def test_compile_bakes_the_resolved_config_in_as_the_default(tmp_path):
     yaml_config = tmp_path / "small.yaml"
     yaml_config.write_text("model:\n  n_layer: 2\ntrain:\n  train_steps: 70\n")
     out = tmp_path / "gptpipe.yaml"
-    argv = ["compile", "--output", str(out), "--lock", str(LOCK), "--config", str(yaml_config)]
-    assert cli.main([*argv, "--set", "train.batch_size=4"]) == 0
+    argv = ["compile", "--output", str(out), "--lock", str(LOCK), "--pipeline-root", ROOT]
+    assert cli.main([*argv, "--config", str(yaml_config), "--set", "train.batch_size=4"]) == 0
     yaml_config.unlink()  # nothing reads the YAML file after compile
     spec, _ = yaml.safe_load_all(out.read_text())
     default = spec["root"]["inputDefinitions"]["parameters"]["config"]["defaultValue"]
@@ -92,3 +115,75 @@ def test_compile_bakes_the_resolved_config_in_as_the_default(tmp_path):
         resolve_config("tiny", ["model.n_layer=2", "train.train_steps=70", "train.batch_size=4"])
     )
     assert "small.yaml" not in out.read_text()
+
+
+def compiled(tmp_path: Path, **target: object) -> tuple[dict, dict]:
+    spec, platform = yaml.safe_load_all(compile_default(tmp_path / "p.yaml", **target).read_text())
+    return spec, platform
+
+
+def all_tasks(spec: dict) -> dict[str, dict]:
+    tasks = dict(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        tasks.update(component.get("dag", {}).get("tasks", {}))
+    return tasks
+
+
+def test_no_parameter_depends_on_a_placeholder_the_driver_leaves_literal(tmp_path):
+    spec, _ = compiled(tmp_path)
+    for name, task in all_tasks(spec).items():
+        for key, value in task.get("inputs", {}).get("parameters", {}).items():
+            constant = value.get("runtimeValue", {}).get("constant")
+            if isinstance(constant, str) and "{{$." in constant:
+                assert constant in DRIVER_PLACEHOLDERS, f"{name}.{key} = {constant}"
+    assert "pipeline_root" not in json.dumps(all_tasks(spec))
+    assert spec["defaultPipelineRoot"] == ROOT
+    artifact_root = spec["root"]["inputDefinitions"]["parameters"]["artifact_root"]
+    assert artifact_root["defaultValue"] == ROOT
+
+
+def test_a_pipeline_root_that_is_not_gcs_is_refused(tmp_path, capsys):
+    with pytest.raises(UserError, match="defaultPipelineRoot"):
+        compile_default(tmp_path / "p.yaml", pipeline_root="minio://mlpipeline/v2/artifacts")
+    argv = ["compile", "--output", str(tmp_path / "p.yaml"), "--lock", str(LOCK)]
+    with pytest.raises(SystemExit):  # argparse: --pipeline-root is required
+        cli.main(argv)
+    assert "--pipeline-root" in capsys.readouterr().err
+    assert cli.main([*argv, "--pipeline-root", "s3://bucket/root"]) == 2
+    assert "not gs://" in capsys.readouterr().err
+
+
+def test_every_step_has_requests_and_limits_and_no_gpu(tmp_path):
+    spec, _ = compiled(tmp_path)
+    for step in STEPS:
+        container = spec["deploymentSpec"]["executors"][f"exec-{step}"]["container"]
+        resources = container["resources"]
+        for key in ("cpuRequest", "cpuLimit", "memoryRequest", "memoryLimit"):
+            assert resources[key] > 0, (step, key)
+        # The trainer's GPUs are the TFJob workers'; no step pod asks for an accelerator.
+        assert "accelerator" not in resources, step
+
+
+def test_train_retries_and_the_release_step_is_the_exit_handler(tmp_path):
+    spec, platform = compiled(tmp_path)
+    tasks = all_tasks(spec)
+    assert tasks["train"]["retryPolicy"]["maxRetryCount"] == 2
+    release = spec["root"]["dag"]["tasks"]["release"]
+    assert release["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    (group,) = release["dependentTasks"]
+    assert set(spec["components"][f"comp-{group}"]["dag"]["tasks"]) == {
+        "tokenize",
+        "train",
+        "evaluate",
+        "push",
+    }
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert executors["exec-release"]["fieldPathAsEnv"][0]["name"] == "KFP_RUN_ID"
+
+
+def test_image_pull_secrets_reach_every_step(tmp_path):
+    _, platform = compiled(tmp_path, image_pull_secrets=("regcred",))
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for step in STEPS:
+        (secret,) = executors[f"exec-{step}"]["imagePullSecret"]
+        assert secret["secretName"] == "regcred", step

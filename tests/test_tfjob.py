@@ -1,235 +1,22 @@
-"""The TFJob manifest, its name, and the launcher against an HTTP double of the Kubernetes API."""
+"""The TFJob launcher against an HTTP double of the Kubernetes API with a scripted operator,
+deleting a run's jobs, and counting restarts from the pods."""
 
 from __future__ import annotations
 
 import io
-import json
-import re
 import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from k8s_double import IMAGE_DIGEST, FakeKube, scenarios
+from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
 from components.train import tfjob, tfjob_manifest
-from components.train.launcher import (
-    JobSpec,
-    LaunchCancelled,
-    LaunchError,
-    LaunchTimeout,
-    OwnerPod,
-    job_name,
-)
+from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.train.tfjob_restarts import RestartLedger
 from contracts.errors import UserError
 
-IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@" + IMAGE_DIGEST
-SCHEMA = json.loads((Path(__file__).parent / "data" / "tfjob_crd_v1_schema.json").read_text())
 JOB_PATH = "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-run-1"
-
-
-def make_spec(**overrides: Any) -> JobSpec:
-    fields: dict[str, Any] = dict(
-        name="train-run-1",
-        namespace="ml",
-        image=IMAGE,
-        command=["python", "-m", "trainer.task", "--work-dir", "gs://b/work"],
-        run_id="3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c",
-        workers=2,
-        gpus_per_worker=1,
-        cpu="8",
-        memory="32Gi",
-        node_selector={"cloud.google.com/gke-accelerator": "nvidia-l4"},
-        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        backoff_limit=2,
-        active_deadline_seconds=7200,
-        ttl_seconds_after_finished=3600,
-        env={"GPTPIPE_LOG_LEVEL": "info"},
-        owner=OwnerPod(name="launcher-pod-abc", uid="0f1e2d3c-aaaa-bbbb-cccc-111122223333"),
-    )
-    fields.update(overrides)
-    return JobSpec(**fields)
-
-
-# -- a tiny OpenAPI v3 validator: types, required, enum, properties, unknown fields --
-
-_TYPES = {"object": dict, "array": list, "string": str, "boolean": bool, "integer": int}
-
-
-def schema_errors(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
-    """Errors of `obj` against a structural schema; unknown fields are errors (the apiserver
-    would silently prune them, which is how misplaced fields get lost)."""
-    if "anyOf" in schema:
-        if all(schema_errors(obj, s, path) for s in schema["anyOf"]):
-            return [f"{path}: {obj!r} matches none of {schema['anyOf']}"]
-        return []
-    kind = schema.get("type")
-    if kind:
-        ok = isinstance(obj, _TYPES[kind]) and not (kind == "integer" and isinstance(obj, bool))
-        if not ok:
-            return [f"{path}: expected {kind}, got {type(obj).__name__}"]
-    if "enum" in schema and obj not in schema["enum"]:
-        return [f"{path}: {obj!r} not in {schema['enum']}"]
-    errors: list[str] = []
-    if isinstance(obj, dict):
-        errors += [f"{path}.{k}: required" for k in schema.get("required", []) if k not in obj]
-        props = schema.get("properties", {})
-        extra = schema.get("additionalProperties")
-        names = schema.get("propertyNames")
-        for key, value in obj.items():
-            if names and key not in names["enum"]:
-                errors.append(f"{path}.{key}: key not in {names['enum']}")
-            elif key in props:
-                errors += schema_errors(value, props[key], f"{path}.{key}")
-            elif isinstance(extra, dict):
-                errors += schema_errors(value, extra, f"{path}.{key}")
-            elif not schema.get("x-kubernetes-preserve-unknown-fields"):
-                errors.append(f"{path}.{key}: unknown field")
-    if isinstance(obj, list) and "items" in schema:
-        for i, item in enumerate(obj):
-            errors += schema_errors(item, schema["items"], f"{path}[{i}]")
-    return errors
-
-
-# -- the manifest --
-
-
-def test_manifest_has_the_operator_layout():
-    manifest = tfjob_manifest.build_manifest(make_spec())
-    assert manifest["apiVersion"] == "kubeflow.org/v1" and manifest["kind"] == "TFJob"
-    spec = manifest["spec"]
-    assert set(spec) == {"runPolicy", "tfReplicaSpecs"}  # nothing of runPolicy at spec's top
-    assert spec["runPolicy"] == {
-        "cleanPodPolicy": "Running",
-        "backoffLimit": 2,
-        "activeDeadlineSeconds": 7200,
-        "ttlSecondsAfterFinished": 3600,
-    }
-    assert list(spec["tfReplicaSpecs"]) == ["Worker"]
-    worker = spec["tfReplicaSpecs"]["Worker"]
-    assert worker["replicas"] == 2 and worker["restartPolicy"] == "ExitCode"
-    pod = worker["template"]["spec"]
-    (container,) = pod["containers"]
-    assert container["name"] == "tensorflow"
-    assert container["image"] == IMAGE
-    assert container["command"] == list(make_spec().command)
-    assert container["resources"] == {
-        "requests": {"cpu": "8", "memory": "32Gi"},
-        "limits": {"nvidia.com/gpu": "1"},
-    }
-    assert {"name": "GPTPIPE_LOG_LEVEL", "value": "info"} in container["env"]
-    assert not any(e["name"] == "TF_CONFIG" for e in container["env"])  # the operator's job
-    assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
-    assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
-    run_label = {"gptpipe.dev/run-id": "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"}
-    assert run_label.items() <= manifest["metadata"]["labels"].items()
-    assert run_label.items() <= worker["template"]["metadata"]["labels"].items()
-    assert worker["template"]["metadata"]["annotations"] == {"sidecar.istio.io/inject": "false"}
-    assert manifest["metadata"]["ownerReferences"] == [
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": "launcher-pod-abc",
-            "uid": "0f1e2d3c-aaaa-bbbb-cccc-111122223333",
-        }
-    ]
-
-
-def test_manifest_without_gpus_owner_or_deadline_leaves_them_out():
-    manifest = tfjob_manifest.build_manifest(
-        make_spec(gpus_per_worker=0, owner=None, active_deadline_seconds=None)
-    )
-    container = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert "limits" not in container["resources"]
-    assert "ownerReferences" not in manifest["metadata"]
-    assert "activeDeadlineSeconds" not in manifest["spec"]["runPolicy"]
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {},
-        {"clean_pod_policy": "All", "restart_policy": "OnFailure", "workers": 1},
-        {
-            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
-            "volume_mounts": [{"name": "shm", "mountPath": "/dev/shm"}],
-            "service_account": "trainer",
-        },
-    ],
-)
-def test_manifest_validates_against_the_tfjob_v1_crd_schema(overrides):
-    assert schema_errors(tfjob_manifest.build_manifest(make_spec(**overrides)), SCHEMA) == []
-
-
-def test_schema_check_catches_run_policy_at_the_top_of_spec():
-    """The last community launcher's mistake: the apiserver would prune these silently."""
-    manifest = tfjob_manifest.build_manifest(make_spec())
-    manifest["spec"]["ttlSecondsAfterFinished"] = 3600
-    manifest["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] = "2"
-    errors = schema_errors(manifest, SCHEMA)
-    assert ".spec.ttlSecondsAfterFinished: unknown field" in errors
-    assert any(
-        e.startswith(".spec.tfReplicaSpecs.Worker.replicas: expected integer") for e in errors
-    )
-
-
-def test_render_yaml_is_the_manifest():
-    spec = make_spec()
-    assert yaml.safe_load(tfjob_manifest.render_yaml(spec)) == tfjob_manifest.build_manifest(spec)
-
-
-@pytest.mark.parametrize("image", ["gcr.io/p/trainer:latest", "gcr.io/p/trainer@sha256:abc", ""])
-def test_unpinned_image_is_a_user_error(image):
-    with pytest.raises(UserError, match="image"):
-        tfjob_manifest.build_manifest(make_spec(image=image))
-
-
-def test_unpinned_image_is_allowed_when_asked():
-    manifest = tfjob_manifest.build_manifest(make_spec(image="trainer:dev", allow_unpinned=True))
-    pod = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
-    assert pod["containers"][0]["image"] == "trainer:dev"
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {"name": "Train_Run"},
-        {"name": "x" * 53},
-        {"workers": 0},
-        {"restart_policy": "Always"},
-        {"clean_pod_policy": "Sometimes"},
-        {"cpu": "eight"},
-        {"command": []},
-        {"run_id": "not a label value"},
-    ],
-)
-def test_bad_job_spec_is_a_user_error(overrides):
-    with pytest.raises(UserError, match="JobSpec"):
-        make_spec(**overrides)
-
-
-# -- the job name --
-
-DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-
-
-@pytest.mark.parametrize(
-    "run_id",
-    ["3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c", "My Run #7 (retry)", "-" * 80, "A" * 200, ""],
-)
-def test_job_name_is_a_valid_deterministic_name(run_id):
-    name = job_name(run_id, "train")
-    assert name == job_name(run_id, "train")
-    assert DNS1035.match(name) and len(name) <= 52  # room for "-worker-NNN" within 63
-    assert name != job_name(run_id, "train-2")
-    make_spec(name=name)  # JobSpec accepts it
-
-
-def test_job_names_of_long_run_ids_that_share_a_prefix_differ():
-    a, b = "r" * 100 + "a", "r" * 100 + "b"
-    assert job_name(a, "train") != job_name(b, "train")
-
 
 # -- the launcher against the Kubernetes API double --
 
@@ -274,10 +61,13 @@ def test_failure_carries_reason_exit_code_and_last_log_lines():
 
 
 def test_restarting_then_success_succeeds_and_counts_the_restart():
+    """Worker 1 is killed, worker 0 loses it and exits 143: two failed pods, one restart."""
     with FakeKube(scenarios.restart_then_success(index=1, code=137)) as kube:
         result, out = run_tfjob(kube)
+        annotations = kube.cluster.tfjobs[("ml", "train-run-1")]["metadata"]["annotations"]
     assert (result.attempts, result.restarts) == (2, 1)
     assert "Restarting: TFJobRestarting" in out
+    assert annotations["gptpipe.dev/restarts"] == "1"  # kept for a launcher that re-attaches
 
 
 def test_restarts_past_backoff_limit_delete_the_job():
@@ -345,3 +135,63 @@ def test_an_existing_job_of_another_run_is_not_adopted():
     with FakeKube(scenarios.hang(), existing=existing) as kube, pytest.raises(UserError):
         run_tfjob(kube)
     assert not kube.calls("DELETE")
+
+
+def test_delete_run_jobs_deletes_only_the_runs_jobs():
+    run = "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"
+    with FakeKube() as kube:
+        with kube.cluster.cond:
+            for name, run_id in (("train-a", run), ("train-b", run), ("train-c", "other-run")):
+                kube.cluster.add_job(
+                    tfjob_manifest.build_manifest(make_spec(name=name, run_id=run_id))
+                )
+        deleted = tfjob.delete_run_jobs(kube.api_client(), "ml", run)
+        assert sorted(deleted) == ["train-a", "train-b"]
+        assert list(kube.cluster.tfjobs) == [("ml", "train-c")]
+        assert all(r.query["propagationPolicy"] == "Foreground" for r in kube.calls("DELETE"))
+        assert tfjob.delete_run_jobs(kube.api_client(), "ml", run) == []
+        with pytest.raises(UserError, match="run id"):
+            tfjob.delete_run_jobs(kube.api_client(), "ml", "")
+
+
+# -- counting restarts from the pods --
+
+
+def pods(*uids: str) -> list[dict[str, Any]]:
+    """Pods of worker 0, 1, ... with these uids ("" leaves that index out)."""
+    return [
+        {"metadata": {"uid": uid, "labels": {"training.kubeflow.org/replica-index": str(i)}}}
+        for i, uid in enumerate(uids)
+        if uid
+    ]
+
+
+def test_one_preemption_of_every_worker_is_one_restart_whatever_the_order():
+    ledger = RestartLedger(workers=3)
+    assert ledger.observe(pods("a0", "a1", "a2")) and ledger.restarts == 0
+    assert not ledger.observe(pods("a0", "a1", "a2"))
+    ledger.observe(pods("a0", "", "a2"))  # worker 1 failed and its pod is gone
+    ledger.observe(pods("a0", "b1", "a2"))  # recreated; the others have not failed yet
+    assert ledger.restarts == 0
+    ledger.observe(pods("b0", "c1", "a2"))  # a replacement that met the old chief failed too
+    ledger.observe(pods("b0", "c1", "b2"))
+    assert ledger.restarts == 1
+    ledger.observe(pods("c0", "d1", "c2"))  # a second preemption
+    assert ledger.restarts == 2
+
+
+def test_the_ledger_survives_in_annotations():
+    ledger = RestartLedger(workers=2)
+    ledger.observe(pods("a0", "a1"))
+    ledger.observe(pods("b0", "b1"))
+    ledger.observe(pods("b0", "c1"))
+    annotations = ledger.annotations()
+    assert annotations["gptpipe.dev/restarts"] == "1"
+    again = RestartLedger.from_annotations(2, annotations)
+    assert again.restarts == 1 and not again.observe(pods("b0", "c1"))
+    again.observe(pods("c0", "c1"))  # worker 0 was replaced while no launcher watched
+    assert again.restarts == 2
+    by_hand = RestartLedger.from_annotations(2, {"gptpipe.dev/restarts": "3"})
+    by_hand.observe(pods("x0", "x1"))
+    assert by_hand.restarts == 3
+    assert RestartLedger.from_annotations(2, {"gptpipe.dev/worker-pods": "garbage"}).restarts == 0

@@ -1,14 +1,17 @@
-"""Train's run() with the local launcher: the trainer as a real worker process."""
+"""Train's run(), its job spec and cluster placement, and its KFP component's parameters."""
 
+import inspect
 import json
 
 import pytest
+from k8s_double import FakeKube
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components import kube
-from components.train import executor
-from components.train.launcher import job_name
+from components.train import component, executor
+from components.train.launcher import JobSpec, job_name
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, TRAIN_METRICS
+from contracts.errors import UserError
 from trainer.config import config_from_dict, config_hash, resolve_config
 
 PINNED = "r/t@sha256:" + "a" * 64
@@ -70,8 +73,49 @@ def test_cluster_placement_reads_the_pod_identity(tmp_path):
     env = {kube.POD_NAME_ENV: "run-train-123", kube.POD_UID_ENV: "uid-9"}
     pod = kube.pod_identity(env, str(namespace))
     assert pod == kube.PodIdentity("run-train-123", "uid-9", "team-a")
-    placement = executor.cluster_placement(pod)
+    with FakeKube() as cluster:
+        cluster.cluster.add_pod(
+            "team-a",
+            "run-train-123",
+            {"main": (PINNED, PINNED)},
+            service_account="pipeline-runner",
+            image_pull_secrets=("regcred", "mirror"),
+        )
+        placement = executor.cluster_placement(pod, api_client=cluster.api_client())
+        chosen = executor.cluster_placement(pod, "trainer", api_client=cluster.api_client())
+        (get, _) = cluster.calls("GET", "/api/v1/namespaces/team-a/pods/run-train-123")
     assert placement["namespace"] == "team-a"
     assert (placement["owner"].name, placement["owner"].uid) == ("run-train-123", "uid-9")
+    # The workers run as the step does, and pull the image as the step did.
+    assert placement["service_account"] == "pipeline-runner"
+    assert placement["image_pull_secrets"] == ("regcred", "mirror")
+    assert (chosen["service_account"], chosen["image_pull_secrets"]) == (
+        "trainer",
+        ("regcred", "mirror"),
+    )
+    spec = executor.job_spec(
+        "gs://b/e", "gs://b/m", "gs://b/w", resolve_config("tiny"), launcher="tfjob",
+        run_id="run-1", image=PINNED, **placement,
+    )  # fmt: skip
+    assert (spec.service_account, spec.image_pull_secrets) == (
+        "pipeline-runner",
+        ("regcred", "mirror"),
+    )
     outside = kube.pod_identity({}, str(tmp_path / "none"))
     assert outside == kube.PodIdentity() and executor.cluster_placement(outside) == {}
+    assert executor.cluster_placement(outside, "trainer") == {"service_account": "trainer"}
+
+
+def test_a_step_pod_that_cannot_be_read_is_a_clear_error():
+    pod = kube.PodIdentity("gone", "uid-1", "team-a")
+    with FakeKube() as cluster, pytest.raises(UserError, match="grant .* 'get' on pods"):
+        executor.cluster_placement(pod, api_client=cluster.api_client())
+
+
+def test_the_component_takes_the_pipelines_names_and_jobspecs_defaults():
+    params = inspect.signature(component.train).parameters
+    assert "artifact_root" in params and "work_root" not in params
+    assert params["worker_cpu"].default == JobSpec.cpu
+    assert params["worker_memory"].default == JobSpec.memory
+    assert params["service_account"].default == ""  # the step's own
+    assert {"examples_uri", "config", "launcher", "workers", "gpus_per_worker"} <= set(params)

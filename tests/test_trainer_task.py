@@ -4,6 +4,7 @@ end-to-end training runs."""
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -19,9 +20,10 @@ from trainer import data, export
 from trainer.callbacks import TrainMonitor
 from trainer.cluster import choose_strategy, cluster_size, is_chief
 from trainer.config import config_from_dict, config_to_dict, learning_rate_at, resolve_config
+from trainer.faults import Fault, InjectFault
 from trainer.model import build_gpt
 from trainer.optimization import WarmupCosine
-from trainer.task import main, train
+from trainer.task import _export_barrier, main, parse_args, train
 
 REPO = Path(__file__).resolve().parents[1]
 METRIC_KEYS = {
@@ -260,7 +262,41 @@ def test_a_failed_export_keeps_the_backup_and_the_restart_only_exports(
     monkeypatch.setattr(
         TrainMonitor, "on_train_batch_end", lambda self, batch, logs=None: steps_run.append(batch)
     )
-    assert train(*args)["steps"] == cfg.train.train_steps
+    metrics = train(*args)
+    assert metrics["steps"] == cfg.train.train_steps
     assert steps_run == []  # nothing was trained again: the backup was at the last step
+    # The metrics are those of the attempt that trained, not this one's NaN loss and 0 tokens/s.
+    assert math.isfinite(metrics["final_loss"]) and metrics["tokens_per_second"] > 0
+    written = json.loads((tmp_path / "model" / "train_metrics.json").read_text())
+    assert written["final_loss"] == metrics["final_loss"]
     assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").is_file()
     assert not (tmp_path / "work" / "backup").exists()  # removed once the Model exists
+
+
+def test_a_fault_at_the_export_fires_only_in_a_run_that_trained_from_step_0(monkeypatch):
+    sent = []
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(sig))
+    flags = ["--examples", "e", "--model-dir", "m", "--work-dir", "w", "--config-json", "{}"]
+    args = parse_args(
+        [*flags, "--fault-at-export", "--fault-worker", "0", "--fault-signal", "TERM"]
+    )
+    assert args.fault_at_export and args.fault_at_step == 0
+    fault = InjectFault(Fault(0, 0, "TERM", at_export=True), task_index=0)
+    fault.after_export()  # a run resumed at its last step trains no batch: not from step 0
+    assert sent == []
+    fault._checked = True  # its first batch was step 1
+    fault.after_export()
+    assert sent == [signal.SIGTERM]
+    other = InjectFault(Fault(0, 0, "TERM", at_export=True), task_index=1)
+    other._checked = True
+    other.after_export()
+    assert sent == [signal.SIGTERM]  # only the worker named
+
+
+def test_the_export_barrier_turns_a_lost_peer_into_a_failed_export():
+    def lost_peer(flag):
+        raise tf.errors.UnavailableError(None, None, "task 0 is gone")
+
+    with pytest.raises(export.ExportFailed, match="task 0 is gone"):
+        _export_barrier(lost_peer)
+    _export_barrier(lambda flag: 0.0)  # everyone arrived

@@ -38,6 +38,7 @@ class TrainMonitor(keras.callbacks.Callback):
         self.last_loss = float("nan")
         self.timed_steps = 0
         self.timed_seconds = 0.0
+        self.batches = 0  # steps this process trained (0: it resumed from a finished backup)
         self._batch_start = 0.0
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -46,6 +47,7 @@ class TrainMonitor(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         step = int(self.model.optimizer.iterations.numpy())
         loss = float((logs or {})["loss"])
+        self.batches += 1
         if batch > 0:  # the first batch of each fit chunk includes tracing and compiling
             self.timed_steps += 1
             self.timed_seconds += time.perf_counter() - self._batch_start

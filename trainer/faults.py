@@ -1,7 +1,9 @@
-"""Test-only fault injection: a worker sends itself SIGKILL or SIGTERM after a given step.
+"""Test-only fault injection: a worker sends itself SIGKILL or SIGTERM after a given step, or
+once it has written its export (the chief: the Model) and before the export barrier.
 
-Set by the trainer's `--fault-*` flags; tests/test_fault_tolerance.py uses it to check that a
-job survives losing a worker. It is not part of the config and does not change its hash.
+Set by the trainer's `--fault-*` flags; tests/test_fault_tolerance.py and tests/test_tfjob_faults.py
+use it to check that a job survives losing a worker. It is not part of the config and does not
+change its hash.
 """
 
 from __future__ import annotations
@@ -21,12 +23,13 @@ FAULT_SIGNALS = ("KILL", "TERM")
 
 @dataclass(frozen=True)
 class Fault:
-    """Worker `worker` sends itself `signal_name` after step `step`, only in a run that started
-    from step 0, so the restarted job runs clean."""
+    """Worker `worker` sends itself `signal_name` after step `step` (or once it has written its
+    export), only in a run that started from step 0, so the restarted job runs clean."""
 
-    step: int  # optimizer step after which the signal is sent
+    step: int  # optimizer step after which the signal is sent; 0: none
     worker: int = 1  # TF_CONFIG task index of the worker that signals itself
     signal_name: str = "KILL"  # one of FAULT_SIGNALS
+    at_export: bool = False  # signal once the export is written, before the export barrier
 
 
 class InjectFault(keras.callbacks.Callback):
@@ -45,6 +48,15 @@ class InjectFault(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.armed and int(self.model.optimizer.iterations.numpy()) == self.fault.step:
-            name = self.fault.signal_name
-            log.warning("fault injection: SIG%s at step %d", name, self.fault.step)
-            os.kill(os.getpid(), getattr(signal, f"SIG{name}"))
+            self._signal(f"at step {self.fault.step}")
+
+    def after_export(self) -> None:
+        """Signal now if the fault is at the export and this run trained from step 0 (a run
+        resumed at its last step trains no batch, so it did not)."""
+        if self.fault.at_export and self._checked and self.armed:
+            self._signal("at the export")
+
+    def _signal(self, when: str) -> None:
+        name = self.fault.signal_name
+        log.warning("fault injection: SIG%s %s", name, when)
+        os.kill(os.getpid(), getattr(signal, f"SIG{name}"))

@@ -30,6 +30,7 @@ from contracts.artifacts import (
     EXAMPLES_MANIFEST,
     TENSORBOARD_DIR,
     TOKENIZER_FILE,
+    TRAIN_METRICS,
 )
 from contracts.errors import UserError
 from trainer import cluster, data, export, model, precision
@@ -40,6 +41,7 @@ from trainer.faults import FAULT_SIGNALS, Fault, InjectFault
 from trainer.optimization import WarmupCosine, build_optimizer
 from trainer.preemption import (
     EXIT_PREEMPTED,
+    Agreement,
     Preempted,
     PreemptibleBackup,
     PreemptionWatch,
@@ -99,25 +101,43 @@ def train(
         cfg.train.train_steps, cfg.train.log_every, global_batch * cfg.model.seq_len, schedule
     )
     is_chief = cluster.is_chief(tf_config)
+    agree = preemption_agreement(strategy, workers)
     backup = PreemptibleBackup(
-        _backup_dir(work_dir),
-        cfg.train.checkpoint_every,
-        watch or PreemptionWatch(),
-        preemption_agreement(strategy, workers),
+        _backup_dir(work_dir), cfg.train.checkpoint_every, watch or PreemptionWatch(), agree
     )
     fault_cb = InjectFault(fault, cluster.task_index(tf_config)) if fault else None
     callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb)
     _fit(gpt, cfg, datasets, callbacks)
-    metrics = _metrics(optimizer, monitor, global_batch, replicas, workers)
+    metrics = _attempt_metrics(
+        _metrics(optimizer, monitor, global_batch, replicas, workers), monitor, work_dir, is_chief
+    )
     tokenizer_file = manifest.get("tokenizer", {}).get("file", TOKENIZER_FILE)
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
     export.write_model_artifact(
         gpt, cfg, policy, tokenizer_path, metrics, model_dir, work_dir, is_chief
     )
+    if fault_cb:
+        fault_cb.after_export()
+    _export_barrier(agree)
     if is_chief:
         _remove_backup(work_dir)
     log.info("done: %s", json.dumps(metrics))
     return metrics
+
+
+def _export_barrier(agree: Agreement) -> None:
+    """Wait until every worker has written its export (one more all-reduce in the ring).
+
+    No worker may exit 0 before the chief has written the Model: under `restartPolicy: ExitCode`
+    a Succeeded pod is never recreated, so a chief that died during its export would restart
+    alone and wait for them forever. Here the others are still in the group: when the chief
+    dies they lose it (UnavailableError, exit 143) and the whole job restarts, resumes from the
+    backup (kept until this point) at its last step and only exports again.
+    """
+    try:
+        agree(0.0)
+    except tf.errors.OpError as err:
+        raise export.ExportFailed(f"a worker failed to export: {err.message}") from err
 
 
 def _backup_dir(work_dir: str) -> str:
@@ -207,6 +227,27 @@ def _metrics(
     )
 
 
+def _attempt_metrics(
+    metrics: TrainMetrics, monitor: TrainMonitor, work_dir: str, is_chief: bool
+) -> TrainMetrics:
+    """The metrics of the training behind these weights, kept in the work folder for restarts.
+
+    A restart that resumes from a backup taken at the last step trains nothing and only exports
+    again (after a failed export); its own loss is NaN and its throughput 0, so it reports the
+    metrics the chief saved, before its export, in the attempt that trained.
+    """
+    saved = posixpath.join(work_dir, TRAIN_METRICS)
+    if monitor.batches == 0 and tf.io.gfile.exists(saved):
+        with tf.io.gfile.GFile(saved, "r") as f:
+            found: TrainMetrics = json.load(f)
+            return found
+    if is_chief:
+        tf.io.gfile.makedirs(work_dir)
+        with tf.io.gfile.GFile(saved, "w") as f:
+            f.write(json.dumps(metrics))
+    return metrics
+
+
 def _remove_backup(work_dir: str) -> None:
     """The chief removes the backup once the Model exists: a restart has nothing to resume."""
     backup_dir = _backup_dir(work_dir)
@@ -258,6 +299,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     testing.add_argument("--fault-worker", type=int, default=1, help="task index that signals")
     testing.add_argument("--fault-signal", choices=FAULT_SIGNALS, default="KILL")
+    testing.add_argument(
+        "--fault-at-export",
+        action="store_true",
+        help="send the fault signal once this worker has written its export (before the barrier)",
+    )
     return p.parse_args(argv)
 
 
@@ -276,8 +322,8 @@ def _run(args: argparse.Namespace, tf_config: str | None, watch: PreemptionWatch
     if not tf.io.gfile.isdir(args.examples):
         raise UserError(f"examples: folder {args.examples!r} not found; pass --examples DIR")
     fault = (
-        Fault(args.fault_at_step, args.fault_worker, args.fault_signal)
-        if args.fault_at_step > 0
+        Fault(args.fault_at_step, args.fault_worker, args.fault_signal, args.fault_at_export)
+        if args.fault_at_step > 0 or args.fault_at_export
         else None
     )
     train(args.examples, args.model_dir, args.work_dir, cfg, strategy, tf_config, watch, fault)

@@ -1,11 +1,12 @@
 """KFP component for the evaluate step: a thin shell over `executor.run`."""
 
 from kfp import dsl
-from kfp.dsl import Artifact, Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import Artifact, Input, Markdown, Metrics, Model, Output
 
 
 def evaluate(
-    examples: Input[Dataset],
+    examples_uri: str,
+    dataset_version: str,
     model: Input[Model],
     serving_dir: str,
     max_nats_per_char: float,
@@ -17,10 +18,14 @@ def evaluate(
     report: Output[Markdown],
     blessing: Output[Artifact],
 ):
-    """Compare the candidate with the model in service on the same eval text; bless or not."""
+    """Compare the candidate with the model in service on the same eval text; bless or not.
+
+    The Examples arrive as their content-addressed URI, as train's do: the KFP artifact of
+    tokenize holds only their manifest, and evaluate reads only the eval text.
+    """
     import os
 
-    from components import lineage, provenance
+    from components import kfp_metadata, lineage, provenance
     from components.evaluate import executor
 
     params = {
@@ -29,12 +34,13 @@ def evaluate(
         "tolerance": tolerance,
     }
     run_id, found = provenance.at_step_start(image, os.environ)
+    metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
     with lineage.step(metadata, "evaluate", pipeline_name, run_id, params, found) as rec:
-        rec.input("examples", "Examples", examples.uri, upstream=True)
+        rec.input("examples", "Examples", examples_uri, upstream=True)
         rec.input("model", "Model", model.uri, upstream=True)
         result = executor.run(
             model.path,
-            examples.path,
+            examples_uri,
             serving_dir,
             blessing.path,
             report.path,
@@ -46,16 +52,18 @@ def evaluate(
             if value == value and abs(value) != float("inf"):  # KFP's JSON has no NaN/inf
                 metrics.log_metric(name, value)
         blessing.metadata.update(
-            {
-                "blessed": int(result.blessed),
-                "reason": result.reason,
-                "current_model": model.uri,
-                "baseline_model": result.baseline_model,
-            }
+            kfp_metadata.recordable(
+                {
+                    "blessed": int(result.blessed),
+                    "reason": result.reason,
+                    "current_model": model.uri,
+                    "baseline_model": result.baseline_model,
+                }
+            )
         )
         rec.output("evaluation", "ModelEvaluation", metrics.uri, numbers)
         rec.output("blessing", "ModelBlessing", blessing.uri, dict(blessing.metadata))
-        rec.dataset_version = examples.metadata.get("dataset_version")
+        rec.dataset_version = dataset_version
 
 
 def make(image: str) -> dsl.component:

@@ -55,7 +55,7 @@ class EvalResult:
 
 def run(
     model_dir: str,
-    examples_dir: str,
+    examples_uri: str,
     serving_dir: str,
     blessing_dir: str,
     report_path: str,
@@ -67,10 +67,13 @@ def run(
 ) -> EvalResult:
     """Score candidate and baseline on the eval split, decide the blessing, write the outputs.
 
+    `examples_uri` is the content-addressed Examples folder (local or gs://); only its eval text
+    is read, so nothing else of the dataset is downloaded.
+
     The candidate is blessed when its nats/char is at most `max_nats_per_char` and, if a model
     is in service at `serving_dir`, at most the baseline's times `1 + tolerance`.
     """
-    eval_text = _read_eval_text(examples_dir)
+    eval_text = _read_eval_text(examples_uri)
     candidate_path = Path(model_dir) / SERVING_DIR
     candidate_model = _load(candidate_path)
     candidate = score_text(candidate_model, eval_text)
@@ -235,11 +238,11 @@ def _diverged(model_dir: str) -> str:
     return ""
 
 
-def _read_eval_text(examples_dir: str) -> str:
-    path = Path(examples_dir) / EVAL_TEXT
-    if not path.is_file():
-        raise UserError(f"Examples folder has no eval text: {path} is missing")
-    return path.read_text(encoding="utf-8")
+def _read_eval_text(examples_uri: str) -> str:
+    uri = storage.join(examples_uri, EVAL_TEXT)
+    if not storage.has_content(uri):
+        raise UserError(f"Examples folder has no eval text: {uri} is missing")
+    return storage.read_bytes(uri).decode("utf-8")
 
 
 def _load(saved_model_dir: Path):

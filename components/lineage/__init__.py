@@ -5,8 +5,10 @@ lineage back as plain dicts; no MLMD proto leaves this package, so the store can
 without touching a step. Steps and tools use this package's names
 (`from components import lineage; lineage.step(...)`), never its submodules:
 
-- `store`: addressing: `store_config`, `is_service`, `open_store` (a SQLite path, or an MLMD
-  gRPC service as `host:port` or `grpc://host:port`);
+- `store`: addressing: `store_address` (the parameter, else the service KFP injects; called
+  once at a component's edge), `store_config`, `is_service`, `open_store` (a SQLite path, an
+  MLMD gRPC service as `host:port` or `grpc://host:port`, or over TLS as
+  `grpcs://host:port[?ca=CA_FILE]`);
 - `schema`: the vocabulary: TFX's artifact types (`ARTIFACT_TYPES`), the contexts
   (`PIPELINE_CONTEXT`, `RUN_CONTEXT`, `DATASET_CONTEXT`), `ArtifactRecord`, and how plain
   values and event paths are written in MLMD's protos;
@@ -43,7 +45,7 @@ from components.lineage.schema import (
     RUN_CONTEXT,
     ArtifactRecord,
 )
-from components.lineage.store import is_service, open_store, store_config
+from components.lineage.store import is_service, open_store, store_address, store_config
 
 __all__ = [
     "ARTIFACT_TYPES",
@@ -70,5 +72,6 @@ __all__ = [
     "record_execution",
     "run_summary",
     "step",
+    "store_address",
     "store_config",
 ]

@@ -1,15 +1,24 @@
 """Store addressing: one string names an ML Metadata store, a SQLite file or a gRPC service.
 
-A local path is a SQLite file (created on first use), and `host:port` or `grpc://host:port` is
-an MLMD gRPC service, such as KFP's `metadata-grpc-service.kubeflow:8080`.
+- a local path: a SQLite file, created on first use;
+- `host:port` or `grpc://host:port`: an MLMD gRPC service in plaintext, such as KFP's
+  `metadata-grpc-service.kubeflow:8080`;
+- `grpcs://host:port`: the same over TLS, trusting gRPC's default roots, or
+  `grpcs://host:port?ca=/path/ca.pem` trusting the CA certificates in that PEM file instead.
+
+`store_address` picks the address once, at a component's edge; everything below takes it as a
+plain argument.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ml_metadata import errors
 from ml_metadata.metadata_store import metadata_store
 from ml_metadata.proto import metadata_store_pb2
 
@@ -18,39 +27,177 @@ from contracts.errors import UserError
 # The generated protos have no type stubs; annotations in this package name them as Any.
 mlmd: Any = metadata_store_pb2
 
-_GRPC_RE = re.compile(r"(?:grpc://)?(?P<host>[A-Za-z0-9.\-]+):(?P<port>\d{1,5})")
+# What KFP puts in every step's main container. KFP 2.5.0's compiler gives the executor
+# container `envFrom: metadata-grpc-configmap` (optional), `metadataEnvFrom` in
+# backend/src/v2/compiler/argocompiler/common.go, used in argocompiler/container.go; the names
+# are backend/src/v2/component/constants.go (`EnvMetadataHost`, `EnvMetadataPort`), and the
+# ConfigMap's values are manifests/kustomize/base/metadata/base/metadata-grpc-configmap.yaml
+# (per profile in multi-user mode: `metadata-grpc-service.kubeflow`, `8080`). KFP's own client
+# (backend/src/v2/metadata/client.go) talks to it in plaintext.
+KFP_HOST_ENV = "METADATA_GRPC_SERVICE_HOST"
+KFP_PORT_ENV = "METADATA_GRPC_SERVICE_PORT"
+
+# Every RPC's deadline (MetadataStoreClientConfig.client_timeout_sec), so a service that accepts
+# connections but never answers fails a call instead of hanging it. Lineage calls are small.
+RPC_TIMEOUT_S = 60.0
+
+_SERVICE_RE = re.compile(
+    r"(?:(?P<scheme>grpcs?)://)?(?P<host>[A-Za-z0-9.\-]+):(?P<port>\d{1,5})(?:\?(?P<query>.*))?"
+)
+_HOST_RE = re.compile(r"[A-Za-z0-9.\-]+")
+_FORMS = "a SQLite path, host:port, grpc://host:port or grpcs://host:port[?ca=CA_FILE]"
 
 
-def store_config(uri: str) -> Any:
-    """Build the MLMD connection config for a store address (gRPC service or SQLite path)."""
+@dataclass(frozen=True)
+class _Service:
+    """A parsed gRPC address."""
+
+    host: str
+    port: int
+    tls: bool
+    ca_file: str | None  # PEM file of the CAs to trust (grpcs:// only); None: gRPC's roots
+
+
+def store_address(param: str, env: Mapping[str, str]) -> str:
+    """The store address a step uses: `param` if given, else the MLMD service KFP injected.
+
+    Called once at a component's edge with `os.environ`. An empty `param` means "the service
+    KFP names in METADATA_GRPC_SERVICE_HOST and METADATA_GRPC_SERVICE_PORT" (plaintext, as KFP
+    itself connects). With neither, or a malformed address, raises UserError; nothing is read
+    or contacted.
+    """
+    address = param.strip()
+    if address:
+        _parse_service(address)
+        return address
+    host, port = env.get(KFP_HOST_ENV, "").strip(), env.get(KFP_PORT_ENV, "").strip()
+    if not (host and port):
+        raise UserError(
+            f"no metadata store: pass the `metadata` parameter ({_FORMS}), or run in a KFP pod, "
+            f"where {KFP_HOST_ENV} and {KFP_PORT_ENV} come from the metadata-grpc-configmap "
+            "ConfigMap (it is missing from this namespace)"
+        )
+    if not (_HOST_RE.fullmatch(host) and port.isdigit() and 0 < int(port) < 65536):
+        raise UserError(
+            f"{KFP_HOST_ENV}={host!r} and {KFP_PORT_ENV}={port!r} do not form host:port: fix "
+            "the metadata-grpc-configmap ConfigMap or pass the `metadata` parameter"
+        )
+    return f"{host}:{port}"
+
+
+def store_config(uri: str, *, timeout_s: float = RPC_TIMEOUT_S) -> Any:
+    """Build the MLMD connection config for a store address (gRPC service or SQLite path).
+
+    For `grpcs://...?ca=CA_FILE` the CA file is read here, so a missing or invalid one is a
+    UserError naming it before any connection.
+    """
     uri = uri.strip()
     if not uri:
-        raise UserError("metadata store address is empty: pass a SQLite path or host:port")
-    grpc_match = _GRPC_RE.fullmatch(uri)
-    if grpc_match:
-        return mlmd.MetadataStoreClientConfig(host=grpc_match["host"], port=int(grpc_match["port"]))
-    if "://" in uri:
-        raise UserError(
-            f"metadata store {uri!r} is not supported: pass a local SQLite path "
-            "or an MLMD gRPC address (host:port or grpc://host:port)"
-        )
-    config = mlmd.ConnectionConfig()
-    config.sqlite.filename_uri = str(Path(uri).expanduser().resolve())
-    config.sqlite.connection_mode = mlmd.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+        raise UserError(f"metadata store address is empty: pass {_FORMS}")
+    service = _parse_service(uri)
+    if service is None:
+        config = mlmd.ConnectionConfig()
+        config.sqlite.filename_uri = str(Path(uri).expanduser().resolve())
+        config.sqlite.connection_mode = mlmd.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+        return config
+    config = mlmd.MetadataStoreClientConfig(
+        host=service.host, port=service.port, client_timeout_sec=timeout_s
+    )
+    if service.tls:
+        config.ssl_config.SetInParent()  # present, even empty, means TLS to ml_metadata
+        if service.ca_file is not None:
+            config.ssl_config.custom_ca = _read_ca(uri, service.ca_file)
     return config
 
 
 def is_service(uri: str) -> bool:
     """True when a store address names an MLMD gRPC service rather than a SQLite file."""
-    return _GRPC_RE.fullmatch(uri.strip()) is not None
+    uri = uri.strip()
+    return uri.startswith(("grpc://", "grpcs://")) or _SERVICE_RE.fullmatch(uri) is not None
 
 
-def open_store(uri: str) -> metadata_store.MetadataStore:
+def open_store(uri: str, *, timeout_s: float = RPC_TIMEOUT_S) -> metadata_store.MetadataStore:
     """Open the raw MLMD store at an address; for tests and tools that need the MLMD API.
 
-    A SQLite store's parent folder is created. A gRPC store is not contacted until first use.
+    A SQLite store's parent folder is created. A gRPC store is not contacted until first use;
+    a call the service does not answer within `timeout_s` (down, unreachable, or its TLS
+    certificate not trusted) is then a UserError naming the address.
     """
-    config = store_config(uri)
+    config = store_config(uri, timeout_s=timeout_s)
     if isinstance(config, mlmd.ConnectionConfig):
         Path(config.sqlite.filename_uri).parent.mkdir(parents=True, exist_ok=True)
-    return metadata_store.MetadataStore(config)
+        return metadata_store.MetadataStore(config)
+    return _ServiceStore(config, uri.strip())
+
+
+class _ServiceStore(metadata_store.MetadataStore):
+    """An MLMD gRPC client that names its address when the service does not answer.
+
+    Every public method of ml_metadata 1.17's client goes through `MetadataStore._call` (which
+    also retries ABORTED), so overriding it covers all of record.py's and query.py's calls;
+    tests/test_lineage_grpc.py fails if a new ml_metadata moves that path.
+    """
+
+    def __init__(self, config: Any, address: str) -> None:
+        super().__init__(config)
+        self._address = address
+        self._client_config = config
+
+    def _call(
+        self, method_name: str, request: Any, response: Any, extra_options: Any = None
+    ) -> Any:
+        try:
+            return super()._call(method_name, request, response, extra_options)
+        except (errors.UnavailableError, errors.DeadlineExceededError) as err:
+            raise UserError(_unreachable_message(self._address, self._client_config, err)) from None
+
+
+def _parse_service(uri: str) -> _Service | None:
+    """The gRPC address in `uri`, None for a SQLite path; UserError for a malformed address."""
+    match = _SERVICE_RE.fullmatch(uri)
+    if match is None:
+        if "://" in uri:
+            raise UserError(f"metadata store {uri!r} is not supported: pass {_FORMS}")
+        return None
+    port, tls, query = int(match["port"]), match["scheme"] == "grpcs", match["query"]
+    if not 0 < port < 65536:
+        raise UserError(f"metadata store {uri!r}: port {port} is not in 1-65535")
+    if query is None:
+        return _Service(match["host"], port, tls, None)
+    # The CA path is taken verbatim, not URL-decoded, so any file name works as written.
+    if not (tls and query.startswith("ca=") and len(query) > len("ca=")):
+        raise UserError(
+            f"metadata store {uri!r}: the only option is ?ca=CA_FILE, with grpcs:// (a PEM "
+            "file of the CAs that signed the service's certificate)"
+        )
+    return _Service(match["host"], port, tls, query[len("ca=") :])
+
+
+def _read_ca(uri: str, ca_file: str) -> str:
+    """The PEM text of a CA file, checked enough that a wrong file is named, not a TLS error."""
+    path = Path(ca_file).expanduser()
+    try:
+        text = path.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"metadata store {uri!r}: cannot read CA file {path}: {err}") from None
+    if "-----BEGIN CERTIFICATE-----" not in text:
+        raise UserError(
+            f"metadata store {uri!r}: CA file {path} holds no PEM certificate "
+            "(-----BEGIN CERTIFICATE-----)"
+        )
+    return text
+
+
+def _unreachable_message(uri: str, config: Any, err: errors.StatusError) -> str:
+    """One line saying why a gRPC store did not answer, and what to check."""
+    reason = " ".join(str(err).split())
+    if isinstance(err, errors.DeadlineExceededError):
+        reason = f"no answer within {config.client_timeout_sec:g} s"
+    if config.HasField("ssl_config") and re.search(r"ssl|handshake|certificate", reason, re.I):
+        fix = (
+            "the TLS handshake failed: check that the service speaks TLS and that the CA "
+            "(grpcs://host:port?ca=CA_FILE) signed its certificate for this host name"
+        )
+    else:
+        fix = "check the address, that the MLMD gRPC service runs, and whether it needs grpcs://"
+    return f"metadata store {uri} is unreachable ({reason}): {fix}"

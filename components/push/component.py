@@ -16,11 +16,12 @@ def push(
     """Publish the model to the serving destination if, and only if, it is blessed."""
     import os
 
-    from components import lineage, provenance
+    from components import kfp_metadata, lineage, provenance
     from components.push import executor
 
     params = {"serving_dir": serving_dir}
     run_id, found = provenance.at_step_start(image, os.environ)
+    metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
     with lineage.step(metadata, "push", pipeline_name, run_id, params, found) as rec:
         rec.input("model", "Model", model.uri, upstream=True)
         rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
@@ -31,7 +32,7 @@ def push(
             "pushed_version": result.pushed_version,
             "reason": result.reason,
         }
-        pushed_model.metadata.update(props)
+        pushed_model.metadata.update(kfp_metadata.recordable(props))
         rec.output("pushed_model", "PushedModel", executor.pushed_uri(result), props)
         rec.dataset_version = model.metadata.get("dataset_version")
 

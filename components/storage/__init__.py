@@ -3,7 +3,8 @@
 Every public function takes a local path or a `gs://bucket/key` URI. Steps use this package's
 names (`from components import storage; storage.join(...)`), never its submodules:
 
-- `uris`: addresses and fingerprints: `is_gcs`, `join`, `split_gcs`, `FileInfo`,
+- `uris`: addresses and fingerprints: `is_gcs` (which refuses other schemes, such as KFP's
+  default `minio://`), `check_shared_root`, `join`, `split_gcs`, `FileInfo`,
   `sha256_file`, `crc32c_file`;
 - `files`: what works on either kind of address: listing (`list_files`, `list_tree`,
   `has_content`, `check_folder`, `folders_holding`, `tree_crc32c`, `same_files`), reading
@@ -59,6 +60,7 @@ from components.storage.publish import (
 )
 from components.storage.uris import (
     FileInfo,
+    check_shared_root,
     crc32c_file,
     is_gcs,
     join,
@@ -71,6 +73,7 @@ __all__ = [
     "ObjectChangedError",
     "atomic_dir",
     "check_folder",
+    "check_shared_root",
     "client",
     "copy",
     "crc32c_file",

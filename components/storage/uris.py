@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,12 +14,45 @@ import google_crc32c
 from contracts.errors import UserError
 
 GS = "gs://"
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 CHUNK = 1 << 20  # bytes read at a time when hashing or streaming
 
 
 def is_gcs(uri: str | os.PathLike[str]) -> bool:
-    """True for a `gs://` URI."""
-    return str(uri).startswith(GS)
+    """True for a `gs://` URI, False for a local path; any other scheme is refused.
+
+    Every storage function decides local-or-GCS here, so this is where a `minio://` or `s3://`
+    URI (KFP's default pipeline root is `minio://mlpipeline/v2/artifacts`) stops, instead of
+    silently becoming a relative local path inside a pod.
+    """
+    text = str(uri)
+    if text.startswith(GS):
+        return True
+    scheme = _SCHEME.match(text)
+    if scheme:
+        raise UserError(
+            f"{text!r}: gptpipe stores artifacts on gs:// or a local path, not {scheme[0]}; "
+            "on a cluster, set KFP's pipeline root (its defaultPipelineRoot setting, or "
+            "`gptpipe compile --pipeline-root gs://BUCKET/PATH`) and artifact_root to gs://"
+        )
+    return False
+
+
+def check_shared_root(uri: str, what: str, *, in_cluster: bool) -> None:
+    """Refuse a root other steps and pods cannot reach: empty, or a local path in a cluster.
+
+    Each KFP task runs in its own pod with its own disk, so on a cluster everything shared
+    between steps and TFJob workers must be on gs://; locally (kfp.local) any path is shared.
+    """
+    if not uri:
+        raise UserError(
+            f"{what} is empty: pass {what}=gs://BUCKET/PATH, or compile with "
+            "`gptpipe compile --pipeline-root gs://BUCKET/PATH`, which makes it the default"
+        )
+    if in_cluster and not is_gcs(uri):
+        raise UserError(
+            f"{what} {uri!r} is a local path, which other pods cannot see: use gs://BUCKET/PATH"
+        )
 
 
 def join(base: str | os.PathLike[str], *parts: str) -> str:

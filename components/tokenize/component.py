@@ -11,7 +11,7 @@ def tokenize(
     config: dict,
     eval_fraction: float,
     tokenizer: str,
-    work_root: str,
+    artifact_root: str,
     metadata: str,
     pipeline_name: str,
     image: str,
@@ -24,14 +24,14 @@ def tokenize(
     `config` is the resolved trainer config (`config_to_dict`); its vocab_size and seq_len shape
     the Examples. `tokenizer` is a SentencePiece model to reuse; "" trains one on the corpus.
 
-    The Examples live at `<work_root>/datasets/<dataset_version>/`, written once per version and
+    The Examples live at `<artifact_root>/datasets/<dataset_version>/`, written once per version and
     reused after: the output artifact points there. Returns that URI and the dataset version as
     output parameters, so the train task's KFP cache key follows the data, and nothing per-run
     (docs/lineage.md).
     """
     import os
 
-    from components import lineage, provenance
+    from components import kfp_metadata, kube, lineage, provenance, storage
     from components.tokenize import executor
     from contracts.artifacts import DATASETS_DIR
     from trainer.config import config_from_dict
@@ -41,14 +41,19 @@ def tokenize(
         "config": config,
         "eval_fraction": eval_fraction,
         "tokenizer": tokenizer,
+        "artifact_root": artifact_root,
     }
     run_id, found = provenance.at_step_start(image, os.environ)
+    metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
     with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
         cfg = config_from_dict(config)
+        in_cluster = bool(kube.pod_identity(os.environ).name)
+        storage.check_shared_root(artifact_root, "artifact_root", in_cluster=in_cluster)
+        storage.check_shared_root(examples.uri, "the pipeline root", in_cluster=in_cluster)
         rec.set(vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
         dataset = executor.run_content_addressed(
             corpus,
-            f"{work_root}/{DATASETS_DIR}",
+            storage.join(artifact_root, DATASETS_DIR),
             vocab_size=cfg.model.vocab_size,
             seq_len=cfg.model.seq_len,
             eval_fraction=eval_fraction,
@@ -56,10 +61,13 @@ def tokenize(
         )
         manifest = dataset.manifest
         rec.set(reused=int(dataset.reused))
-        examples.uri = dataset.uri  # the artifact is the content-addressed folder
         props = executor.artifact_properties(manifest)
-        examples.metadata.update(props)
-        rec.output("examples", "Examples", examples.uri, props)
+        # The KFP artifact stays in the run's folder (KFP 2.5.0's launcher fails a task whose
+        # output URI leaves it) and points at the content-addressed Examples, which lineage
+        # records as the Examples.
+        executor.write_reference(examples.path, dataset)
+        examples.metadata.update(kfp_metadata.recordable({**props, "examples_uri": dataset.uri}))
+        rec.output("examples", "Examples", dataset.uri, props)
         rec.dataset_version = manifest["dataset_version"]
     return (dataset.uri, manifest["dataset_version"])
 

@@ -32,7 +32,13 @@ from components.tokenize.corpus import (
     split_corpus,
 )
 from components.tokenize.progress import Report
-from contracts.artifacts import EVAL_TEXT, EXAMPLES_MANIFEST, TOKENIZER_FILE, shard_file
+from contracts.artifacts import (
+    EVAL_TEXT,
+    EXAMPLES_MANIFEST,
+    EXAMPLES_REF,
+    TOKENIZER_FILE,
+    shard_file,
+)
 from contracts.errors import UserError
 
 DEFAULT_SHARD_WINDOWS = 4096  # about 0.25 MB of GZIP per shard at seq_len 64, vocab 512
@@ -173,6 +179,18 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
             return stored()
         raise
     return Dataset(uri, manifest, False)
+
+
+def write_reference(folder: str, dataset: Dataset) -> None:
+    """Write, into a run's own Examples artifact folder, where the Examples really are."""
+    reference = {
+        "uri": dataset.uri,
+        "dataset_version": dataset.manifest["dataset_version"],
+        "manifest": dataset.manifest,
+    }
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / EXAMPLES_REF).write_text(json.dumps(reference, indent=2) + "\n", encoding="utf-8")
 
 
 def artifact_properties(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -15,12 +15,17 @@ def train(
     node_selector: dict,
     tolerations: list,
     trainer_image: str,
-    work_root: str,
+    artifact_root: str,
     metadata: str,
     pipeline_name: str,
     image: str,
     dataset_version: str,
     model: Output[Model],
+    # KFP takes a lightweight component's defaults as literals: they equal JobSpec's (a test
+    # checks), whose fields they fill.
+    worker_cpu: str = "4",
+    worker_memory: str = "16Gi",
+    service_account: str = "",
 ):
     """Train the GPT on the Examples with `workers` trainer processes (a TFJob or local).
 
@@ -28,18 +33,20 @@ def train(
     defined. `deadline_seconds` 0 means no deadline. `examples_uri` (content-addressed) and
     `dataset_version` come from the tokenize task as parameters, not as an artifact: KFP keys an
     input artifact by its identity, new every run, while these values change exactly when the
-    data does. With `config`, they make this task's KFP cache key.
+    data does. With `config`, they make this task's KFP cache key. The training work folder
+    (checkpoints, backup) is `<artifact_root>/work/<run>/train`.
+
+    TFJob workers get `worker_cpu` and `worker_memory` as requests and limits, and run as
+    `service_account`; "" means the train step's own, and they always get the step's image
+    pull secrets.
     """
     import os
 
-    from components import kube, lineage, provenance
+    from components import kfp_metadata, kube, lineage, provenance, storage
     from components.train import executor
     from contracts.artifacts import step_work_dir
     from trainer.config import config_from_dict, config_hash
 
-    placement = (
-        executor.cluster_placement(kube.pod_identity(os.environ)) if launcher == "tfjob" else {}
-    )
     params = {
         "config": config,
         "launcher": launcher,
@@ -50,14 +57,24 @@ def train(
         "node_selector": node_selector,
         "tolerations": tolerations,
         "trainer_image": trainer_image,
+        "worker_cpu": worker_cpu,
+        "worker_memory": worker_memory,
+        "service_account": service_account,
     }
     run_id, found = provenance.at_step_start(image, os.environ)
+    metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
     with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples_uri, upstream=True)
         cfg = config_from_dict(config)  # a hand-edited config fails here, on the record
         rec.parameters["config_hash"] = config_hash(cfg)
         executor.check_cache_inputs(examples_uri, dataset_version)
-        work_dir = f"{work_root}/{step_work_dir(run_id, 'train')}"
+        pod = kube.pod_identity(os.environ)
+        # The workers write the Model and the work folder themselves: both must be on gs://
+        # in a cluster (a minio:// pipeline root is refused here, before any GPU starts).
+        storage.check_shared_root(artifact_root, "artifact_root", in_cluster=bool(pod.name))
+        storage.check_shared_root(model.uri, "the pipeline root", in_cluster=bool(pod.name))
+        placement = executor.cluster_placement(pod, service_account) if launcher == "tfjob" else {}
+        work_dir = storage.join(artifact_root, step_work_dir(run_id, "train"))
         spec = executor.job_spec(
             examples_uri,
             model.uri,
@@ -68,6 +85,8 @@ def train(
             image=trainer_image,
             workers=workers,
             gpus_per_worker=gpus_per_worker,
+            cpu=worker_cpu,
+            memory=worker_memory,
             backoff_limit=backoff_limit,
             active_deadline_seconds=deadline_seconds or None,  # the one place the names differ
             node_selector=node_selector,
@@ -76,7 +95,7 @@ def train(
         )
         result = executor.run(spec, cfg, model.uri, executor.make_launcher(launcher, work_dir))
         properties = {**result.model_properties, "dataset_version": dataset_version}
-        model.metadata.update(properties)
+        model.metadata.update(kfp_metadata.recordable(properties))
         rec.set(**result.execution_properties)
         rec.output("model", "Model", model.uri, properties)
         rec.dataset_version = dataset_version

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from components import kube, storage
-from components.train.launcher import JobSpec, Launcher, OwnerPod, job_name
+from components.train.launcher import JobSpec, Launcher, OwnerPod, job_name, run_label
 from contracts.artifacts import EXAMPLES_MANIFEST, TRAIN_METRICS, WORKER_LOGS_DIR
 from contracts.errors import UserError
 from trainer.config import Config, config_hash, config_to_dict
@@ -42,8 +42,9 @@ def job_spec(
 ) -> JobSpec:
     """The one description of this training job (also what `gptpipe tfjob-manifest` prints).
 
-    `options` are `JobSpec` fields under their own names (workers, gpus_per_worker, image,
-    backoff_limit, active_deadline_seconds, node_selector, tolerations, namespace, owner, ...);
+    `options` are `JobSpec` fields under their own names (workers, gpus_per_worker, cpu, memory,
+    image, backoff_limit, active_deadline_seconds, node_selector, tolerations, namespace, owner,
+    service_account, image_pull_secrets, ...; `cluster_placement` gives the last four);
     the name, command and run label are derived here. `work_dir` holds checkpoints and the
     BackupAndRestore state; it is derived from the run, so a restarted job (or a retried step)
     resumes instead of starting over.
@@ -54,7 +55,7 @@ def job_spec(
     return JobSpec(
         name=job_name(run_id, "train"),  # one train task per run: a retry re-attaches
         command=trainer_command(python, examples_uri, model_uri, work_dir, cfg),
-        run_id=_label_safe(run_id),
+        run_id=run_label(run_id),
         **fields,
     )
 
@@ -117,17 +118,45 @@ def check_cache_inputs(examples_uri: str, dataset_version: str) -> None:
         raise UserError(f"dataset_version input {dataset_version!r} is not the Examples' {found!r}")
 
 
-def cluster_placement(pod: kube.PodIdentity) -> dict[str, Any]:
-    """Where the TFJob goes when the launcher runs in a KFP pod: its namespace, owned by the pod.
+def cluster_placement(
+    pod: kube.PodIdentity, service_account: str = "", api_client: Any = None
+) -> dict[str, Any]:
+    """Where the TFJob goes when the launcher runs in a KFP pod, and as whom its workers run.
 
-    Returns `JobSpec` fields; outside a pod it returns {} and JobSpec's defaults apply.
+    The job goes to the pod's namespace, owned by the pod. Its workers get `service_account`,
+    or when that is "" the step pod's own `serviceAccountName`, and the step pod's
+    `imagePullSecrets`: the identity and registry access the run was given (read from the pod
+    through `api_client`, by default the in-cluster client). Returns `JobSpec` fields; outside a
+    pod it returns {} (plus `service_account` if given) and JobSpec's defaults apply.
     """
     placement: dict[str, Any] = {}
+    if service_account:
+        placement["service_account"] = service_account
     if pod.name and pod.uid:
         placement["owner"] = OwnerPod(pod.name, pod.uid)
     if pod.namespace:
         placement["namespace"] = pod.namespace
+    if pod.name and pod.namespace:
+        own = _own_pod_spec(api_client, pod)
+        placement.setdefault("service_account", own.get("serviceAccountName") or None)
+        secrets = [s["name"] for s in own.get("imagePullSecrets") or [] if s.get("name")]
+        placement["image_pull_secrets"] = tuple(secrets)
     return placement
+
+
+def _own_pod_spec(api_client: Any, pod: kube.PodIdentity) -> dict[str, Any]:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        client = api_client if api_client is not None else kube.default_api_client()
+        found = kube.read_pod(client, pod.namespace, pod.name)
+    except ApiException as exc:
+        raise UserError(
+            f"cannot read the train step's own pod {pod.namespace}/{pod.name} ({exc.status} "
+            f"{exc.reason}) to give the TFJob workers its service account and image pull "
+            "secrets: grant the step's service account 'get' on pods"
+        ) from None
+    return dict(found.get("spec") or {})
 
 
 def trainer_command(
@@ -152,11 +181,6 @@ def trainer_command(
         "--config-json",
         config_json,
     ]
-
-
-def _label_safe(value: str) -> str:
-    cleaned = "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in value)[:63]
-    return cleaned.strip("-_.")
 
 
 def _json_number(value: Any) -> Any:

@@ -33,6 +33,7 @@ CLEAN_POD_POLICIES = ("Running", "All", "None")  # the operator's runPolicy.clea
 MAX_JOB_NAME = 52
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS1123 = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 
@@ -40,6 +41,18 @@ _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
 def is_retryable_exit_code(code: int) -> bool:
     """True for exit codes the operator's ExitCode policy restarts (128-255: killed by a signal)."""
     return code >= 128
+
+
+def run_label(run_id: str) -> str:
+    """The run id as the value of the `gptpipe.dev/run-id` label on the job and its pods.
+
+    A KFP run id (a UUID) is already a valid label value; anything else is cut to 63 characters
+    of [A-Za-z0-9-_.]. Whoever selects a run's jobs by the label computes it here too.
+    """
+    cleaned = "".join(
+        ch if (ch.isascii() and ch.isalnum()) or ch in "-_." else "-" for ch in run_id
+    )[:63]
+    return cleaned.strip("-_.")
 
 
 def job_name(run_id: str, task_id: str, prefix: str = "train") -> str:
@@ -77,8 +90,11 @@ class JobSpec:
     run_id: str = ""  # pipeline run id, set as the label `gptpipe.dev/run-id` on the job and pods
     workers: int = 1  # MultiWorkerMirroredStrategy workers (TFJob Worker replicas); 0 is the chief
     gpus_per_worker: int = 0  # `nvidia.com/gpu` limit of each worker
-    cpu: str = "1"  # CPU request of each worker (a Kubernetes quantity)
-    memory: str = "4Gi"  # memory request of each worker (a Kubernetes quantity)
+    cpu: str = "4"  # CPU of each worker, request and limit (a Kubernetes quantity)
+    memory: str = "16Gi"  # memory of each worker, request and limit (a Kubernetes quantity)
+    # Size of each worker's memory-backed /dev/shm (NCCL and tf.data use shared memory; the
+    # container runtime's default is 64Mi); it counts against `memory`. "": no such volume.
+    shm_size: str = "2Gi"
     node_selector: Mapping[str, str] = field(default_factory=dict)  # pod nodeSelector
     tolerations: Sequence[Mapping[str, Any]] = ()  # pod tolerations, as Kubernetes JSON
     restart_policy: str = "ExitCode"  # one of RESTART_POLICIES
@@ -92,6 +108,7 @@ class JobSpec:
     volumes: Sequence[Mapping[str, Any]] = ()  # pod volumes, as Kubernetes JSON
     volume_mounts: Sequence[Mapping[str, Any]] = ()  # mounts in the `tensorflow` container
     service_account: str | None = None  # pod serviceAccountName (e.g. for Workload Identity)
+    image_pull_secrets: Sequence[str] = ()  # names of Secrets the workers pull the image with
     pod_annotations: Mapping[str, str] = field(
         # Kubeflow profiles inject Istio sidecars, which keep TFJob pods from ever completing.
         default_factory=lambda: {"sidecar.istio.io/inject": "false"}
@@ -103,6 +120,7 @@ class JobSpec:
         object.__setattr__(self, "tolerations", tuple(self.tolerations))
         object.__setattr__(self, "volumes", tuple(self.volumes))
         object.__setattr__(self, "volume_mounts", tuple(self.volume_mounts))
+        object.__setattr__(self, "image_pull_secrets", tuple(self.image_pull_secrets))
         _validate(self)
 
 
@@ -124,9 +142,12 @@ def _validate(spec: JobSpec) -> None:
         raise bad(f"workers={spec.workers}", "use at least 1")
     if spec.gpus_per_worker < 0:
         raise bad(f"gpus_per_worker={spec.gpus_per_worker}", "use 0 or more")
-    for key, value in (("cpu", spec.cpu), ("memory", spec.memory)):
-        if not _QUANTITY.match(value):
+    for key, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
+        if not _QUANTITY.match(value) and not (key == "shm_size" and value == ""):
             raise bad(f"{key}={value!r} is not a Kubernetes quantity", "use e.g. '4', '8Gi'")
+    for name in (spec.service_account or "", *spec.image_pull_secrets):
+        if name and (len(name) > 253 or not _DNS1123_NAME.match(name)):
+            raise bad(f"name {name!r} is not a Kubernetes object name", "use a DNS-1123 subdomain")
     if spec.restart_policy not in RESTART_POLICIES:
         raise bad(f"restart_policy={spec.restart_policy!r}", f"use one of {RESTART_POLICIES}")
     if spec.clean_pod_policy not in CLEAN_POD_POLICIES:

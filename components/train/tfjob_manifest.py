@@ -10,6 +10,11 @@ replica spec with the same resources and would put a "chief" task in TF_CONFIG f
 
 The operator injects TF_CONFIG only into the container named `tensorflow`, and sets none when the
 job has one replica in all; the trainer must treat a missing TF_CONFIG as single-worker.
+
+Every worker pod meets the "restricted" Pod Security Standard (runs as the image's uid 1000,
+no privilege escalation, no capabilities, the runtime's seccomp profile), so the job runs in a
+namespace that enforces it; CPU and memory are requests and limits alike (a guaranteed pod,
+and a ResourceQuota that counts limits can admit it); /dev/shm is a memory-backed emptyDir.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"  # "0", "1", ...
 LABEL_RUN_ID = "gptpipe.dev/run-id"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+TRAINER_UID = 1000  # images/Dockerfile: USER 1000:1000
+SHM_VOLUME = "dshm"  # the memory-backed emptyDir mounted at /dev/shm
 
 
 def _labels(spec: JobSpec) -> dict[str, str]:
@@ -43,32 +50,54 @@ def _labels(spec: JobSpec) -> dict[str, str]:
 def _container(spec: JobSpec) -> dict[str, Any]:
     # Unbuffered output so that worker 0's log streams into the step log as it is written.
     env = {"PYTHONUNBUFFERED": "1", **spec.env}
-    resources: dict[str, Any] = {"requests": {"cpu": spec.cpu, "memory": spec.memory}}
+    limits = {"cpu": spec.cpu, "memory": spec.memory}
     if spec.gpus_per_worker:
         # Extended resources go in limits; Kubernetes sets the request equal to the limit.
-        resources["limits"] = {"nvidia.com/gpu": str(spec.gpus_per_worker)}
+        limits["nvidia.com/gpu"] = str(spec.gpus_per_worker)
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": spec.image,
         "command": list(spec.command),
         "env": [{"name": k, "value": v} for k, v in env.items()],
-        "resources": resources,
+        "resources": {"requests": {"cpu": spec.cpu, "memory": spec.memory}, "limits": limits},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
     }
-    if spec.volume_mounts:
-        container["volumeMounts"] = [dict(m) for m in spec.volume_mounts]
+    mounts = [dict(m) for m in spec.volume_mounts]
+    if spec.shm_size:
+        mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+    if mounts:
+        container["volumeMounts"] = mounts
     return container
 
 
 def _pod_template(spec: JobSpec) -> dict[str, Any]:
-    pod_spec: dict[str, Any] = {"containers": [_container(spec)]}
+    pod_spec: dict[str, Any] = {
+        "containers": [_container(spec)],
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": TRAINER_UID,
+            "runAsGroup": TRAINER_UID,
+            "fsGroup": TRAINER_UID,  # volumes (a PVC work folder) writable by the trainer
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
-    if spec.volumes:
-        pod_spec["volumes"] = [dict(v) for v in spec.volumes]
+    volumes = [dict(v) for v in spec.volumes]
+    if spec.shm_size:
+        shm = {"medium": "Memory", "sizeLimit": spec.shm_size}
+        volumes.append({"name": SHM_VOLUME, "emptyDir": shm})
+    if volumes:
+        pod_spec["volumes"] = volumes
     if spec.service_account:
         pod_spec["serviceAccountName"] = spec.service_account
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
     metadata: dict[str, Any] = {"labels": _labels(spec)}
     if spec.pod_annotations:
         metadata["annotations"] = dict(spec.pod_annotations)

@@ -1,0 +1,98 @@
+"""A stand-in for `python -m trainer.task` in fast tests of the operator double: starts in
+milliseconds, records what it was started with, and behaves as its mode says.
+
+    python fake_worker.py MODE RECORDS_DIR
+
+Every start appends a JSON line to RECORDS_DIR/starts-<index>.jsonl (pid, cwd, its files,
+TF_CONFIG, HOSTNAME, GPTPIPE_EXTRA) and prints "worker <index> started". Modes:
+- ok: exit 0; worker 0 only once every worker has started, and 0.3 s later.
+- hang: sleep until killed (SIGTERM exits 143, as the trainer does after its backup).
+- stubborn: sleep and ignore SIGTERM (only SIGKILL stops it).
+- exit-<code>: worker 1 prints an error and exits <code>; the others hang.
+- flaky: worker 1 exits 137 in its first two incarnations (after 1.2 s, so the operator's
+  Restarting conditions get distinct timestamps) and 0 at once in the third; worker 0 exits 0
+  a second after worker 1 has started three times.
+- lose-peer: like MultiWorkerMirrored losing a worker. Worker 1 SIGKILLs itself in its first
+  incarnation; a worker whose peer died (the peer started again) exits 143; a group whose
+  members all started equally often runs to exit 0.
+- fail-until-<file>: every worker exits 2 while RECORDS_DIR/<file> does not exist (as the
+  trainer does without its examples); then ok.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def starts(records: Path, index: int) -> int:
+    path = records / f"starts-{index}.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def main() -> int:
+    mode, records = sys.argv[1], Path(sys.argv[2])
+    tf_config = os.environ.get("TF_CONFIG")
+    spec = json.loads(tf_config) if tf_config else {}
+    index = spec.get("task", {}).get("index", 0)
+    workers = len(spec.get("cluster", {}).get("worker", [])) or 1
+    record = {
+        "pid": os.getpid(),
+        "cwd": os.getcwd(),
+        "files": sorted(os.listdir(".")),
+        "tf_config": tf_config,
+        "hostname": os.environ.get("HOSTNAME"),
+        "extra": os.environ.get("GPTPIPE_EXTRA"),
+    }
+    with open(records / f"starts-{index}.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+    incarnation = starts(records, index)
+    print(f"worker {index} started", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if mode == "ok":
+        while index == 0 and not all(starts(records, i) for i in range(workers)):
+            time.sleep(0.05)  # the chief finishes only with every worker, as under MWMS
+        time.sleep(0.3 if index == 0 else 0)
+        return 0
+    if mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode.startswith("exit-") and index == 1:
+        print("ValueError: bad shard", flush=True)
+        return int(mode.removeprefix("exit-"))
+    if mode == "flaky":
+        if index == 1:
+            if incarnation < 3:
+                time.sleep(1.2)
+            return 137 if incarnation < 3 else 0
+        while starts(records, 1) < 3:
+            time.sleep(0.05)
+        time.sleep(1)  # worker 1 has Succeeded meanwhile: the operator must leave it be
+        return 0
+    if mode == "lose-peer":
+        if index == 1 and incarnation == 1:
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGKILL)
+        for _ in range(400):
+            counts = [starts(records, i) for i in range(workers)]
+            if any(c > incarnation for c in counts):
+                print("lost a peer worker; exiting 143", flush=True)
+                return 143
+            if all(c == incarnation for c in counts) and incarnation > 1:
+                return 0
+            time.sleep(0.05)
+        return 3
+    if mode.startswith("fail-until-"):
+        if not (records / mode.removeprefix("fail-until-")).exists():
+            print("error: examples not found", flush=True)
+            return 2
+        return 0
+    while True:  # hang, stubborn, and the other workers of exit-<code>
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

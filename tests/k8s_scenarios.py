@@ -1,0 +1,262 @@
+"""Scripted operator behaviours for the Kubernetes double: fast, deterministic, no processes.
+
+A scenario is a list of steps (`Step`: a function of `Script`) that FakeKube plays, one every
+STEP_SECONDS, once the TFJob exists. A step adds a status condition with the operator's reason
+and message, creates the `<job>-worker-<i>` pods with the operator's labels, writes their logs,
+or ends their `tensorflow` container with an exit code. tests/operator_double.py plays the
+operator for real instead (its reconcile loop, with worker processes).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+from k8s_store import Cluster, job_label, now
+
+START_TIME = "2025-01-01T00:00:00Z"  # the scripted job's status.startTime
+COMPLETION_TIME = "2025-01-01T00:30:00Z"  # its status.completionTime: 1800 s of wall time
+IMAGE_DIGEST = "sha256:" + "ab" * 32  # what the scripted kubelet reports in imageID
+
+
+class Script:
+    """What a scripted step can do to the job FakeKube drives (each takes the lock itself)."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.ticks = 0  # scripted clock for lastTransitionTime, seconds after START_TIME
+
+    @property
+    def job(self) -> dict[str, Any]:
+        return self.cluster.tfjobs[self.cluster.job_key]
+
+    def _tick(self) -> str:
+        self.ticks += 1
+        stamp = datetime.fromisoformat(START_TIME.replace("Z", "+00:00"))
+        return (stamp + timedelta(seconds=self.ticks)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def condition(self, kind: str, message: str = "") -> None:
+        """Set a condition the way the operator's UpdateJobConditions does (pkg/util/status.go)."""
+        c = self.cluster
+        with c.cond:
+            if c.job_key not in c.tfjobs:
+                return
+            status = self.job["status"]
+            ns, name = c.job_key
+            message = (
+                message
+                or {
+                    "Created": f"TFJob {name} is created.",
+                    "Running": f"TFJob {ns}/{name} is running.",
+                    "Restarting": f"job {name} is restarting because Worker replica(s) failed.",
+                    "Succeeded": f"TFJob {ns}/{name} successfully completed.",
+                    "Failed": f"TFJob {ns}/{name} has failed because 1 Worker replica(s) failed.",
+                }[kind]
+            )
+            conditions = [c for c in status.get("conditions", []) if c["type"] != kind]
+            if kind in ("Running", "Restarting"):  # each replaces the other
+                conditions = [c for c in conditions if c["type"] not in ("Running", "Restarting")]
+            for cond in conditions:  # a terminal condition ends Running
+                if kind in ("Succeeded", "Failed") and cond["type"] == "Running":
+                    cond["status"] = "False"
+            conditions.append(
+                {
+                    "type": kind,
+                    "status": "True",
+                    "reason": f"TFJob{kind}",
+                    "message": message,
+                    "lastUpdateTime": now(),
+                    "lastTransitionTime": self._tick(),  # distinct per transition
+                }
+            )
+            status["conditions"] = conditions
+            status.setdefault("startTime", START_TIME)
+            if kind in ("Succeeded", "Failed"):
+                status["completionTime"] = COMPLETION_TIME
+                self._clean_pods()
+            status["replicaStatuses"] = {"Worker": self._replica_status()}
+            c._emit("MODIFIED", self.job)
+
+    def _clean_pods(self) -> None:
+        """runPolicy.cleanPodPolicy, applied when the job ends."""
+        policy = self.job["spec"].get("runPolicy", {}).get("cleanPodPolicy", "None")
+        for key, pod in list(self.cluster.pods.items()):
+            if job_label(pod) != self.cluster.job_key[1]:
+                continue
+            if policy == "All" or (policy == "Running" and pod["status"]["phase"] == "Running"):
+                del self.cluster.pods[key]
+
+    def _replica_status(self) -> dict[str, int]:
+        phases = [p["status"]["phase"] for p in self.cluster.pods.values()]
+        return {
+            "active": phases.count("Running"),
+            "succeeded": phases.count("Succeeded"),
+            "failed": phases.count("Failed"),
+        }
+
+    def create_pods(self) -> None:
+        """Create the Worker pods (the operator) and start their containers (the kubelet)."""
+        with self.cluster.cond:
+            worker = self.job["spec"]["tfReplicaSpecs"]["Worker"]
+            for index in range(worker.get("replicas", 1)):
+                self._new_pod(index)
+
+    def _new_pod(self, index: int) -> None:
+        job = self.job
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        template = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+        container = template["spec"]["containers"][0]
+        labels = {
+            **template.get("metadata", {}).get("labels", {}),
+            "training.kubeflow.org/job-name": name,
+            "training.kubeflow.org/operator-name": "tfjob-controller",
+            "training.kubeflow.org/replica-type": "worker",
+            "training.kubeflow.org/replica-index": str(index),
+        }
+        if index == 0:
+            labels["training.kubeflow.org/job-role"] = "master"
+        owner = {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "TFJob",
+            "name": name,
+            "uid": job["metadata"]["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        pod = self.cluster.create_pod(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"{name}-worker-{index}",
+                    "namespace": ns,
+                    "labels": labels,
+                    "ownerReferences": [owner],
+                },
+                "spec": copy.deepcopy(template["spec"]),
+            }
+        )
+        stamp = now()
+        pod["status"] = {
+            "phase": "Running",
+            "startTime": stamp,
+            "containerStatuses": [
+                {
+                    "name": "tensorflow",
+                    "image": container["image"],
+                    "imageID": container["image"].split("@")[0] + "@" + IMAGE_DIGEST,
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": stamp}},
+                }
+            ],
+        }
+
+    def pod(self, index: int) -> dict[str, Any]:
+        ns, name = self.cluster.job_key
+        return self.cluster.pods[(ns, f"{name}-worker-{index}")]
+
+    def log(self, index: int, *lines: str) -> None:
+        with self.cluster.cond:
+            self.cluster.logs[self.pod(index)["metadata"]["uid"]].extend(lines)
+            self.cluster.cond.notify_all()
+
+    def exit(self, index: int, code: int, reason: str = "") -> None:
+        """End worker `index`'s container with `code` (the pod is Succeeded or Failed)."""
+        with self.cluster.cond:
+            status = self.pod(index)["status"]
+            status["phase"] = "Succeeded" if code == 0 else "Failed"
+            container = status["containerStatuses"][0]
+            container.update(ready=False, started=False)
+            container["state"] = {
+                "terminated": {
+                    "exitCode": code,
+                    "reason": reason or ("Completed" if code == 0 else "Error"),
+                    "startedAt": container["state"]["running"]["startedAt"],
+                    "finishedAt": now(),
+                }
+            }
+            self.cluster.cond.notify_all()
+
+    def exit_all(self, code: int) -> None:
+        """End every worker, the chief (worker 0) last."""
+        for index in reversed(range(self._replicas())):
+            self.exit(index, code)
+
+    def _replicas(self) -> int:
+        return int(self.job["spec"]["tfReplicaSpecs"]["Worker"].get("replicas", 1))
+
+    def recreate_pod(self, index: int) -> None:
+        """Delete worker `index` and create it again (the operator's ExitCode restart)."""
+        with self.cluster.cond:
+            self.cluster.remove_pod(self.pod(index))
+            self._new_pod(index)
+
+
+Step = Callable[[Script], None]
+
+
+class scenarios:  # noqa: N801 - a namespace of scenario builders
+    """Scripted operator behaviours. Each returns the list of steps to play."""
+
+    @staticmethod
+    def success(lines: tuple[str, ...] = ("step 1 loss 4.2", "step 2 loss 3.1")) -> list[Step]:
+        return [
+            lambda c: c.condition("Created"),
+            lambda c: c.create_pods(),
+            lambda c: c.condition("Running"),
+            lambda c: c.log(0, *lines),
+            lambda c: c.exit_all(0),
+            lambda c: c.condition("Succeeded"),
+        ]
+
+    @staticmethod
+    def failure(index: int = 1, code: int = 1) -> list[Step]:
+        return [
+            lambda c: c.condition("Created"),
+            lambda c: c.create_pods(),
+            lambda c: c.condition("Running"),
+            lambda c: c.log(0, "step 1 loss 4.2"),
+            lambda c: c.log(index, "Traceback (most recent call last):", "ValueError: bad shard"),
+            lambda c: c.exit(index, code),
+            lambda c: c.condition("Failed"),
+        ]
+
+    @staticmethod
+    def restart_then_success(index: int = 1, code: int = 137, times: int = 1) -> list[Step]:
+        """Worker `index` dies `times` times. Under MultiWorkerMirrored the others then lose
+        their peer and exit 143 (docs/training.md), so the operator recreates every pod."""
+        restart: list[Step] = [
+            lambda c: c.exit(index, code, "OOMKilled"),
+            lambda c: c.condition("Restarting"),
+            lambda c: c.recreate_pod(index),
+            lambda c: [c.exit(i, 143) for i in range(c._replicas()) if i != index],
+            lambda c: [c.recreate_pod(i) for i in range(c._replicas()) if i != index],
+            lambda c: c.condition("Running"),
+        ]
+        return [
+            lambda c: c.condition("Created"),
+            lambda c: c.create_pods(),
+            lambda c: c.condition("Running"),
+            *(restart * times),
+            *scenarios.success()[3:],
+        ]
+
+    @staticmethod
+    def hang() -> list[Step]:
+        return [
+            lambda c: c.condition("Created"),
+            lambda c: c.create_pods(),
+            lambda c: c.condition("Running"),
+            lambda c: c.log(0, "step 1 loss 4.2"),
+        ]
+
+    @staticmethod
+    def cancel() -> list[Step]:
+        """Runs, then SIGTERMs this process: what Kubernetes does to a cancelled run's pod."""
+        return [*scenarios.hang(), lambda c: os.kill(os.getpid(), signal.SIGTERM)]

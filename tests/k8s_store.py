@@ -1,0 +1,252 @@
+"""The Kubernetes API server's state in the double: TFJobs, pods, their logs, the watch history.
+
+Each behaviour follows the Kubernetes source named beside it:
+- create: uid, creationTimestamp, resourceVersion; a pod without serviceAccountName gets
+  "default" (plugin/pkg/admission/serviceaccount/admission.go) and starts Pending;
+- PATCH with application/merge-patch+json, what the Python client sends for a custom object
+  (staging/src/k8s.io/apimachinery/pkg/util/json merge patch, RFC 7386); status is a subresource
+  of the TFJob CRD, so a patch of the object leaves it alone;
+- DELETE with a propagationPolicy (staging/src/k8s.io/apiserver/pkg/registry/generic/registry/
+  store.go, `Delete` and `updateForGracefulDeletionAndFinalizers`): Foreground marks the job
+  (deletionTimestamp, finalizer foregroundDeletion: a MODIFIED event) and removes it (DELETED)
+  only once the garbage collector (pkg/controller/garbagecollector/garbagecollector.go) has
+  deleted every pod it owns; Background, the default for custom resources, removes it at once
+  and the collector deletes its pods after; Orphan leaves them;
+- pod deletion is graceful (pkg/registry/core/pod/strategy.go, `CheckGracefulDelete`): the pod
+  gets deletionTimestamp and deletionGracePeriodSeconds (its terminationGracePeriodSeconds), and
+  the kubelet removes it once its containers stopped (`on_pod_deleting`). Without a kubelet (the
+  scripted scenarios) nothing runs, so the pod goes at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+FOREGROUND = "foregroundDeletion"  # metav1.FinalizerDeleteDependents
+DEFAULT_GRACE_SECONDS = 30  # k8s.io/api/core/v1 DefaultTerminationGracePeriodSeconds
+
+
+def now() -> str:
+    """metav1.Now() as the apiserver serializes it: RFC 3339, whole seconds."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def status_object(code: int, reason: str, message: str, name: str = "") -> dict[str, Any]:
+    """A metav1.Status, as the apiserver returns for errors."""
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure" if code >= 400 else "Success",
+        "message": message,
+        "reason": reason,
+        "details": {"name": name, "group": "kubeflow.org", "kind": "tfjobs"},
+        "code": code,
+    }
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, null deletes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def owner_uid(obj: dict[str, Any]) -> str:
+    """The uid of the object's controller (its ownerReference with controller: true)."""
+    for ref in obj["metadata"].get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid", ""))
+    return ""
+
+
+def job_label(pod: dict[str, Any]) -> str:
+    return (pod["metadata"].get("labels") or {}).get("training.kubeflow.org/job-name", "")
+
+
+@dataclass
+class Cluster:
+    """The double's objects. Callers hold `cond` (the one lock) while reading or changing them."""
+
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    tfjobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    logs: dict[str, list[str]] = field(default_factory=dict)  # pod uid -> lines
+    events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # rv, type, obj
+    rv: int = 100
+    closed: bool = False
+    job_key: tuple[str, str] = ("", "")  # the TFJob created last (the one a scenario drives)
+    # terminationGracePeriodSeconds of a pod that sets none: 30 in Kubernetes; tests shorten it
+    default_grace_seconds: int = DEFAULT_GRACE_SECONDS
+    # The kubelet's hook for a pod marked for deletion; without one the pod is removed at once.
+    on_pod_deleting: Callable[[dict[str, Any]], None] | None = None
+
+    # -- TFJobs --
+
+    def _emit(self, kind: str, job: dict[str, Any]) -> None:
+        self.rv += 1
+        job["metadata"]["resourceVersion"] = str(self.rv)
+        self.events.append((self.rv, kind, copy.deepcopy(job)))
+        self.cond.notify_all()
+
+    def add_job(self, body: dict[str, Any]) -> dict[str, Any]:
+        job = copy.deepcopy(body)
+        meta = job["metadata"]
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
+        job["status"] = {}
+        self.tfjobs[(meta["namespace"], meta["name"])] = job
+        self.job_key = (meta["namespace"], meta["name"])
+        self._emit("ADDED", job)
+        return job
+
+    def patch_job(self, key: tuple[str, str], patch: dict[str, Any]) -> dict[str, Any]:
+        job = self.tfjobs[key]
+        patch = {k: v for k, v in patch.items() if k != "status"}  # the status subresource
+        patched = merge_patch(job, patch)
+        job.clear()
+        job.update(patched)
+        self._emit("MODIFIED", job)
+        return job
+
+    def set_job_status(self, key: tuple[str, str], status: dict[str, Any]) -> None:
+        """PUT .../status (the operator's UpdateJobStatusInApiServer): an event if it changed."""
+        job = self.tfjobs.get(key)
+        if job is not None and job.get("status") != status:
+            job["status"] = copy.deepcopy(status)
+            self._emit("MODIFIED", job)
+
+    def delete_job(self, key: tuple[str, str], propagation: str = "Background") -> dict[str, Any]:
+        job = self.tfjobs[key]
+        uid = job["metadata"]["uid"]
+        if propagation == "Foreground":
+            meta = job["metadata"]
+            if not meta.get("deletionTimestamp"):
+                meta["deletionTimestamp"] = now()
+                meta["finalizers"] = [*meta.get("finalizers", []), FOREGROUND]
+                self._emit("MODIFIED", job)
+            self._collect(uid)
+            self._finish_foreground()
+            return copy.deepcopy(job)
+        self.tfjobs.pop(key)
+        self._emit("DELETED", job)
+        if propagation != "Orphan":
+            self._collect(uid)
+        return copy.deepcopy(job)
+
+    def _collect(self, uid: str) -> None:
+        """The garbage collector: delete every pod the (deleted) object controls."""
+        for pod in [p for p in self.pods.values() if owner_uid(p) == uid]:
+            self.delete_pod(pod)
+
+    def _finish_foreground(self) -> None:
+        """Remove foreground-deleted jobs whose dependents are gone (the collector's last step)."""
+        for key, job in list(self.tfjobs.items()):
+            meta = job["metadata"]
+            if FOREGROUND not in meta.get("finalizers", []):
+                continue
+            if any(owner_uid(p) == meta["uid"] for p in self.pods.values()):
+                continue
+            meta["finalizers"] = [f for f in meta["finalizers"] if f != FOREGROUND]
+            if not meta["finalizers"]:
+                del meta["finalizers"]
+                self.tfjobs.pop(key)
+                self._emit("DELETED", job)
+
+    # -- pods --
+
+    def create_pod(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """POST /api/v1/namespaces/{ns}/pods: admission defaults, then Pending for the kubelet."""
+        pod = copy.deepcopy(pod)
+        meta = pod["metadata"]
+        meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), resourceVersion=str(self.rv))
+        pod["spec"].setdefault("serviceAccountName", "default")
+        pod["spec"].setdefault("terminationGracePeriodSeconds", self.default_grace_seconds)
+        pod["status"] = {"phase": "Pending"}
+        self.pods[(meta["namespace"], meta["name"])] = pod
+        self.logs[meta["uid"]] = []
+        self.cond.notify_all()
+        return pod
+
+    def delete_pod(self, pod: dict[str, Any]) -> None:
+        """Graceful deletion: mark the pod; the kubelet stops its containers and removes it."""
+        meta = pod["metadata"]
+        if not meta.get("deletionTimestamp"):
+            meta["deletionTimestamp"] = now()
+            meta["deletionGracePeriodSeconds"] = pod["spec"].get(
+                "terminationGracePeriodSeconds", DEFAULT_GRACE_SECONDS
+            )
+        if self.on_pod_deleting is None:
+            self.remove_pod(pod)
+        else:
+            self.on_pod_deleting(pod)
+        self.cond.notify_all()
+
+    def remove_pod(self, pod: dict[str, Any]) -> None:
+        """The pod object goes away (the kubelet's final delete with grace period 0)."""
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if self.pods.get(key) is pod:
+            del self.pods[key]
+        self._finish_foreground()
+        self.cond.notify_all()
+
+    def owned_pods(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        """The pods the job controls (the operator's GetPodsForJob, without adoption)."""
+        uid = job["metadata"]["uid"]
+        return [p for p in self.pods.values() if owner_uid(p) == uid]
+
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        images: dict[str, tuple[str, str]],
+        *,
+        service_account: str = "default",
+        image_pull_secrets: tuple[str, ...] = (),
+    ) -> None:
+        """A running pod outside any TFJob (a KFP executor pod): container -> (image, imageID)."""
+        with self.cond:
+            stamp = now()
+            spec: dict[str, Any] = {
+                "containers": [{"name": c, "image": image} for c, (image, _) in images.items()],
+                "serviceAccountName": service_account,
+            }
+            if image_pull_secrets:
+                spec["imagePullSecrets"] = [{"name": s} for s in image_pull_secrets]
+            statuses = [
+                {
+                    "name": c,
+                    "image": image,
+                    "imageID": image_id,
+                    "ready": True,
+                    "restartCount": 0,
+                    "started": True,
+                    "state": {"running": {"startedAt": stamp}},
+                }
+                for c, (image, image_id) in images.items()
+            ]
+            self.pods[(namespace, name)] = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "uid": str(uuid.uuid4()),
+                    "labels": {},
+                    "creationTimestamp": stamp,
+                },
+                "spec": spec,
+                "status": {"phase": "Running", "startTime": stamp, "containerStatuses": statuses},
+            }
+            self.cond.notify_all()

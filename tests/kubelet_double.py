@@ -1,0 +1,214 @@
+"""A kubelet for the Kubernetes double: each pod's `tensorflow` container is a local process.
+
+What it plays, and the Kubernetes source each behaviour follows:
+- a Pending pod's container starts: the container's command and args, its env (plus HOSTNAME, the
+  pod's name), started in its own empty working folder; the pod turns Running with a
+  containerStatus `running`, `ready`, and the imageID the runtime resolved (pkg/kubelet/
+  kubelet_pods.go, `convertToAPIContainerStatuses`);
+- the container's stdout and stderr, line by line, are the pod's log (pkg/kubelet/kuberuntime/
+  logs);
+- when the process ends, the rest of its process group is killed (the container's PID 1 ended),
+  the containerStatus becomes `terminated` with the exit code (128 + N for a signal, as the
+  runtime reports) and reason Completed or Error, and, under restartPolicy Never, the pod phase
+  Succeeded (exit 0) or Failed (`getPhase` in pkg/kubelet/kubelet_pods.go);
+- a pod marked for deletion: SIGTERM to the container's main process, SIGKILL to all of it after
+  deletionGracePeriodSeconds (pkg/kubelet/kuberuntime/kuberuntime_container.go,
+  `killContainer`); the pod then turns terminal and the status manager removes the object
+  (pkg/kubelet/status/status_manager.go).
+
+Not played: resource limits, the securityContext (processes run as this user), image pulls,
+and in-place restarts (restartPolicy OnFailure/Always), which the TFJobs here never ask for.
+
+Service addresses: the operator writes TF_CONFIG with the Services' DNS names
+(`<job>-worker-<i>.<ns>.svc:2222`). Here every Service is a free port on 127.0.0.1 (the
+`services` map), and the kubelet rewrites each address to it when it starts a process; the pod
+object keeps the operator's TF_CONFIG.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from k8s_store import Cluster, now
+
+POLL_SECONDS = 0.05
+
+
+def exit_code_of(returncode: int) -> int:
+    """A Popen return code as the container runtime reports it: signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Kubelet:
+    """Runs the double's pods as processes; keeps their status as the kubelet would."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        root: Path,
+        image_env: Mapping[str, str],
+        services: Mapping[str, int],
+        *,
+        image_digest: str,
+    ) -> None:
+        self.cluster = cluster
+        self.root = Path(root)
+        self.image_env = dict(image_env)  # the image's environment (its ENV lines)
+        self.services = services  # Service DNS name (without port) -> local port
+        self.image_digest = image_digest  # what the runtime reports for an image by tag
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> its main process
+        self.stopping: dict[str, float] = {}  # pod uid -> when to SIGKILL it
+        self.all_pids: list[int] = []  # every process started, for tests to check they are gone
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
+        cluster.on_pod_deleting = self._deleting
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Kill every process left (the test is over) and stop the loop."""
+        self._halt.set()
+        with self.cluster.cond:
+            self.cluster.cond.notify_all()
+        self._thread.join(timeout=5)
+        for proc in list(self.procs.values()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+    # -- the sync loop --
+
+    def _loop(self) -> None:
+        cluster = self.cluster
+        with cluster.cond:
+            while not self._halt.is_set() and not cluster.closed:
+                for pod in list(cluster.pods.values()):
+                    if "training.kubeflow.org/job-name" not in pod["metadata"].get("labels", {}):
+                        continue  # not ours to run (e.g. a KFP executor pod added as data)
+                    if pod["metadata"].get("deletionTimestamp"):
+                        self._terminate(pod)
+                    elif pod["status"].get("phase") == "Pending":
+                        self._start(pod)
+                cluster.cond.wait(POLL_SECONDS)
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        container = next(c for c in spec["containers"] if c["name"] == "tensorflow")
+        env = {**self.image_env, "HOSTNAME": meta["name"]}
+        env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+        if "TF_CONFIG" in env:
+            env["TF_CONFIG"] = self._local_tf_config(env["TF_CONFIG"])
+        workdir = self.root / f"{meta['name']}-{meta['uid'][:8]}"
+        workdir.mkdir(parents=True)
+        stamp = now()
+        image = container["image"]
+        status: dict[str, Any] = {
+            "name": "tensorflow",
+            "image": image,
+            "imageID": image if "@sha256:" in image else f"{image}@{self.image_digest}",
+            "containerID": f"containerd://{meta['uid'].replace('-', '')}",
+            "restartCount": 0,
+        }
+        pod["status"] = {"phase": "Running", "startTime": stamp, "podIP": "127.0.0.1"}
+        pod["status"]["containerStatuses"] = [status]
+        try:
+            proc = subprocess.Popen(
+                [*container.get("command", []), *container.get("args", [])],
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a process group: the container's processes
+            )
+        except OSError as exc:  # the runtime's StartError: exit code 128
+            self.cluster.logs[meta["uid"]].append(f"StartError: {exc}")
+            self._terminated(pod, 128, "StartError", stamp)
+            return
+        self.procs[meta["uid"]] = proc
+        self.all_pids.append(proc.pid)
+        status.update(ready=True, started=True, state={"running": {"startedAt": stamp}})
+        threading.Thread(target=self._watch, args=(pod, proc, stamp), daemon=True).start()
+
+    def _local_tf_config(self, text: str) -> str:
+        config = json.loads(text)
+        for kind, addresses in config.get("cluster", {}).items():
+            local = []
+            for address in addresses:
+                host = address.rsplit(":", 1)[0]
+                service = host.split(".")[0] + "." + host.split(".")[1]  # <svc>.<ns>
+                local.append(f"127.0.0.1:{self.services[service]}")
+            config["cluster"][kind] = local
+        return json.dumps(config)
+
+    def _watch(self, pod: dict[str, Any], proc: subprocess.Popen[bytes], started: str) -> None:
+        """Copy the output into the pod's log; record the exit once the process is gone."""
+        uid = pod["metadata"]["uid"]
+        reader = threading.Thread(target=self._read, args=(uid, proc), daemon=True)
+        reader.start()
+        returncode = proc.wait()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # PID 1 ended: the container's others go too
+        reader.join(timeout=10)
+        code = exit_code_of(returncode)
+        with self.cluster.cond:
+            self.procs.pop(uid, None)
+            self._terminated(pod, code, "Completed" if code == 0 else "Error", started)
+
+    def _read(self, uid: str, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            with self.cluster.cond:
+                self.cluster.logs[uid].append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self.cluster.cond.notify_all()
+
+    def _terminated(self, pod: dict[str, Any], code: int, reason: str, started: str) -> None:
+        status = pod["status"]
+        container = status["containerStatuses"][0]
+        container.update(ready=False, started=False)
+        container["state"] = {
+            "terminated": {
+                "exitCode": code,
+                "reason": reason,
+                "startedAt": started,
+                "finishedAt": now(),
+                "containerID": container["containerID"],
+            }
+        }
+        if pod["spec"].get("restartPolicy", "Always") == "Never":
+            status["phase"] = "Succeeded" if code == 0 else "Failed"
+        self.cluster.cond.notify_all()
+
+    # -- deletion --
+
+    def _deleting(self, pod: dict[str, Any]) -> None:
+        """The store marked `pod` for deletion (called with the lock held)."""
+        self._terminate(pod)
+
+    def _terminate(self, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        proc = self.procs.get(uid)
+        if proc is None:  # nothing runs (never started, or ended): the object goes
+            if pod["status"].get("phase") == "Pending":
+                pod["status"]["phase"] = "Failed"
+            self.cluster.remove_pod(pod)
+            return
+        if uid not in self.stopping:
+            grace = float(pod["metadata"].get("deletionGracePeriodSeconds", 30))
+            self.stopping[uid] = time.monotonic() + grace
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)  # the runtime signals the container's PID 1
+        elif time.monotonic() >= self.stopping[uid]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
