@@ -154,7 +154,8 @@ def build(target: Target, config: Config) -> dsl.graph_component.GraphComponent:
             on_cluster(pushed, "push").set_caching_options(enable_caching=False)
 
         if target.release_on_exit:
-            release = on_cluster(release_op(launcher=launcher), "release")
+            release = release_op(launcher=launcher, metadata=metadata, image=images.pipeline)
+            on_cluster(release, "release")
             release.set_caching_options(enable_caching=False)
             with dsl.ExitHandler(release):
                 steps()

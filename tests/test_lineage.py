@@ -480,3 +480,45 @@ def test_parameters_round_trip_and_latest_pushed_model(store_uri, tmp_path):
         "steps": 20,
         "overrides": ["model.n_layer=1"],
     }
+
+
+def test_a_step_is_recorded_running_at_once_and_a_killed_one_is_closed_later(store_uri, tmp_path):
+    seen = {}
+    with lineage.step(store_uri, "train", PIPELINE, "run-9", {"workers": 2}) as rec:
+        # While the block runs, the execution is already there: a SIGKILL here leaves it.
+        (running,) = lineage.run_summary(store_uri, "run-9")["executions"]
+        seen["state"] = running["state"]
+        rec.set(job_name="j")
+    assert seen["state"] == "RUNNING"
+    (done,) = lineage.run_summary(store_uri, "run-9")["executions"]
+    assert (done["id"], done["state"]) == (running["id"], "COMPLETE")  # the same execution
+
+    # A killed step cannot complete its execution: the run's exit handler closes it.
+    lineage.record_execution(
+        store_uri,
+        step="evaluate",
+        pipeline_name=PIPELINE,
+        run_id="run-9",
+        parameters={},
+        inputs={},
+        outputs={},
+        state="RUNNING",
+    )
+    assert lineage.close_unfinished(store_uri, "run-9", "the pod was killed") == ["evaluate"]
+    assert lineage.failure_of(store_uri, "run-9") == ("evaluate", "the pod was killed")
+    assert lineage.close_unfinished(store_uri, "run-9", "again") == []
+
+
+def test_an_unreachable_store_fails_the_step_before_its_work(tmp_path):
+    import socket
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    worked = []
+    with (
+        pytest.raises(UserError, match=f"127.0.0.1:{port}"),
+        lineage.step(f"127.0.0.1:{port}", "tokenize", PIPELINE, "run-1", {}),
+    ):
+        worked.append(True)
+    assert worked == []

@@ -143,3 +143,26 @@ def test_a_rollback_retires_the_models_it_takes_out_of_service(tmp_path):
     assert serving.rollback(str(dest), 2) == 5
     back = executor.run(bad, make_blessing(tmp_path, True, "b5"), str(dest), str(tmp_path / "p5"))
     assert (back.pushed, back.pushed_version) == (1, "5") and "already served" in back.reason
+
+
+def test_a_model_served_already_is_credited_to_the_push_that_published_it(tmp_path):
+    dest = tmp_path / "serving"
+    model = make_model_with(tmp_path, "m", b"graph")
+    first = executor.run(
+        model, make_blessing(tmp_path, True, "b1"), str(dest), str(tmp_path / "p1")
+    )
+    assert (first.pushed, first.pushed_version) == (1, "1")
+    asked = []
+
+    def recorded(uri: str) -> bool:  # lineage holds the first run's push of that version
+        asked.append(uri)
+        return True
+
+    again = executor.run(
+        model, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"), recorded
+    )
+    assert asked == [str(dest / "1")]
+    assert (again.pushed, again.pushed_version) == (0, "")
+    assert "already served as version 1, pushed by an earlier run" in again.reason
+    assert (tmp_path / "p2" / "NOT_PUSHED").is_file()
+    assert serving.serving_versions(dest) == [1]

@@ -36,7 +36,13 @@ from components.lineage.query import (
     producer_of,
     run_summary,
 )
-from components.lineage.record import StepRecorder, environment_digest, record_execution, step
+from components.lineage.record import (
+    StepRecorder,
+    close_unfinished,
+    environment_digest,
+    record_execution,
+    step,
+)
 from components.lineage.schema import (
     ARTIFACT_TYPES,
     DATASET_CONTEXT,
@@ -48,6 +54,7 @@ from components.lineage.schema import (
 from components.lineage.store import is_service, open_store, store_address, store_config
 
 __all__ = [
+    "close_unfinished",
     "ARTIFACT_TYPES",
     "DATASET_CONTEXT",
     "EXECUTION_TYPE_PREFIX",

@@ -96,8 +96,7 @@ def run_summary(store_uri: str, run_id: str) -> dict[str, Any]:
     context = store.get_context_by_type_and_name(RUN_CONTEXT, run_id)
     if context is None:
         raise UserError(f"no run {run_id!r} in metadata store {store_uri}: check the run id")
-    executions = sorted(store.get_executions_by_context(context.id), key=lambda e: e.id)
-    views = execution_views(store, executions)
+    views = _in_start_order(execution_views(store, store.get_executions_by_context(context.id)))
     steps: dict[str, dict[str, Any]] = {}
     for view in views:
         steps[view["step"]] = {
@@ -124,8 +123,8 @@ def failure_of(store_uri: str, run_id: str) -> tuple[str, str] | None:
     context = store.get_context_by_type_and_name(RUN_CONTEXT, run_id)
     if context is None:
         return None
-    for view in execution_views(
-        store, sorted(store.get_executions_by_context(context.id), key=lambda e: e.id)
+    for view in _in_start_order(
+        execution_views(store, store.get_executions_by_context(context.id))
     ):
         if view["state"] == "FAILED":
             return view["step"], str(view["properties"].get("error", "see the step's log"))
@@ -196,6 +195,17 @@ def original_producer(store: metadata_store.MetadataStore, artifact_id: int) -> 
     executions = store.get_executions_by_id(ids)
     ran = [e for e in executions if e.last_known_state != mlmd.Execution.CACHED]
     return min(ran or executions, key=lambda e: e.id)
+
+
+def _in_start_order(views: list[ExecutionView]) -> list[ExecutionView]:
+    """Executions by when they started: a step records itself RUNNING as it starts, and a
+    CACHED execution, recorded later by the step that read its output, keeps its original's
+    start time."""
+
+    def started(view: ExecutionView) -> int:
+        return int(view["properties"].get("start_time_ms", view["create_time_ms"]))
+
+    return sorted(views, key=lambda v: (started(v), v["id"]))
 
 
 def run_executions(store: metadata_store.MetadataStore, run_id: str) -> list[ExecutionView]:

@@ -88,8 +88,11 @@ def record_execution(
     end_time: float | None = None,
     dataset_version: str | None = None,
     upstream: Collection[str] = (),
+    execution_id: int | None = None,
 ) -> int:
     """Record one step execution with its inputs, outputs and contexts, atomically.
+
+    `execution_id` names an execution recorded earlier (RUNNING, by `step`) to complete.
 
     Inputs already in the store (same type and URI, latest wins) are reused, so the lineage
     graph connects across steps; outputs are always new LIVE artifacts. Times are epoch
@@ -108,6 +111,8 @@ def record_execution(
         type_id=_put_execution_type(store, step),
         last_known_state=mlmd.Execution.State.Value(state),
     )
+    if execution_id is not None:
+        execution.id = execution_id
     set_values(
         execution.custom_properties,
         _execution_values(
@@ -131,7 +136,8 @@ def record_execution(
         for (artifact, event) in pairs
         if artifact.HasField("id") and event_key(event) in upstream
     ]
-    _record_cached(store, run_id, pipeline_name, cached_from)
+    served_ms = int((time.time() if start_time is None else start_time) * 1000)
+    _record_cached(store, run_id, pipeline_name, cached_from, served_ms)
     pairs += [
         (_new_artifact(store, record), new_event(mlmd.Event.OUTPUT, key, index))
         for key, records in outputs.items()
@@ -181,7 +187,11 @@ def _execution_values(
 
 
 def _record_cached(
-    store: metadata_store.MetadataStore, run_id: str, pipeline_name: str, artifact_ids: list[int]
+    store: metadata_store.MetadataStore,
+    run_id: str,
+    pipeline_name: str,
+    artifact_ids: list[int],
+    served_ms: int,
 ) -> None:
     """Record, in this run, a CACHED execution for each upstream step KFP skipped.
 
@@ -190,11 +200,13 @@ def _record_cached(
     properties (image, parameters, code version...), adds `cached_from_execution_id` and
     `cached_from_run_id`, and has OUTPUT events to the same artifacts. The original's own
     upstream inputs from its run are followed too, so a chain of skipped steps is complete.
+    Its time is just before `served_ms`, when the step that read its output started (each
+    step further up the chain a millisecond earlier), so runs list steps in DAG order.
     """
     done = {view["step"] for view in run_executions(store, run_id)}
-    pending: list[tuple[int, str | None]] = [(a, None) for a in artifact_ids]
+    pending: list[tuple[int, str | None, int]] = [(a, None, served_ms - 1) for a in artifact_ids]
     while pending:
-        artifact_id, from_run = pending.pop()
+        artifact_id, from_run, at_ms = pending.pop()
         producer = original_producer(store, artifact_id)
         if producer is None:
             continue
@@ -203,19 +215,24 @@ def _record_cached(
         if its_run == run_id or step in done or (from_run is not None and its_run != from_run):
             continue
         done.add(step)
-        _put_cached(store, producer, run_id, pipeline_name)
+        _put_cached(store, producer, run_id, pipeline_name, at_ms)
         inputs = store.get_events_by_execution_ids([producer.id])
-        pending += [(e.artifact_id, its_run) for e in inputs if e.type == mlmd.Event.INPUT]
+        pending += [
+            (e.artifact_id, its_run, at_ms - 1) for e in inputs if e.type == mlmd.Event.INPUT
+        ]
 
 
 def _put_cached(
-    store: metadata_store.MetadataStore, original: Any, run_id: str, pipeline_name: str
+    store: metadata_store.MetadataStore,
+    original: Any,
+    run_id: str,
+    pipeline_name: str,
+    at_ms: int,
 ) -> None:
     execution = mlmd.Execution(
         type_id=original.type_id, last_known_state=mlmd.Execution.State.Value("CACHED")
     )
     execution.custom_properties.MergeFrom(original.custom_properties)
-    now_ms = int(time.time() * 1000)
     set_values(
         execution.custom_properties,
         {
@@ -223,8 +240,8 @@ def _put_cached(
             "pipeline_name": pipeline_name,
             "cached_from_execution_id": original.id,
             "cached_from_run_id": original.custom_properties["run_id"].string_value,
-            "start_time_ms": now_ms,
-            "end_time_ms": now_ms,
+            "start_time_ms": at_ms,
+            "end_time_ms": at_ms,
         },
     )
     outputs = [
@@ -379,6 +396,21 @@ def step(
     recorder = StepRecorder(parameters)
     recorder.set(**(properties or {}))
     start = time.time()
+    # Recorded at once, RUNNING: an unreachable store fails the step before its work, and a
+    # step killed outright (SIGKILL, eviction, a cancelled run) still leaves its execution,
+    # which the run's exit handler marks (`close_unfinished`).
+    execution_id = record_execution(
+        store_uri,
+        step=step_name,
+        pipeline_name=pipeline_name,
+        run_id=run_id,
+        parameters=recorder.parameters,
+        inputs={},
+        outputs={},
+        properties=recorder.properties,
+        state="RUNNING",
+        start_time=start,
+    )
     state = "FAILED"
     try:
         yield recorder
@@ -406,4 +438,27 @@ def step(
             start_time=start,
             dataset_version=recorder.dataset_version,
             upstream=recorder.upstream,
+            execution_id=execution_id,
         )
+
+
+def close_unfinished(store_uri: str, run_id: str, reason: str) -> list[str]:
+    """Mark the run's executions still RUNNING as FAILED with `reason`; return their steps.
+
+    A step that ends normally completes its own execution; one whose process was killed
+    cannot. The run's exit handler calls this, so lineage tells what happened to every step.
+    """
+    store = open_store(store_uri)
+    closed = []
+    for view in run_executions(store, run_id):
+        if view["state"] != "RUNNING":
+            continue
+        (execution,) = store.get_executions_by_id([view["id"]])
+        execution.last_known_state = mlmd.Execution.State.FAILED
+        set_values(
+            execution.custom_properties,
+            {"error": reason, "end_time_ms": int(time.time() * 1000)},
+        )
+        store.put_executions([execution])
+        closed.append(view["step"])
+    return closed

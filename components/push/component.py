@@ -25,7 +25,15 @@ def push(
     with lineage.step(metadata, "push", pipeline_name, run_id, params, found) as rec:
         rec.input("model", "Model", model.uri, upstream=True)
         rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
-        result = executor.run(model.path, blessing.path, serving_dir, pushed_model.path)
+        result = executor.run(
+            model.path,
+            blessing.path,
+            serving_dir,
+            pushed_model.path,
+            already_pushed=lambda uri: (
+                lineage.find_artifact(metadata, uri, "PushedModel") is not None
+            ),
+        )
         props = {
             "pushed": result.pushed,
             "pushed_destination": result.pushed_destination,

@@ -15,6 +15,7 @@ finished instead of publishing the model twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -35,8 +36,19 @@ class PushResult:
     reason: str  # why it was or was not pushed
 
 
-def run(model_dir: str, blessing_dir: str, destination: str, pushed_dir: str) -> PushResult:
+def run(
+    model_dir: str,
+    blessing_dir: str,
+    destination: str,
+    pushed_dir: str,
+    already_pushed: Callable[[str], bool] = lambda version_uri: False,
+) -> PushResult:
     """Publish the Model's SavedModel as `<destination>/<version>/` if the model is blessed.
+
+    A model the newest version already holds is not published again. It still counts as this
+    push's (`pushed=1`), since this step may be the retry of a push that published and then
+    failed, unless `already_pushed(version_uri)`: lineage holds an earlier push of it (a run
+    whose train KFP served from its cache), and then nothing is pushed.
 
     The version is one more than the highest at the destination. The copy is written beside
     the destination and renamed into place (gs://: staged and copied with the SavedModel graph
@@ -54,9 +66,13 @@ def run(model_dir: str, blessing_dir: str, destination: str, pushed_dir: str) ->
         log.info("not pushing %s: %s", model_dir, reason)
     elif blessed:
         version, new = _publish(str(saved_model), destination)
-        why = "blessed" if new else f"blessed; already served as version {version}"
-        result = PushResult(1, destination, str(version), why)
-        log.info("pushed %s as version %d under %s (%s)", model_dir, version, destination, why)
+        if not new and already_pushed(storage.join(destination, str(version))):
+            reason = f"already served as version {version}, pushed by an earlier run"
+            result = PushResult(0, destination, "", f"not pushed: {reason}")
+        else:
+            why = "blessed" if new else f"blessed; already served as version {version}"
+            result = PushResult(1, destination, str(version), why)
+        log.info("push of %s under %s: %s", model_dir, destination, result.reason)
     else:
         result = PushResult(0, destination, "", f"not blessed: {reason}")
         log.info("not pushing %s: %s", model_dir, reason)

@@ -1,31 +1,44 @@
-"""KFP component for train's exit handler: delete the run's TFJobs, however the run ended.
+"""KFP component for the run's exit handler: delete its TFJobs and close its lineage.
 
 The TFJob's ownerReference to the train step's pod acts only when that pod object is deleted,
-which KFP does up to a day after the run; a cancelled run, a step killed by OOM or eviction,
-or a launcher that crashed would otherwise leave workers holding GPUs until
-`activeDeadlineSeconds`. The pipeline wraps its steps in `dsl.ExitHandler(release)`.
+which KFP does up to a day after the run. On a cancelled run the step pods die at once (the
+component's `sh` wrapper does not pass SIGTERM on to Python), and a step killed by OOM or
+eviction runs no cleanup either: without this, workers would hold GPUs until
+`activeDeadlineSeconds`, and those steps would stay RUNNING in lineage. The pipeline wraps its
+steps in `dsl.ExitHandler(release)`, which runs however the steps end.
 """
 
 from kfp import dsl
 
 
-def release(launcher: str) -> int:
+def release(launcher: str, metadata: str, image: str) -> int:
     """Delete every TFJob labelled with this run's id in this namespace; return how many.
 
-    Nothing to do for the local launcher, whose workers are the train step's own children.
+    The local launcher leaves no TFJob (its workers are the train step's own children).
+    Steps whose execution is still RUNNING were killed: they are recorded FAILED.
     """
     import os
 
-    from components import kube, provenance
+    from components import kube, lineage, provenance
+
+    run_id, _ = provenance.at_step_start(image, os.environ)
+    closed = lineage.close_unfinished(
+        lineage.store_address(metadata, os.environ),
+        run_id,
+        "the step's pod ended before the step did (killed, evicted, or the run was cancelled)",
+    )
+    if closed:
+        print(f"release: recorded {', '.join(closed)} as FAILED: their pods were stopped")
+    if launcher != "tfjob":
+        return 0
     from components.train import tfjob
 
-    if launcher != "tfjob":
-        print("release: the local launcher leaves no TFJob behind")
-        return 0
-    run_id = provenance.run_id(os.environ)
     pod = kube.pod_identity(os.environ)
     deleted = tfjob.delete_run_jobs(kube.default_api_client(), pod.namespace, run_id)
-    print(f"release: deleted {len(deleted)} TFJob(s) of run {run_id}: {', '.join(deleted)}")
+    print(
+        f"release: deleted {len(deleted)} TFJob(s) of run {run_id}"
+        + "".join(f"\n  {name}" for name in deleted)
+    )
     return len(deleted)
 
 

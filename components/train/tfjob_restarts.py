@@ -20,9 +20,10 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from components.train.tfjob_manifest import LABEL_REPLICA_INDEX
+
 RESTARTS_ANNOTATION = "gptpipe.dev/restarts"
 PODS_ANNOTATION = "gptpipe.dev/worker-pods"
-LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"  # set by the operator on every pod
 
 
 class RestartLedger:

@@ -1,0 +1,339 @@
+"""Operating gptpipe on a KFP cluster: upload a version, start a run and follow it.
+
+Every call goes through `kfp_client.Api.call` (retries, one-line errors). Recurring runs live in
+`kfp_schedule`, the table of recent runs in `kfp_runs`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from contracts.errors import UserError
+from pipelines.compiler import check_pipeline_root
+from pipelines.kfp_client import Api, KfpError
+from pipelines.pipeline import PIPELINE_NAME
+
+DEFAULT_EXPERIMENT = "gptpipe"
+SHORT_SHA = 12  # hex digits of the commit in a default version name: git-<12 hex>
+# RuntimeState values (backend/api/v2beta1/run.proto) after which a run changes no more.
+FINAL_STATES = frozenset({"SUCCEEDED", "SKIPPED", "FAILED", "CANCELED"})
+SUCCESS_STATES = frozenset({"SUCCEEDED", "SKIPPED"})
+_EQUALS = 1  # filter.proto Predicate.Operation EQUALS, as kfp.Client sends it
+
+
+def default_version(code_version: str) -> str:
+    """`git-<short sha>` for this checkout's commit; refused when it is dirty or unknown."""
+    if code_version.endswith("-dirty"):
+        raise UserError(
+            "the checkout has uncommitted changes, so git-<sha> would not name what is "
+            "uploaded: commit them, or name the version with --version"
+        )
+    if not code_version or code_version == "unknown":
+        raise UserError("no git commit found to name the version: pass --version NAME")
+    return f"git-{code_version[:SHORT_SHA]}"
+
+
+def name_filter(name: str) -> str:
+    """A list filter (filter.proto) on `display_name`, the way kfp.Client writes one."""
+    return json.dumps(
+        {"predicates": [{"operation": _EQUALS, "key": "display_name", "stringValue": name}]}
+    )
+
+
+# ---- the pipeline and its versions ---------------------------------------------------------
+
+
+def find_pipeline(api: Api, name: str = PIPELINE_NAME) -> str | None:
+    """The id of the pipeline called `name` (in the namespace on a multi-user KFP), or None."""
+    found = api.call(
+        f"list pipelines named {name}",
+        lambda: api.client.list_pipelines(filter=name_filter(name), namespace=api.namespace),
+    )
+    pipelines = found.pipelines or []
+    if len(pipelines) > 1:
+        raise UserError(f"KFP at {api.where.host} has {len(pipelines)} pipelines named {name}")
+    return str(pipelines[0].pipeline_id) if pipelines else None
+
+
+def ensure_pipeline(api: Api, name: str = PIPELINE_NAME) -> tuple[str, bool]:
+    """The pipeline's id, creating it (with no version yet) when missing; and whether it was."""
+    found = find_pipeline(api, name)
+    if found:
+        return found, False
+    models = api.client.api_models
+    body = models.V2beta1Pipeline(
+        display_name=name,
+        description="Tokenize, train, evaluate and push a GPT.",
+        namespace=api.namespace or None,
+    )
+    try:
+        created = api.call(
+            f"create pipeline {name}",
+            lambda: api.client.pipelines.pipeline_service_create_pipeline(body=body),
+            creates=True,
+        )
+    except KfpError as err:
+        if err.status != 409:  # another upload created it first
+            raise
+        return ensure_pipeline(api, name)
+    return str(created.pipeline_id), True
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """What `upload` did."""
+
+    pipeline_id: str
+    version: str  # the version's name
+    version_id: str  # "" when the version already existed
+    created_pipeline: bool  # the pipeline itself was new
+
+
+def upload(api: Api, package: Path, version: str) -> Uploaded:
+    """Upload `package` as version `version` of the gptpipe pipeline, creating it if missing.
+
+    A version of that name already there (KFP answers 409) is not an error: re-running the
+    upload of one commit changes nothing.
+    """
+    pipeline_id, created = ensure_pipeline(api)
+    try:
+        found = api.call(
+            f"upload version {version}",
+            lambda: api.client.upload_pipeline_version(
+                str(package), pipeline_version_name=version, pipeline_id=pipeline_id
+            ),
+        )
+    except KfpError as err:
+        if err.status != 409:
+            raise
+        return Uploaded(pipeline_id, version, "", created)
+    return Uploaded(pipeline_id, version, str(found.pipeline_version_id), created)
+
+
+def find_version(api: Api, pipeline_id: str, name: str | None) -> Any:
+    """The version called `name`, or the newest one; refused when there is none."""
+    what = f"version {name}" if name else "the latest version"
+    found = api.call(
+        f"find {what} of {PIPELINE_NAME}",
+        lambda: api.client.list_pipeline_versions(
+            pipeline_id,
+            page_size=1,
+            sort_by="created_at desc",
+            filter=name_filter(name) if name else None,
+        ),
+    )
+    versions = found.pipeline_versions or []
+    if not versions:
+        raise UserError(
+            f"no {what} of pipeline {PIPELINE_NAME} on {api.where.host}: upload it with "
+            f"`gptpipe kfp upload{' --version ' + name if name else ''}`"
+        )
+    return versions[0]
+
+
+# ---- what a run runs: its spec, root and parameters ----------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSource:
+    """A run's pipeline: an uploaded version, or a compiled YAML file run as it is."""
+
+    label: str  # for messages: "version git-abc123", "file gptpipe.yaml"
+    spec: Mapping[str, Any]  # the PipelineSpec, for its root and parameters
+    pipeline_id: str = ""
+    version_id: str = ""
+    package: Path | None = None
+
+
+def source_from_file(path: Path) -> RunSource:
+    """A compiled pipeline YAML as a run source."""
+    try:
+        docs = list(yaml.safe_load_all(path.read_text()))
+    except (OSError, yaml.YAMLError) as err:
+        raise UserError(f"cannot read the pipeline YAML {path}: {err}") from None
+    if not docs or not isinstance(docs[0], dict) or "root" not in docs[0]:
+        raise UserError(f"{path} is not a compiled pipeline: write it with `gptpipe compile`")
+    return RunSource(f"file {path}", docs[0], package=path)
+
+
+def source_from_server(api: Api, version: str | None) -> RunSource:
+    """An uploaded version (the newest when `version` is None) as a run source."""
+    pipeline_id = find_pipeline(api)
+    if pipeline_id is None:
+        raise UserError(
+            f"no pipeline {PIPELINE_NAME} on {api.where.host}: run `gptpipe kfp upload` first"
+        )
+    found = find_version(api, pipeline_id, version)
+    spec = found.pipeline_spec or {}
+    # A YAML with a platform spec comes back as {"pipeline_spec", "platform_spec"}
+    # (yamlStringToPipelineSpecStruct, backend/src/apiserver/server/api_util.go).
+    spec = spec.get("pipeline_spec", spec)
+    return RunSource(
+        f"version {found.display_name}", spec, pipeline_id, str(found.pipeline_version_id)
+    )
+
+
+def pipeline_root(source: RunSource, given: str | None) -> str:
+    """The root to pass with the run: `given`, else the one the YAML was compiled with.
+
+    KFP 2.5's API server ignores a compiled defaultPipelineRoot, so the root travels in the
+    run's runtime config; it must be gs:// like `gptpipe compile` requires.
+    """
+    root = given if given is not None else str(source.spec.get("defaultPipelineRoot", ""))
+    check_pipeline_root(root)
+    return root
+
+
+def parse_params(items: Sequence[str]) -> dict[str, Any]:
+    """`key=value` pairs; a value is JSON when it parses as JSON, else the string itself."""
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--param {item!r} is not KEY=VALUE, e.g. --param corpus=gs://b/c/")
+        try:
+            params[key.strip()] = json.loads(text)
+        except ValueError:
+            params[key.strip()] = text
+    return params
+
+
+def check_params(source: RunSource, params: Mapping[str, Any]) -> None:
+    """Refuse parameters the pipeline lacks, and missing ones that have no default."""
+    declared = source.spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise UserError(
+            f"{source.label} has no parameter {', '.join(unknown)}: "
+            f"its parameters are {', '.join(sorted(declared))}"
+        )
+    missing = [
+        name
+        for name, spec in sorted(declared.items())
+        if name not in params and "defaultValue" not in spec and not spec.get("isOptional")
+    ]
+    if missing:
+        example = " ".join(f"--param {name}=..." for name in missing)
+        raise UserError(f"{source.label} needs a value for {', '.join(missing)}: pass {example}")
+
+
+# ---- runs ----------------------------------------------------------------------------------
+
+
+def experiment_id(api: Api, name: str) -> str:
+    """The id of experiment `name`, created when missing (kfp.Client's get-or-create)."""
+    found = api.call(
+        f"find or create experiment {name}",
+        lambda: api.client.create_experiment(name, namespace=api.namespace or None),
+    )
+    return str(found.experiment_id)
+
+
+def start_run(
+    api: Api,
+    source: RunSource,
+    experiment: str,
+    params: Mapping[str, Any],
+    root: str,
+    run_name: str,
+) -> Any:
+    """Start one run of `source` and return it (a V2beta1Run)."""
+    check_params(source, params)
+    exp_id = experiment_id(api, experiment)
+    package = str(source.package) if source.package else None
+    return api.call(
+        f"start a run of {source.label}",
+        lambda: api.client.run_pipeline(
+            experiment_id=exp_id,
+            job_name=run_name,
+            pipeline_package_path=package,
+            params=dict(params),
+            pipeline_id=source.pipeline_id or None,
+            version_id=source.version_id or None,
+            pipeline_root=root or None,
+        ),
+        creates=True,
+    )
+
+
+def wait(
+    api: Api,
+    run_id: str,
+    poll_s: float,
+    on_state: Callable[[str], None],
+    sleep: Callable[[float], None] = time.sleep,
+) -> Any:
+    """Follow a run until it ends and return it; `on_state` hears each new state."""
+    seen = ""
+    while True:
+        run = api.call(f"get run {run_id}", lambda: api.client.get_run(run_id))
+        state = str(run.state or "RUNTIME_STATE_UNSPECIFIED")
+        if state != seen:
+            on_state(state)
+            seen = state
+        if state in FINAL_STATES:
+            return run
+        sleep(poll_s)
+
+
+@dataclass(frozen=True)
+class TaskFailure:
+    """A failed task of a run and what the API says about why."""
+
+    task: str  # the task's display name, e.g. "train"
+    error: str  # its error message, or where to look when the API has none
+
+
+def failed_tasks(run: Any) -> list[TaskFailure]:
+    """The innermost FAILED tasks of a run, from `run_details.task_details`, with their errors.
+
+    KFP 2.5 builds task details from the Argo nodes: a task that failed shows up as the DAG
+    node named after it and, inside, its pod node named "executor"
+    (backend/src/v2/compiler/argocompiler/container.go); a failed child fails its parents. The
+    innermost failures are the ones no other failed task sits inside; an "executor" takes its
+    parent's name. KFP 2.5 leaves a task's `error` empty (`toApiPipelineTaskDetail`), so the
+    state history, then the run's own error, then the node to look up stand in.
+    """
+    details = getattr(run.run_details, "task_details", None) or []
+    failed = [t for t in details if str(t.state) == "FAILED"]
+    parent_of: dict[str, Any] = {}
+    for task in failed:
+        for child in task.child_tasks or []:
+            parent_of[str(child.pod_name or child.task_id)] = task
+    by_id = {str(t.task_id): t for t in failed}
+    inner = [t for t in failed if not _has_failed_child(t, parent_of, failed)]
+    found = []
+    for task in inner:
+        parent = by_id.get(str(task.parent_task_id or "")) or parent_of.get(str(task.pod_name))
+        name = str(task.display_name or "")
+        if name == "executor" and parent is not None:
+            name = str(parent.display_name)
+        found.append(TaskFailure(name or str(task.task_id), _task_error(task, run)))
+    return found
+
+
+def _has_failed_child(task: Any, parent_of: Mapping[str, Any], failed: Sequence[Any]) -> bool:
+    return any(
+        parent_of.get(str(other.pod_name)) is task or other.parent_task_id == task.task_id
+        for other in failed
+        if other is not task
+    )
+
+
+def _task_error(task: Any, run: Any) -> str:
+    if task.error is not None and task.error.message:
+        return str(task.error.message)
+    for status in reversed(task.state_history or []):
+        if status.error is not None and status.error.message:
+            return str(status.error.message)
+    if run.error is not None and run.error.message:
+        return str(run.error.message)
+    where = f" (node {task.pod_name})" if task.pod_name else ""
+    return f"no error message in KFP's API: see the task's log in the KFP UI{where}"
