@@ -29,7 +29,7 @@ class PodIdentity:
 
     name: str = ""  # metadata.name, from POD_NAME_ENV
     uid: str = ""  # metadata.uid, from POD_UID_ENV
-    namespace: str = ""  # the pod's namespace, from its service account's namespace file
+    namespace: str = ""  # from POD_NAMESPACE_ENV (metadata.namespace), else the service account
 
 
 def pod_identity(
