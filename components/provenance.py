@@ -30,7 +30,7 @@ from components import kube
 from contracts.errors import UserError
 
 LOCAL_IMAGE = "local-python-environment"  # kfp.local's SubprocessRunner: no image is pulled
-CODE_VERSION_ENV = "GPTPIPE_CODE_VERSION"  # set by images/*/Dockerfile from the REVISION arg
+CODE_VERSION_ENV = "GPTPIPE_CODE_VERSION"  # set by images/Dockerfile from the REVISION arg
 RUN_ID_ENV = "KFP_RUN_ID"  # the pod label pipeline/runid (pipelines/pipeline.py), or the runner's
 RUN_ID_LABEL = "metadata.labels['pipeline/runid']"  # where KFP puts the run's UUID on each pod
 KFP_MAIN_CONTAINER = "main"  # the container KFP v2 runs a component in

@@ -225,6 +225,20 @@ def _add_kfp(sub: Any) -> None:
     params.add_argument(
         "--pipeline-root", default=None, help="gs:// root (default: the compiled one)"
     )
+    params.add_argument(
+        "--config",
+        default=None,
+        help="trainer preset or YAML file, resolved here into the config parameter "
+        "(default: the one compiled in)",
+    )
+    params.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="trainer config override on top of --config, repeatable",
+    )
 
     run = ops.add_parser("run", parents=[conn, params], help="start a run")
     which = run.add_mutually_exclusive_group()
@@ -297,7 +311,7 @@ def _cmd_kfp_upload(args: argparse.Namespace) -> int:
 def _cmd_kfp_run(args: argparse.Namespace) -> int:
     from pipelines import kfp_ops
 
-    params = kfp_ops.parse_params(args.params)
+    params = {**kfp_ops.parse_params(args.params), **_config_param(args)}
     file_source = kfp_ops.source_from_file(args.file) if args.file else None
     api = _cmd_kfp_api(args)
     source = file_source or kfp_ops.source_from_server(api, args.version)
@@ -320,6 +334,17 @@ def _cmd_kfp_run(args: argparse.Namespace) -> int:
     return 1
 
 
+def _config_param(args: argparse.Namespace) -> dict[str, Any]:
+    """The `config` run parameter from --config/--set, resolved here; {} to keep the compiled."""
+    if args.config is None:
+        if args.overrides:
+            raise UserError("--set needs --config: name the preset or YAML file it overrides")
+        return {}
+    from trainer.config import config_to_dict
+
+    return {"config": config_to_dict(_resolved_config(args))}
+
+
 def _cmd_kfp_lineage_failure(store: str, run_id: str) -> list[Any]:
     """The failed step and its one-line error as the step recorded it in ML Metadata."""
     from components import lineage
@@ -333,7 +358,7 @@ def _cmd_kfp_schedule(args: argparse.Namespace) -> int:
     from pipelines import kfp_ops, kfp_schedule
 
     kfp_schedule.check_cron(args.cron)  # before any call: a bad schedule never half-replaces
-    params = kfp_ops.parse_params(args.params)
+    params = {**kfp_ops.parse_params(args.params), **_config_param(args)}
     created, replaced = kfp_schedule.schedule(
         _cmd_kfp_api(args),
         args.name,

@@ -121,7 +121,7 @@ def schedule(
     max_concurrency: int,
     no_catchup: bool,
 ) -> tuple[Any, int]:
-    """Create the recurring run `name`, replacing any of that name (the API has no update).
+    """Create the recurring run `name`, then delete any older of that name (the API has no update).
 
     Returns the new recurring run and how many it replaced. The parameters are checked, and
     the pipeline root read, on the newest version, the one the next firing runs.
@@ -133,9 +133,9 @@ def schedule(
     kfp_ops.check_params(source, params)
     root = kfp_ops.pipeline_root(source, root)
     exp_id = kfp_ops.experiment_id(api, experiment)
+    # Create first, then delete the old ones: a failed create leaves the old schedule in place
+    # (two schedules of one name for a moment is better than none after an error).
     old = find(api, name)
-    for each in old:
-        delete(api, str(each.recurring_run_id))
     models = api.client.api_models
     body = models.V2beta1RecurringRun(
         display_name=name,
@@ -159,6 +159,8 @@ def schedule(
         lambda: api.client.recurring_runs.recurring_run_service_create_recurring_run(body=body),
         creates=True,
     )
+    for each in old:
+        delete(api, str(each.recurring_run_id))
     return created, len(old)
 
 

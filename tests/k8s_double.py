@@ -159,6 +159,11 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802
         parts, query, _ = self._record("GET")
+        if self.kube.unavailable > 0:
+            # An apiserver briefly overloaded or restarting answers 503 with a Status body
+            # (k8s.io/apiserver pkg/server/filters/maxinflight.go answers 429 the same way).
+            self.kube.unavailable -= 1
+            return self._send_json(503, status_object(503, "ServiceUnavailable", "try again"))
         if self._tfjobs(parts):
             if len(parts) == 7:
                 return self._get(self.kube.cluster.tfjobs, parts[4], parts[6], "tfjobs")
@@ -276,6 +281,7 @@ class FakeKube:
         self.steps = list(steps or [])
         self.requests: list[Request] = []
         self.output = ""  # a test may keep the launcher's output here
+        self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
         self.operator: TrainingOperator | None = None
         self.kubelet: Kubelet | None = None
         self._player: threading.Thread | None = None

@@ -187,3 +187,84 @@ def test_image_pull_secrets_reach_every_step(tmp_path):
     for step in STEPS:
         (secret,) = executors[f"exec-{step}"]["imagePullSecret"]
         assert secret["secretName"] == "regcred", step
+
+
+# ---- the compiled YAML against KFP's own protobuf schemas ---------------------------------
+
+
+def test_the_compiled_yaml_parses_strictly_into_the_pipeline_spec_proto(tmp_path):
+    from google.protobuf import json_format
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    spec, _ = compiled(tmp_path)
+    # No ignore_unknown_fields: a field KFP's backend does not know is an error here.
+    parsed = json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec())
+    # deploymentSpec is a Struct in PipelineSpec: parse it into its own message too.
+    deployment = json_format.ParseDict(
+        spec["deploymentSpec"], pipeline_spec_pb2.PipelineDeploymentConfig()
+    )
+    assert json_format.MessageToDict(parsed) == spec, "the YAML carries what the proto drops"
+    assert json_format.MessageToDict(deployment) == spec["deploymentSpec"]
+    assert parsed.pipeline_info.name == "gptpipe" and parsed.default_pipeline_root == ROOT
+    assert set(deployment.executors) == {f"exec-{step}" for step in STEPS}
+    with pytest.raises(json_format.ParseError, match="no field named"):
+        json_format.ParseDict(
+            {**spec, "defaultPipelineRot": ROOT}, pipeline_spec_pb2.PipelineSpec()
+        )
+
+
+def test_the_platform_spec_parses_strictly_into_the_kubernetes_executor_config(tmp_path):
+    from google.protobuf import json_format
+    from kfp.kubernetes import kubernetes_executor_config_pb2
+    from kfp.pipeline_spec import pipeline_spec_pb2
+
+    _, platform = compiled(tmp_path, image_pull_secrets=("regcred",))
+    parsed = json_format.ParseDict(platform, pipeline_spec_pb2.PlatformSpec())
+    assert json_format.MessageToDict(parsed) == platform
+    executors = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert set(executors) == {f"exec-{step}" for step in STEPS}
+    for name, config in executors.items():
+        message = json_format.ParseDict(
+            config, kubernetes_executor_config_pb2.KubernetesExecutorConfig()
+        )
+        assert json_format.MessageToDict(message) == config, name
+        assert [s.secret_name for s in message.image_pull_secret] == ["regcred"], name
+    with pytest.raises(json_format.ParseError, match="no field named"):
+        json_format.ParseDict(
+            {"imagePullSecrets": [{"secretName": "regcred"}]},
+            kubernetes_executor_config_pb2.KubernetesExecutorConfig(),
+        )
+
+
+def test_no_credential_in_the_environment_reaches_the_compiled_yaml(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    token = "eyJhbGciOiJSUzI1NiJ9.planted-kfp-token.c2lnbmF0dXJl"
+    token_file = tmp_path / "kfp-token"
+    token_file.write_text(token)
+    key_file = tmp_path / "gcp-key.json"
+    key = "-----BEGIN PRIVATE KEY-----planted-----END PRIVATE KEY-----"
+    key_file.write_text(json.dumps({"type": "service_account", "private_key": key}))
+    planted = {
+        "KF_PIPELINES_SA_TOKEN_PATH": str(token_file),
+        "GOOGLE_APPLICATION_CREDENTIALS": str(key_file),
+        "KF_PIPELINES_ENDPOINT": "https://kfp.planted-host.example/pipeline",
+        "KFP_TOKEN": token,
+        "GITHUB_TOKEN": "ghs_plantedGitHubToken0123456789",
+        "AWS_SECRET_ACCESS_KEY": "planted/aws/secret/key",
+    }
+    gptpipe = Path(sys.executable).parent / "gptpipe"
+    clean = {k: v for k, v in os.environ.items() if k not in planted}
+
+    def compile_with(env: dict, out: Path) -> str:
+        argv = [str(gptpipe), "compile", "--output", str(out), "--lock", str(LOCK)]
+        subprocess.run([*argv, "--pipeline-root", ROOT], env=env, check=True, capture_output=True)
+        return out.read_text()
+
+    leaked = compile_with({**clean, **planted}, tmp_path / "planted.yaml")
+    for name, value in [*planted.items(), ("the token file's text", token), ("the key", key)]:
+        assert value not in leaked, f"{name} reached the compiled YAML"
+    assert "planted" not in leaked
+    assert leaked == compile_with(clean, tmp_path / "clean.yaml")

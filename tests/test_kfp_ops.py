@@ -187,6 +187,21 @@ def test_run_refuses_a_local_root_and_a_missing_parameter(double, token, compile
     assert double.runs == {}
 
 
+def test_run_config_is_resolved_here_into_the_config_parameter(double, token, compiled, capsys):
+    from trainer.config import config_to_dict, resolve_config
+
+    upload(double, token, compiled)
+    argv = ("run", *NEEDED, "--config", "tiny", "--set", "train.train_steps=60")
+    assert gptpipe(double, token, *argv) == 0
+    (run,) = double.runs.values()
+    expected = config_to_dict(resolve_config("tiny", ["train.train_steps=60"]))
+    assert run.runtime_config.parameters["config"] == expected
+    assert gptpipe(double, token, "run", *NEEDED, "--set", "train.train_steps=60") == 2
+    assert "--set needs --config" in capsys.readouterr().err
+    assert gptpipe(double, token, "run", *NEEDED, "--config", "huge") == 2
+    assert "unknown preset 'huge'" in capsys.readouterr().err
+
+
 def test_params_are_json_when_they_parse_else_strings():
     params = kfp_ops.parse_params(["a=1", "b=true", "c=gs://x", 'd={"k": [1]}', "e=", "f=a=b"])
     assert params == {"a": 1, "b": True, "c": "gs://x", "d": {"k": [1]}, "e": "", "f": "a=b"}
@@ -211,6 +226,16 @@ def test_schedule_twice_leaves_one_recurring_run_on_the_pipeline(double, token, 
     assert job.trigger.cron_schedule.cron == "0 0 2 * * *"
     assert job.max_concurrency == "1" and job.no_catchup is True and job.mode == "ENABLE"
     assert job.runtime_config.pipeline_root == ROOT
+
+
+def test_a_failed_replacement_keeps_the_old_schedule(double, token, compiled, capsys):
+    upload(double, token, compiled)
+    args = ["--name", "weekly", "--cron", "0 0 2 * * 0", *NEEDED]
+    assert gptpipe(double, token, "schedule", *args) == 0
+    (before,) = double.recurring_runs
+    double.fail_next(400, method="POST", path="/apis/v2beta1/recurringruns")
+    assert gptpipe(double, token, "schedule", *args) != 0
+    assert list(double.recurring_runs) == [before]  # created first, deleted after: still there
 
 
 def test_a_five_field_cron_is_refused_with_the_six_field_form_before_any_call(

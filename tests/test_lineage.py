@@ -509,7 +509,7 @@ def test_a_step_is_recorded_running_at_once_and_a_killed_one_is_closed_later(sto
     assert lineage.close_unfinished(store_uri, "run-9", "again") == []
 
 
-def test_an_unreachable_store_fails_the_step_before_its_work(tmp_path):
+def test_an_unreachable_store_fails_the_step_before_its_work(tmp_path, capsys):
     import socket
 
     with socket.socket() as sock:  # a port nothing listens on
@@ -517,8 +517,11 @@ def test_an_unreachable_store_fails_the_step_before_its_work(tmp_path):
         port = sock.getsockname()[1]
     worked = []
     with (
-        pytest.raises(UserError, match=f"127.0.0.1:{port}"),
+        pytest.raises(SystemExit) as exited,
         lineage.step(f"127.0.0.1:{port}", "tokenize", PIPELINE, "run-1", {}),
     ):
         worked.append(True)
-    assert worked == []
+    assert exited.value.code == 2 and worked == []
+    err = capsys.readouterr().err
+    assert err.startswith("gptpipe tokenize: error:") and f"127.0.0.1:{port}" in err
+    assert err.count("\n") == 1  # one line, no traceback

@@ -114,6 +114,32 @@ def test_tokenize_bad_gcs_corpus_is_one_user_error(gcs, corpus, message):
     assert gcs.names("out") == []
 
 
+def test_a_dataset_publish_killed_midway_is_finished_by_the_next_run(gcs, corpus_text, monkeypatch):
+    gcs.put("corpus/shakespeare.txt", corpus_text.encode("utf-8"))
+    corpus, root = gcs.uri("corpus/"), gcs.uri("datasets")
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "progress": False}
+    real_copy = storage_gcs.copy_object
+    copies = []
+
+    def copy_then_die(source, destination, **kwargs):
+        if len(copies) == 2:
+            raise ConnectionError("pod evicted")
+        copies.append(destination)
+        return real_copy(source, destination, **kwargs)
+
+    monkeypatch.setattr(storage_gcs, "copy_object", copy_then_die)
+    monkeypatch.setattr(storage_gcs, "WORKERS", 1)
+    with pytest.raises(ConnectionError):
+        tokenize.run_content_addressed(corpus, root, **options)
+    # Part of the version's folder is in place, without its manifest: not a dataset yet.
+    assert any(".staging-" in n for n in gcs.names("datasets/"))
+    monkeypatch.setattr(storage_gcs, "copy_object", real_copy)
+    again = tokenize.run_content_addressed(corpus, root, **options)
+    assert again.reused  # the interrupted copy was finished, not refused as "already exists"
+    assert gcs.names(f"datasets/{again.manifest['dataset_version']}/manifest.json")
+    assert not [n for n in gcs.names("datasets/") if ".staging-" in n]
+
+
 def test_tokenize_refuses_a_gcs_output_with_content(gcs, corpus_text):
     gcs.put("c/text.txt", corpus_text.encode())
     gcs.put("out/old.txt", b"x")

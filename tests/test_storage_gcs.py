@@ -265,3 +265,20 @@ def test_missing_object_is_named(gcs):
         storage.read_bytes(gcs.uri("nope.txt"))
     with pytest.raises(gexc.NotFound):  # the client itself, for contrast: no bucket, no object
         gcs.bucket.blob("nope.txt").download_as_bytes()
+
+
+def test_folder_markers_are_deleted_and_nothing_else(gcs):
+    # What TensorFlow's GCS file system leaves (tf.io.gfile.makedirs writes "<folder>/"), and
+    # what KFP's launcher would download as files where the Model's folders go.
+    for name in ("model/", "model/Format-Serving/", "model/Format-Serving/variables/"):
+        gcs.put(name, b"")
+    gcs.put("model/Format-Serving/saved_model.pb", b"graph")
+    gcs.put("model/Format-Serving/variables/variables.index", b"index")
+    gcs.put("other/", b"")
+    assert storage.delete_folder_markers(gcs.uri("model")) == 3
+    assert sorted(gcs.names("model")) == [
+        "model/Format-Serving/saved_model.pb",
+        "model/Format-Serving/variables/variables.index",
+    ]
+    assert gcs.names("other/") == ["other/"]
+    assert storage.delete_folder_markers(gcs.uri("model")) == 0

@@ -137,6 +137,58 @@ def test_an_existing_job_of_another_run_is_not_adopted():
     assert not kube.calls("DELETE")
 
 
+def test_a_transient_apiserver_outage_during_the_watch_is_waited_out(monkeypatch):
+    monkeypatch.setattr(tfjob.time, "sleep", lambda seconds: None)  # the backoff, not the test
+    with FakeKube(scenarios.success()) as kube:
+        kube.unavailable = 3  # the next three GETs answer 503, as a restarting apiserver does
+        result, out = run_tfjob(kube)
+    assert (result.attempts, result.restarts) == (1, 0)
+    assert out.count("API unavailable (503") >= 1
+    assert not kube.calls("DELETE")
+
+
+def test_an_apiserver_that_stays_down_fails_the_launch(monkeypatch):
+    monkeypatch.setattr(tfjob.time, "sleep", lambda seconds: None)
+    with FakeKube(scenarios.hang()) as kube:
+        kube.unavailable = 10_000
+        with pytest.raises(Exception, match="503"):
+            run_tfjob(kube)
+    assert kube.output.count("API unavailable") == tfjob.MAX_API_FAULTS - 1
+
+
+@pytest.mark.parametrize(
+    "status, message",
+    [(403, "apply deploy/rbac.yaml"), (404, "install the Kubeflow Training Operator")],
+)
+def test_no_rights_or_no_crd_is_one_clear_user_error(status, message):
+    from kubernetes.client.exceptions import ApiException
+
+    class Refusing:
+        def create_namespaced_custom_object(self, *args: Any, **kwargs: Any) -> None:
+            raise ApiException(status=status, reason="Forbidden" if status == 403 else "NotFound")
+
+    with FakeKube() as kube:
+        launcher = tfjob.TFJobLauncher(kube.api_client(), out=io.StringIO())
+        launcher.custom = Refusing()  # what the apiserver answers (a Status with this code)
+        with pytest.raises(UserError, match=message):
+            launcher.run(make_spec())
+
+
+def test_delete_run_jobs_leaves_finished_jobs_to_their_ttl():
+    run = "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"
+    with FakeKube() as kube:
+        with kube.cluster.cond:
+            for name in ("train-done", "train-failed", "train-running"):
+                job = kube.cluster.add_job(
+                    tfjob_manifest.build_manifest(make_spec(name=name, run_id=run))
+                )
+                kind = {"train-done": "Succeeded", "train-failed": "Failed"}.get(name)
+                if kind:
+                    job["status"] = {"conditions": [{"type": kind, "status": "True"}]}
+        assert tfjob.delete_run_jobs(kube.api_client(), "ml", run) == ["train-running"]
+        assert sorted(n for _, n in kube.cluster.tfjobs) == ["train-done", "train-failed"]
+
+
 def test_delete_run_jobs_deletes_only_the_runs_jobs():
     run = "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"
     with FakeKube() as kube:

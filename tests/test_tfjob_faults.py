@@ -231,7 +231,7 @@ def test_the_train_step_runs_a_tfjob_as_its_own_identity(tmp_path, examples):
         out = io.StringIO()
         launcher = tfjob.TFJobLauncher(kube.api_client(), out=out, poll_seconds=2)
         cfg = resolve_config("tiny", TINY_OVERRIDES)
-        trained = executor.run(spec, cfg, str(tmp_path / "model"), launcher)
+        trained = executor.run(spec, cfg, str(tmp_path / "model"), str(tmp_path / "work"), launcher)
         pod_specs = [
             p["spec"]
             for p in kube.cluster.pods.values()

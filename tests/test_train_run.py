@@ -21,11 +21,14 @@ PINNED = "r/t@sha256:" + "a" * 64
 def test_local_run_trains_exports_and_reports(tmp_path):
     examples = make_examples_dir(tmp_path / "examples")
     model, work = tmp_path / "model", tmp_path / "work"
-    cfg = resolve_config("tiny", TINY_OVERRIDES + ("train.train_steps=10", "train.warmup_steps=2"))
+    steps = ("train.train_steps=10", "train.warmup_steps=2", "train.checkpoint_every=5")
+    cfg = resolve_config("tiny", TINY_OVERRIDES + steps)
     spec = executor.job_spec(
         str(examples), str(model), str(work), cfg, launcher="local", run_id="run-1", workers=1
     )
-    result = executor.run(spec, cfg, str(model), executor.make_launcher("local", str(work)))
+    result = executor.run(
+        spec, cfg, str(model), str(work), executor.make_launcher("local", str(work))
+    )
     assert (model / SERVING_DIR / SAVED_MODEL_FILE).is_file()
     assert json.loads((model / TRAIN_METRICS).read_text())["steps"] == 10
     assert result.model_properties["steps"] == 10 and result.model_properties["diverged"] == 0
@@ -34,6 +37,8 @@ def test_local_run_trains_exports_and_reports(tmp_path):
     assert result.execution_properties["job_name"] == job_name("run-1", "train")
     assert result.execution_properties["attempts"] == 1
     assert list((work / "worker-logs").rglob("worker-0.log"))
+    # The job succeeded: the train step, not a worker, removed the training backup.
+    assert (work / "checkpoints").is_dir() and not (work / "backup").exists()
 
 
 def test_workers_get_the_resolved_config_as_canonical_json():

@@ -11,7 +11,6 @@ backs up at the same step and exits 143, which the operator retries (docs/traini
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
@@ -55,7 +54,7 @@ class TrainMetrics(TypedDict):
     """What training reports, and the chief writes to the Model artifact (docs/design.md)."""
 
     steps: int  # optimizer steps taken, resumed ones included
-    final_loss: float  # the last step's training loss
+    final_loss: float  # the training loss Keras logged at the last step (the epoch's running mean)
     diverged: bool  # the loss became NaN or infinite and training stopped there
     diverged_at_step: int | None  # the step it did, or None
     tokens_per_second: float  # throughput over this worker's timed (post-compile) steps
@@ -119,8 +118,9 @@ def train(
     if fault_cb:
         fault_cb.after_export()
     _export_barrier(agree)
-    if is_chief:
-        _remove_backup(work_dir)
+    # The backup stays: the train step removes it once the whole job has succeeded. Removing
+    # it here, after peers may have exited 0, would let a chief killed mid-removal restart
+    # alone (ExitCode never recreates a Succeeded pod) and wait for them until the deadline.
     log.info("done: %s", json.dumps(metrics))
     return metrics
 
@@ -246,14 +246,6 @@ def _attempt_metrics(
         with tf.io.gfile.GFile(saved, "w") as f:
             f.write(json.dumps(metrics))
     return metrics
-
-
-def _remove_backup(work_dir: str) -> None:
-    """The chief removes the backup once the Model exists: a restart has nothing to resume."""
-    backup_dir = _backup_dir(work_dir)
-    if tf.io.gfile.exists(backup_dir):
-        with contextlib.suppress(tf.errors.NotFoundError):  # a worker may clean its part too
-            tf.io.gfile.rmtree(backup_dir)
 
 
 def config_from_json(text: str) -> Config:

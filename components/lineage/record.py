@@ -399,18 +399,22 @@ def step(
     # Recorded at once, RUNNING: an unreachable store fails the step before its work, and a
     # step killed outright (SIGKILL, eviction, a cancelled run) still leaves its execution,
     # which the run's exit handler marks (`close_unfinished`).
-    execution_id = record_execution(
-        store_uri,
-        step=step_name,
-        pipeline_name=pipeline_name,
-        run_id=run_id,
-        parameters=recorder.parameters,
-        inputs={},
-        outputs={},
-        properties=recorder.properties,
-        state="RUNNING",
-        start_time=start,
-    )
+    try:
+        execution_id = record_execution(
+            store_uri,
+            step=step_name,
+            pipeline_name=pipeline_name,
+            run_id=run_id,
+            parameters=recorder.parameters,
+            inputs={},
+            outputs={},
+            properties=recorder.properties,
+            state="RUNNING",
+            start_time=start,
+        )
+    except UserError as err:  # the store is unreachable or misnamed: nothing ran yet
+        print(f"gptpipe {step_name}: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
     state = "FAILED"
     try:
         yield recorder

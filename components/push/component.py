@@ -16,13 +16,16 @@ def push(
     """Publish the model to the serving destination if, and only if, it is blessed."""
     import os
 
-    from components import kfp_metadata, lineage, provenance
+    from components import kfp_metadata, kube, lineage, provenance, storage
     from components.push import executor
 
     params = {"serving_dir": serving_dir}
     run_id, found = provenance.at_step_start(image, os.environ)
     metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
     with lineage.step(metadata, "push", pipeline_name, run_id, params, found) as rec:
+        # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
+        in_cluster = bool(kube.pod_identity(os.environ).name)
+        storage.check_shared_root(serving_dir, "serving_dir", in_cluster=in_cluster)
         rec.input("model", "Model", model.uri, upstream=True)
         rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
         result = executor.run(

@@ -29,6 +29,7 @@ are `components.serving`, built on this package.
 from components.storage.files import (
     check_folder,
     copy,
+    delete_folder_markers,
     delete_tree,
     download_dir,
     folders_holding,
@@ -77,6 +78,7 @@ __all__ = [
     "client",
     "copy",
     "crc32c_file",
+    "delete_folder_markers",
     "delete_tree",
     "download_dir",
     "download_file",

@@ -160,6 +160,20 @@ def delete_tree(uri: str, workers: int = gcs.WORKERS) -> None:
     gcs.parallel(lambda info: gcs.delete_object(info.uri), list_tree(uri).values(), workers)
 
 
+def delete_folder_markers(uri: str) -> int:
+    """Delete the empty `<folder>/` objects under a gs:// folder; return how many.
+
+    TensorFlow's GCS file system writes one for every folder it creates (`tf.io.gfile.makedirs`,
+    and a rename copies them); tools that map objects to files, as KFP's launcher does when it
+    downloads an artifact, turn each into a file where a folder must go. Local paths: nothing.
+    """
+    if not is_gcs(uri):
+        return 0
+    markers = gcs.folder_markers(uri)
+    gcs.parallel(gcs.delete_object, markers, gcs.WORKERS)
+    return len(markers)
+
+
 @contextlib.contextmanager
 def local_copy(uri: str) -> Iterator[Path]:
     """Yield a local folder with the files of `uri`: itself, or a temporary download."""

@@ -207,6 +207,14 @@ def list_tree(uri: str) -> dict[str, FileInfo]:
     return {b.name[len(folder) :]: _info(bucket, b) for b in blobs if not b.name.endswith("/")}
 
 
+def folder_markers(uri: str) -> list[str]:
+    """The empty `<folder>/` objects under a folder (and its own), which some writers leave."""
+    bucket, key = split_gcs(uri)
+    folder = folder_key(key)
+    blobs = _list_blobs(bucket, folder, uri)
+    return [f"gs://{bucket}/{b.name}" for b in blobs if b.name.endswith("/") and not b.size]
+
+
 def has_content(uri: str) -> bool:
     """True if `uri` is an object, or a prefix with objects under it."""
     bucket, key = split_gcs(uri)

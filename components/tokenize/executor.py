@@ -172,6 +172,11 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
 
     if storage.has_content(manifest_uri):
         return stored()
+    # A run killed while copying this version into place on gs:// left its staging upload;
+    # finish it (or clean up an abandoned one) so the folder is not "taken" for good.
+    storage.finish_publishes(datasets_root, ready=EXAMPLES_MANIFEST)
+    if storage.has_content(manifest_uri):
+        return stored()
     try:
         manifest = run(corpus, uri, expected_version=version, **options)
     except (OSError, UserError):

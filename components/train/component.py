@@ -93,7 +93,8 @@ def train(
             tolerations=tolerations,
             **placement,
         )
-        result = executor.run(spec, cfg, model.uri, executor.make_launcher(launcher, work_dir))
+        launched_by = executor.make_launcher(launcher, work_dir)
+        result = executor.run(spec, cfg, model.uri, work_dir, launched_by)
         properties = {**result.model_properties, "dataset_version": dataset_version}
         model.metadata.update(kfp_metadata.recordable(properties))
         rec.set(**result.execution_properties)

@@ -14,7 +14,7 @@ from typing import Any
 
 from components import kube, storage
 from components.train.launcher import JobSpec, Launcher, OwnerPod, job_name, run_label
-from contracts.artifacts import EXAMPLES_MANIFEST, TRAIN_METRICS, WORKER_LOGS_DIR
+from contracts.artifacts import BACKUP_DIR, EXAMPLES_MANIFEST, TRAIN_METRICS, WORKER_LOGS_DIR
 from contracts.errors import UserError
 from trainer.config import Config, config_hash, config_to_dict
 
@@ -79,12 +79,21 @@ def make_launcher(kind: str, work_dir: str) -> Launcher:
     raise UserError(f"launcher {kind!r} is unknown: use one of {LAUNCHERS}")
 
 
-def run(spec: JobSpec, cfg: Config, model_uri: str, launcher: Launcher) -> TrainResult:
+def run(
+    spec: JobSpec, cfg: Config, model_uri: str, work_dir: str, launcher: Launcher
+) -> TrainResult:
     """Run `spec` (built by `job_spec` from `cfg`) with `launcher`; read the Model the chief wrote.
 
-    Raises `LaunchError` if the job fails.
+    Once the whole job has succeeded, the training backup in `work_dir` has served its purpose
+    and is removed here, not by the workers (docs/training.md). Raises `LaunchError` if the job
+    fails.
     """
     launched = launcher.run(spec)
+    storage.delete_tree(storage.join(work_dir, BACKUP_DIR))
+    # TensorFlow's GCS file system leaves an empty "<folder>/" object per folder it creates;
+    # KFP's launcher, downloading the Model for evaluate and push, would make each a file and
+    # then fail to create the folder of the same name.
+    storage.delete_folder_markers(model_uri)
     metrics = json.loads(storage.read_bytes(storage.join(model_uri, TRAIN_METRICS)))
     model_properties = {
         "config_hash": config_hash(cfg),

@@ -12,33 +12,34 @@ from kfp import dsl
 
 
 def release(launcher: str, metadata: str, image: str) -> int:
-    """Delete every TFJob labelled with this run's id in this namespace; return how many.
+    """Delete this run's unfinished TFJobs in this namespace; return how many.
 
     The local launcher leaves no TFJob (its workers are the train step's own children).
-    Steps whose execution is still RUNNING were killed: they are recorded FAILED.
+    Steps whose execution is still RUNNING were killed: lineage records them FAILED. The jobs
+    go first: GPUs matter more than the record, which a lineage outage must not block.
     """
     import os
 
     from components import kube, lineage, provenance
 
     run_id, _ = provenance.at_step_start(image, os.environ)
-    closed = lineage.close_unfinished(
-        lineage.store_address(metadata, os.environ),
-        run_id,
-        "the step's pod ended before the step did (killed, evicted, or the run was cancelled)",
-    )
+    deleted: list[str] = []
+    if launcher == "tfjob":
+        from components.train import tfjob
+
+        pod = kube.pod_identity(os.environ)
+        deleted = tfjob.delete_run_jobs(kube.default_api_client(), pod.namespace, run_id)
+        print(f"release: deleted {len(deleted)} TFJob(s) of run {run_id}")
+        for name in deleted:
+            print(f"  {name}")
+    why = "the step's pod ended before the step did (killed, evicted, or the run was cancelled)"
+    try:
+        closed = lineage.close_unfinished(lineage.store_address(metadata, os.environ), run_id, why)
+    except Exception as err:  # noqa: BLE001 -- the record is best effort here, the jobs are not
+        print(f"release: could not close the run's lineage: {err}")
+        return len(deleted)
     if closed:
         print(f"release: recorded {', '.join(closed)} as FAILED: their pods were stopped")
-    if launcher != "tfjob":
-        return 0
-    from components.train import tfjob
-
-    pod = kube.pod_identity(os.environ)
-    deleted = tfjob.delete_run_jobs(kube.default_api_client(), pod.namespace, run_id)
-    print(
-        f"release: deleted {len(deleted)} TFJob(s) of run {run_id}"
-        + "".join(f"\n  {name}" for name in deleted)
-    )
     return len(deleted)
 
 

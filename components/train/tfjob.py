@@ -54,6 +54,7 @@ from contracts.errors import UserError
 
 TIMEOUT_SLACK_SECONDS = 900  # default launcher timeout beyond active_deadline_seconds
 DELETE_WAIT_SECONDS = 300  # how long a re-attach waits for a Failed job to be deleted
+MAX_API_FAULTS = 10  # transient API failures in a row (about 2.5 min of backoff) before failing
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -128,6 +129,8 @@ class TFJobLauncher:
         try:
             return self._create(spec, manifest), False
         except ApiException as exc:
+            if exc.status in (403, 404):
+                raise UserError(_setup_problem(spec, exc.status)) from None
             if exc.status != 409:
                 raise
         job = self._get(spec)
@@ -195,8 +198,14 @@ class TFJobLauncher:
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
+        faults = 0  # consecutive transient API failures
         while True:
-            self._observe(spec, job, state)
+            try:
+                self._observe(spec, job, state)
+            except Exception as exc:
+                faults = self._transient(spec, exc, faults)
+                job, faults = self._get_when_reachable(spec, faults)
+                continue
             if state.finished:
                 return job
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -227,10 +236,44 @@ class TFJobLauncher:
                     self._observe(spec, job, state)
                     if state.finished:
                         return job
+                faults = 0
             except ApiException as exc:
                 if exc.status != 410:  # 410 Gone: our resourceVersion expired; re-read the job
-                    raise
-                job = self._get(spec)
+                    faults = self._transient(spec, exc, faults)
+                job, faults = self._get_when_reachable(spec, faults)
+            except Exception as exc:  # a dropped or timed-out connection (urllib3)
+                faults = self._transient(spec, exc, faults)
+                job, faults = self._get_when_reachable(spec, faults)
+
+    def _transient(self, spec: JobSpec, exc: Exception, faults: int) -> int:
+        """Wait out a transient API failure (429, 5xx, a lost connection); re-raise others.
+
+        A day-long job must not fail on an apiserver restart: KFP 2.5 does not retry the step
+        inside the exit handler, and the exit handler would then delete the TFJob. After
+        MAX_API_FAULTS failures in a row, the error is real.
+        """
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        transient = (
+            exc.status == 429 or exc.status >= 500
+            if isinstance(exc, ApiException)
+            else isinstance(exc, HTTPError | ConnectionError | TimeoutError)
+        )
+        if not transient or faults + 1 >= MAX_API_FAULTS:
+            raise exc
+        delay = min(2.0**faults, 30.0)
+        self._say(f"API unavailable ({_brief(exc)}); retrying in {delay:.0f} s")
+        time.sleep(delay)
+        return faults + 1
+
+    def _get_when_reachable(self, spec: JobSpec, faults: int) -> tuple[dict[str, Any], int]:
+        """Read the job again, waiting out transient failures; the count goes on from `faults`."""
+        while True:
+            try:
+                return self._get(spec), faults
+            except Exception as exc:
+                faults = self._transient(spec, exc, faults)
 
     def _deleted(self, spec: JobSpec) -> LaunchError:
         return LaunchError(
@@ -368,13 +411,32 @@ class TFJobLauncher:
         self.out.flush()
 
 
+def _brief(exc: Exception) -> str:
+    status = getattr(exc, "status", None)
+    return f"{status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
+
+
+def _setup_problem(spec: JobSpec, status: int) -> str:
+    """What a 403 or 404 on creating a TFJob means for the person setting the cluster up."""
+    if status == 403:
+        return (
+            f"not allowed to create TFJobs in namespace {spec.namespace}: apply "
+            "deploy/rbac.yaml there, for the service account the pipeline's steps run as"
+        )
+    return (
+        f"the cluster has no TFJob resource ({GROUP}/{VERSION} {PLURAL}): install the Kubeflow "
+        "Training Operator 1.9 with its TFJob CRD"
+    )
+
+
 def delete_run_jobs(api_client: Any, namespace: str, run_id: str) -> list[str]:
-    """Delete every TFJob of run `run_id` in `namespace` (by its `gptpipe.dev/run-id` label).
+    """Delete every unfinished TFJob of run `run_id` in `namespace` (by its run-id label).
 
     For the pipeline's exit handler, which runs however the run ended: a cancelled run, a train
     step killed by OOM or eviction, or a launcher that crashed would otherwise leave workers
     holding GPUs until activeDeadlineSeconds. Deletion is foreground (the workers' pods first).
-    Returns the names of the jobs deleted; a job already gone is skipped.
+    A Succeeded or Failed job holds no GPU and is left to `ttlSecondsAfterFinished`, so a
+    failed job's pods and logs stay readable. Returns the names of the jobs deleted.
     """
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
@@ -389,6 +451,8 @@ def delete_run_jobs(api_client: Any, namespace: str, run_id: str) -> list[str]:
     deleted = []
     for job in jobs.get("items", []):
         name = job["metadata"]["name"]
+        if condition_true(job, "Succeeded") or condition_true(job, "Failed"):
+            continue
         try:
             custom.delete_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Foreground"
