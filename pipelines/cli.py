@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import UserError
+from pipelines.cli_options import config_options, resolved_config
 from pipelines.config import DEFAULT_ROOT, RunConfig
-from trainer.config import Config, resolve_config
+from pipelines.kfp_cli import add_kfp
 
 DEFAULT_CORPUS = Path("data") / "tinyshakespeare.txt"
 
@@ -44,7 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         _add_lineage,
         _add_reproduce,
         _add_rollback,
-        _add_kfp,
+        add_kfp,
     ):
         add(sub)
     return parser
@@ -65,7 +66,7 @@ def _add_run(sub: Any) -> None:
         help="local folder for step artifacts and metadata.sqlite (default: ROOT)",
     )
     run.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="text file, folder or glob")
-    _config_options(run)
+    config_options(run)
     run.add_argument("--workers", type=int, default=None, help="trainer worker processes")
     run.add_argument(
         "--tokenizer", default="", help="SentencePiece model to reuse (default: train one)"
@@ -94,30 +95,8 @@ def _add_compile(sub: Any) -> None:
         metavar="NAME",
         help="a Secret the step pods pull their image with, repeatable",
     )
-    _config_options(comp)
+    config_options(comp)
     comp.set_defaults(func=_cmd_compile)
-
-
-def _config_options(parser: argparse.ArgumentParser) -> None:
-    """--config and --set: the trainer config, resolved once here and passed on resolved."""
-    parser.add_argument(
-        "--config",
-        default=RunConfig().config,
-        help=f"trainer preset or YAML file (default {RunConfig().config})",
-    )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="trainer config override, repeatable",
-    )
-
-
-def _resolved_config(args: argparse.Namespace) -> Config:
-    """The one place a command resolves the trainer config from its --config and --set."""
-    return resolve_config(args.config, args.overrides)
 
 
 def _add_tfjob_manifest(sub: Any) -> None:
@@ -125,7 +104,7 @@ def _add_tfjob_manifest(sub: Any) -> None:
     tfjob.add_argument("--workers", type=int, default=RunConfig().workers, help="worker replicas")
     tfjob.add_argument("--gpus-per-worker", type=int, default=RunConfig().gpus_per_worker)
     tfjob.add_argument("--image", default=None, help="trainer image (default: the digest lock's)")
-    _config_options(tfjob)
+    config_options(tfjob)
     tfjob.add_argument("--examples", default="gs://BUCKET/examples", help="Examples artifact URI")
     tfjob.add_argument("--model-dir", default="gs://BUCKET/model", help="Model artifact URI")
     tfjob.add_argument("--work-dir", default="gs://BUCKET/work/RUN/train", help="checkpoints")
@@ -178,245 +157,6 @@ def _add_rollback(sub: Any) -> None:
     roll.set_defaults(func=_cmd_rollback)
 
 
-def _add_kfp(sub: Any) -> None:
-    kfp = sub.add_parser("kfp", help="upload, run and schedule gptpipe on a KFP cluster")
-    ops = kfp.add_subparsers(dest="kfp_command", required=True)
-    conn = argparse.ArgumentParser(add_help=False)
-    conn.add_argument("--host", default=None, help="KFP API URL (default $KF_PIPELINES_ENDPOINT)")
-    conn.add_argument(
-        "--token-file",
-        type=Path,
-        default=None,
-        help="bearer token file (default $KF_PIPELINES_SA_TOKEN_PATH, then the pod's token)",
-    )
-    conn.add_argument("--namespace", default="", help="profile namespace on a multi-user KFP")
-    conn.add_argument(
-        "--retries", type=int, default=None, help="retries after a 5xx or a lost connection"
-    )
-
-    upload = ops.add_parser("upload", parents=[conn], help="upload the pipeline as a new version")
-    upload.add_argument("--version", default=None, help="version name (default git-<short sha>)")
-    source = upload.add_mutually_exclusive_group(required=True)
-    source.add_argument("--file", type=Path, default=None, help="a compiled pipeline YAML")
-    source.add_argument("--pipeline-root", default=None, help="gs://BUCKET/PATH: compile now")
-    upload.add_argument("--lock", type=Path, default=None, help="image digest lock")
-    upload.add_argument("--allow-unpinned", action="store_true", help="allow images by tag")
-    upload.add_argument(
-        "--image-pull-secret",
-        dest="image_pull_secrets",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a Secret the step pods pull their image with, repeatable",
-    )
-    _config_options(upload)
-    upload.set_defaults(func=_cmd_kfp_upload)
-
-    params = argparse.ArgumentParser(add_help=False)
-    params.add_argument(
-        "--param",
-        dest="params",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="pipeline parameter (JSON when it parses, else a string), repeatable",
-    )
-    params.add_argument("--experiment", default="gptpipe", help="KFP experiment (default gptpipe)")
-    params.add_argument(
-        "--pipeline-root", default=None, help="gs:// root (default: the compiled one)"
-    )
-    params.add_argument(
-        "--config",
-        default=None,
-        help="trainer preset or YAML file, resolved here into the config parameter "
-        "(default: the one compiled in)",
-    )
-    params.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="trainer config override on top of --config, repeatable",
-    )
-
-    run = ops.add_parser("run", parents=[conn, params], help="start a run")
-    which = run.add_mutually_exclusive_group()
-    which.add_argument("--version", default=None, help="uploaded version (default the newest)")
-    which.add_argument("--file", type=Path, default=None, help="run a compiled YAML as it is")
-    run.add_argument("--run-name", default=None, help="run name (default gptpipe <version>)")
-    run.add_argument("--wait", action="store_true", help="follow the run; fail when it fails")
-    run.add_argument("--poll", type=float, default=15.0, help="seconds between checks (--wait)")
-    run.add_argument("--mlmd", default=None, help="ML Metadata host:port: the failed step's error")
-    run.set_defaults(func=_cmd_kfp_run)
-
-    sched = ops.add_parser("schedule", parents=[conn, params], help="create or replace a schedule")
-    sched.add_argument("--name", required=True, help="recurring run name")
-    sched.add_argument("--cron", required=True, help="six fields, seconds first: '0 0 2 * * *'")
-    sched.add_argument(
-        "--max-concurrency", type=int, default=1, help="runs at once (default 1: one serving dir)"
-    )
-    sched.add_argument("--no-catchup", action="store_true", help="skip missed firings")
-    sched.set_defaults(func=_cmd_kfp_schedule)
-
-    unsched = ops.add_parser("unschedule", parents=[conn], help="delete or pause a schedule")
-    unsched.add_argument("--name", required=True, help="recurring run name")
-    unsched.add_argument("--disable", action="store_true", help="pause it instead of deleting")
-    unsched.set_defaults(func=_cmd_kfp_unschedule)
-
-    runs = ops.add_parser("runs", parents=[conn], help="recent runs")
-    runs.add_argument("--limit", type=int, default=10, help="how many (default 10)")
-    runs.add_argument("--mlmd", default=None, help="ML Metadata host:port: dataset, pushed version")
-    runs.add_argument("--json", action="store_true", help="print the runs as JSON")
-    runs.set_defaults(func=_cmd_kfp_runs)
-
-
-def _cmd_kfp_api(args: argparse.Namespace) -> Any:
-    """The connected API for a `gptpipe kfp` command; the environment is read here, once."""
-    from pipelines import kfp_client
-
-    where = kfp_client.endpoint(
-        args.host, args.token_file, args.namespace, args.retries, dict(os.environ)
-    )
-    return kfp_client.Api(where)
-
-
-def _cmd_kfp_upload(args: argparse.Namespace) -> int:
-    import tempfile
-
-    from components import provenance
-    from pipelines import compiler, kfp_ops
-    from pipelines.pipeline import Target
-
-    version = args.version or kfp_ops.default_version(provenance.code_version(os.environ))
-    with tempfile.TemporaryDirectory(prefix="gptpipe-kfp-") as tmp:
-        package = args.file
-        if package is None:
-            images = compiler.load_images(args.lock, allow_unpinned=args.allow_unpinned)
-            target = Target(images, args.pipeline_root, tuple(args.image_pull_secrets))
-            package = compiler.compile_pipeline(
-                Path(tmp) / "gptpipe.yaml", target, _resolved_config(args)
-            )
-        kfp_ops.pipeline_root(kfp_ops.source_from_file(package), None)
-        done = kfp_ops.upload(_cmd_kfp_api(args), package, version)
-    if done.created_pipeline:
-        print(f"created pipeline gptpipe ({done.pipeline_id})")
-    if not done.version_id:
-        print(f"version {version} of gptpipe already exists: nothing uploaded")
-    else:
-        print(f"uploaded version {version} of gptpipe ({done.version_id})")
-    return 0
-
-
-def _cmd_kfp_run(args: argparse.Namespace) -> int:
-    from pipelines import kfp_ops
-
-    params = {**kfp_ops.parse_params(args.params), **_config_param(args)}
-    file_source = kfp_ops.source_from_file(args.file) if args.file else None
-    api = _cmd_kfp_api(args)
-    source = file_source or kfp_ops.source_from_server(api, args.version)
-    root = kfp_ops.pipeline_root(source, args.pipeline_root)
-    name = args.run_name or f"gptpipe {source.label}"
-    run = kfp_ops.start_run(api, source, args.experiment, params, root, name)
-    print(f"started run {run.run_id} of {source.label} (pipeline root {root or 'KFP default'})")
-    if not args.wait:
-        return 0
-    final = kfp_ops.wait(
-        api, str(run.run_id), args.poll, lambda state: print(f"run {run.run_id}: {state}")
-    )
-    if final.state in kfp_ops.SUCCESS_STATES:
-        return 0
-    failures = kfp_ops.failed_tasks(final)
-    if args.mlmd:
-        failures = _cmd_kfp_lineage_failure(args.mlmd, str(run.run_id)) or failures
-    why = "; ".join(f"task {f.task} failed: {f.error}" for f in failures) or "no failed task"
-    print(f"gptpipe: run {run.run_id} {final.state}: {why}", file=sys.stderr)
-    return 1
-
-
-def _config_param(args: argparse.Namespace) -> dict[str, Any]:
-    """The `config` run parameter from --config/--set, resolved here; {} to keep the compiled."""
-    if args.config is None:
-        if args.overrides:
-            raise UserError("--set needs --config: name the preset or YAML file it overrides")
-        return {}
-    from trainer.config import config_to_dict
-
-    return {"config": config_to_dict(_resolved_config(args))}
-
-
-def _cmd_kfp_lineage_failure(store: str, run_id: str) -> list[Any]:
-    """The failed step and its one-line error as the step recorded it in ML Metadata."""
-    from components import lineage
-    from pipelines import kfp_ops
-
-    found = lineage.failure_of(store, run_id)
-    return [kfp_ops.TaskFailure(*found)] if found else []
-
-
-def _cmd_kfp_schedule(args: argparse.Namespace) -> int:
-    from pipelines import kfp_ops, kfp_schedule
-
-    kfp_schedule.check_cron(args.cron)  # before any call: a bad schedule never half-replaces
-    params = {**kfp_ops.parse_params(args.params), **_config_param(args)}
-    created, replaced = kfp_schedule.schedule(
-        _cmd_kfp_api(args),
-        args.name,
-        args.cron,
-        params,
-        experiment=args.experiment,
-        root=args.pipeline_root,
-        max_concurrency=args.max_concurrency,
-        no_catchup=args.no_catchup,
-    )
-    verb = f"replaced {replaced} recurring run(s) named" if replaced else "created recurring run"
-    print(
-        f"{verb} {args.name} ({created.recurring_run_id}): cron '{args.cron.strip()}', "
-        "each firing runs the newest version of gptpipe"
-    )
-    return 0
-
-
-def _cmd_kfp_unschedule(args: argparse.Namespace) -> int:
-    from pipelines import kfp_schedule
-
-    count = kfp_schedule.unschedule(_cmd_kfp_api(args), args.name, disable=args.disable)
-    if not count:
-        print(f"no recurring run named {args.name}: nothing to do")
-    else:
-        print(
-            f"{'paused' if args.disable else 'deleted'} {count} recurring run(s) named {args.name}"
-        )
-    return 0
-
-
-def _cmd_kfp_runs(args: argparse.Namespace) -> int:
-    from pipelines import kfp_runs
-
-    rows = kfp_runs.recent(_cmd_kfp_api(args), args.limit, args.mlmd)
-    if args.json:
-        print(json.dumps([row.as_dict() for row in rows], indent=2))
-        return 0
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="gptpipe runs on KFP")
-    for column in ("run", "state", "created", "duration", "version", "dataset", "pushed"):
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(
-            f"{row.name}\n{row.run_id}",
-            row.state,
-            row.created_at,
-            row.duration,
-            row.version,
-            row.dataset_version[:12],
-            row.pushed_version,
-        )
-    Console().print(table)
-    return 0
-
-
 def _store_options(parser: argparse.ArgumentParser) -> None:
     store = parser.add_mutually_exclusive_group()
     store.add_argument("--root", default=None, help="local run root (default ./runs)")
@@ -462,7 +202,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         root=args.root,
         corpus=args.corpus,
         state_dir=args.state_dir,
-        config=_resolved_config(args),
+        config=resolved_config(args),
         workers=defaults.workers if args.workers is None else args.workers,
         tokenizer=args.tokenizer,
     )
@@ -488,7 +228,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
         pipeline_root=args.pipeline_root,
         image_pull_secrets=tuple(args.image_pull_secrets),
     )
-    path = compiler.compile_pipeline(args.output, target, _resolved_config(args))
+    path = compiler.compile_pipeline(args.output, target, resolved_config(args))
     print(f"wrote {path}")
     return 0
 
@@ -502,7 +242,7 @@ def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
         args.examples,
         args.model_dir,
         args.work_dir,
-        _resolved_config(args),
+        resolved_config(args),
         launcher="tfjob",
         run_id=args.run_id,
         image=image,

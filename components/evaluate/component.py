@@ -27,14 +27,16 @@ def evaluate(
 
     from components import kfp_metadata, kube, lineage, provenance, storage
     from components.evaluate import executor
+    from contracts.errors import one_line_errors
 
     params = {
         "serving_dir": serving_dir,
         "max_nats_per_char": max_nats_per_char,
         "tolerance": tolerance,
     }
-    run_id, found = provenance.at_step_start(image, os.environ)
-    metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
+    with one_line_errors("gptpipe evaluate"):  # what the step's edge reads: run id, store
+        run_id, found = provenance.at_step_start(image, os.environ)
+        metadata = lineage.store_address(metadata, os.environ)  # KFP names it in env
     with lineage.step(metadata, "evaluate", pipeline_name, run_id, params, found) as rec:
         # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
         in_cluster = bool(kube.pod_identity(os.environ).name)

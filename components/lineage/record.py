@@ -35,7 +35,7 @@ from components.lineage.schema import (
     to_scalar,
 )
 from components.lineage.store import mlmd, open_store
-from contracts.errors import UserError
+from contracts.errors import UserError, one_line_errors
 
 # Execution custom properties this module writes itself; callers may not pass them.
 _RESERVED = frozenset(
@@ -399,7 +399,7 @@ def step(
     # Recorded at once, RUNNING: an unreachable store fails the step before its work, and a
     # step killed outright (SIGKILL, eviction, a cancelled run) still leaves its execution,
     # which the run's exit handler marks (`close_unfinished`).
-    try:
+    with one_line_errors(f"gptpipe {step_name}"):  # an unreachable store: nothing ran yet
         execution_id = record_execution(
             store_uri,
             step=step_name,
@@ -412,9 +412,6 @@ def step(
             state="RUNNING",
             start_time=start,
         )
-    except UserError as err:  # the store is unreachable or misnamed: nothing ran yet
-        print(f"gptpipe {step_name}: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
     state = "FAILED"
     try:
         yield recorder

@@ -18,10 +18,12 @@ def push(
 
     from components import kfp_metadata, kube, lineage, provenance, storage
     from components.push import executor
+    from contracts.errors import one_line_errors
 
     params = {"serving_dir": serving_dir}
-    run_id, found = provenance.at_step_start(image, os.environ)
-    metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
+    with one_line_errors("gptpipe push"):  # what the step's edge reads: run id, store
+        run_id, found = provenance.at_step_start(image, os.environ)
+        metadata = lineage.store_address(metadata, os.environ)  # KFP names it in env
     with lineage.step(metadata, "push", pipeline_name, run_id, params, found) as rec:
         # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
         in_cluster = bool(kube.pod_identity(os.environ).name)

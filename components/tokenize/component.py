@@ -34,6 +34,7 @@ def tokenize(
     from components import kfp_metadata, kube, lineage, provenance, storage
     from components.tokenize import executor
     from contracts.artifacts import DATASETS_DIR
+    from contracts.errors import one_line_errors
     from trainer.config import config_from_dict
 
     params = {
@@ -43,8 +44,9 @@ def tokenize(
         "tokenizer": tokenizer,
         "artifact_root": artifact_root,
     }
-    run_id, found = provenance.at_step_start(image, os.environ)
-    metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
+    with one_line_errors("gptpipe tokenize"):  # what the step's edge reads: run id, store
+        run_id, found = provenance.at_step_start(image, os.environ)
+        metadata = lineage.store_address(metadata, os.environ)  # KFP names it in env
     with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
         cfg = config_from_dict(config)
         in_cluster = bool(kube.pod_identity(os.environ).name)

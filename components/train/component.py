@@ -45,6 +45,7 @@ def train(
     from components import kfp_metadata, kube, lineage, provenance, storage
     from components.train import executor
     from contracts.artifacts import step_work_dir
+    from contracts.errors import one_line_errors
     from trainer.config import config_from_dict, config_hash
 
     params = {
@@ -61,8 +62,9 @@ def train(
         "worker_memory": worker_memory,
         "service_account": service_account,
     }
-    run_id, found = provenance.at_step_start(image, os.environ)
-    metadata = lineage.store_address(metadata, os.environ)  # KFP names its MLMD service in env
+    with one_line_errors("gptpipe train"):  # what the step's edge reads: run id, store
+        run_id, found = provenance.at_step_start(image, os.environ)
+        metadata = lineage.store_address(metadata, os.environ)  # KFP names it in env
     with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
         rec.input("examples", "Examples", examples_uri, upstream=True)
         cfg = config_from_dict(config)  # a hand-edited config fails here, on the record

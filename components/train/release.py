@@ -21,8 +21,10 @@ def release(launcher: str, metadata: str, image: str) -> int:
     import os
 
     from components import kube, lineage, provenance
+    from contracts.errors import one_line_errors
 
-    run_id, _ = provenance.at_step_start(image, os.environ)
+    with one_line_errors("gptpipe release"):
+        run_id, _ = provenance.at_step_start(image, os.environ)
     deleted: list[str] = []
     if launcher == "tfjob":
         from components.train import tfjob

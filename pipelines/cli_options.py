@@ -1,0 +1,28 @@
+"""Command-line options several `gptpipe` commands share: the trainer config they resolve."""
+
+import argparse
+
+from pipelines.config import RunConfig
+from trainer.config import Config, resolve_config
+
+
+def config_options(parser: argparse.ArgumentParser) -> None:
+    """--config and --set: the trainer config, resolved once here and passed on resolved."""
+    parser.add_argument(
+        "--config",
+        default=RunConfig().config,
+        help=f"trainer preset or YAML file (default {RunConfig().config})",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="trainer config override, repeatable",
+    )
+
+
+def resolved_config(args: argparse.Namespace) -> Config:
+    """The one place a command resolves the trainer config from its --config and --set."""
+    return resolve_config(args.config, args.overrides)

@@ -1,0 +1,45 @@
+"""What a pipeline step prints when its pod is set up wrong: one line naming the fix, exit 2.
+
+A step's edge reads the run id (the pod label KFP sets) and the ML Metadata address (KFP's
+METADATA_GRPC_SERVICE_HOST/_PORT, or the `metadata` parameter) before any work.
+"""
+
+import pytest
+
+from components.push import component as push_component
+
+
+def call_push(tmp_path, metadata: str) -> None:
+    push_component.push(
+        model=None,  # never reached: the edge fails first
+        blessing=None,
+        serving_dir=str(tmp_path / "serving"),
+        metadata=metadata,
+        pipeline_name="gptpipe",
+        image="local-python-environment",
+        pushed_model=None,
+    )
+
+
+@pytest.mark.parametrize(
+    "env, metadata, message",
+    [
+        ({}, "store.sqlite", "KFP_RUN_ID is not set"),
+        ({"KFP_RUN_ID": "run-1"}, "", "METADATA_GRPC_SERVICE_HOST"),
+        ({"KFP_RUN_ID": "run-1"}, "ftp://store:8080", "ftp://store:8080"),
+    ],
+    ids=["no-run-id", "no-store-address", "bad-store-address"],
+)
+def test_a_misconfigured_step_fails_in_one_line(
+    tmp_path, monkeypatch, capsys, env, metadata, message
+):
+    for name in ("KFP_RUN_ID", "METADATA_GRPC_SERVICE_HOST", "METADATA_GRPC_SERVICE_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        call_push(tmp_path, metadata)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gptpipe push: error:") and message in err
+    assert err.count("\n") == 1  # one line, no traceback
