@@ -311,7 +311,7 @@ def summary_rows(summary: dict) -> list[tuple[str, str]]:
     pushed = output("push", "pushed_model")
     baseline = blessing.get("baseline_model") or "none (first model: change check skipped)"
     if numbers.get("baseline_nats_per_char") is not None:
-        baseline += f" ({numbers['baseline_nats_per_char']:.4f} nats/char)"
+        baseline += f" ({_number(numbers['baseline_nats_per_char'], '.4f')} nats/char)"
     where = (
         f"{pushed.get('pushed_destination')}/{pushed.get('pushed_version')}"
         if pushed.get("pushed")
@@ -331,7 +331,12 @@ def _loss(numbers: dict) -> str:
     if "eval_nats_per_token" not in numbers:
         return "n/a"
     return (
-        f"{numbers['eval_nats_per_token']:.4f} nats/token, "
-        f"{numbers['eval_nats_per_char']:.4f} nats/char "
-        f"(perplexity {numbers['eval_perplexity']:.2f})"
+        f"{_number(numbers['eval_nats_per_token'], '.4f')} nats/token, "
+        f"{_number(numbers['eval_nats_per_char'], '.4f')} nats/char "
+        f"(perplexity {_number(numbers.get('eval_perplexity'), '.2f')})"
     )
+
+
+def _number(value: object, spec: str) -> str:
+    """A metric as lineage stored it: a number, or the string ("nan", "inf") SQL keeps for one."""
+    return format(value, spec) if isinstance(value, int | float) else str(value)

@@ -88,3 +88,31 @@ def test_rollback_republishes_and_is_recorded_as_a_push(tmp_path, capsys):
     assert pushed["properties"]["pushed_version"] == "3"
     assert "rollback to version 1" in pushed["properties"]["reason"]
     assert lineage.producer_of(store, pushed)["step"] == "push"
+
+
+def test_the_summary_prints_a_non_finite_metric_as_lineage_stored_it():
+    # SQL has no NaN: lineage keeps a diverged model's loss as the string "nan".
+    summary = {
+        "run_id": "r",
+        "dataset_version": "d",
+        "steps": {
+            "evaluate": {
+                "outputs": {
+                    "evaluation": [
+                        {
+                            "properties": {
+                                "eval_nats_per_token": "nan",
+                                "eval_nats_per_char": "nan",
+                                "eval_perplexity": "inf",
+                                "baseline_nats_per_char": 1.5,
+                            }
+                        }
+                    ],
+                    "blessing": [{"properties": {"blessed": 0, "reason": "diverged"}}],
+                }
+            }
+        },
+    }
+    rows = dict(cli.summary_rows(summary))
+    assert rows["eval loss"] == "nan nats/token, nan nats/char (perplexity inf)"
+    assert "(1.5000 nats/char)" in rows["baseline"]

@@ -112,6 +112,14 @@ def test_dict_through_a_protobuf_struct_keeps_its_ints():
         config_from_dict("tiny")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_are_refused(text):
+    with pytest.raises(
+        ConfigError, match=f"train.learning_rate must be a finite number, got {text}"
+    ):
+        resolve_config("tiny", [f"train.learning_rate={text}"])
+
+
 def test_derived_values():
     assert global_batch_size(16, 4) == 64
     assert scaled_learning_rate(3e-4, 512, 256) == pytest.approx(6e-4)

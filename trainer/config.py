@@ -275,9 +275,19 @@ def _train_errors(t: TrainConfig) -> list[str]:
     return errors
 
 
+def _finite_errors(cfg: Config) -> list[str]:
+    """NaN and infinity pass every range check above ("nan > 0" is False), so name them here."""
+    return [
+        f"{section}.{name} must be a finite number, got {value}"
+        for section, values in config_to_dict(cfg).items()
+        for name, value in values.items()
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
+
+
 def validate(cfg: Config) -> None:
     """Raise ConfigError listing every inconsistent value (one line each)."""
-    errors = _model_errors(cfg.model) + _train_errors(cfg.train)
+    errors = _finite_errors(cfg) + _model_errors(cfg.model) + _train_errors(cfg.train)
     if errors:
         raise ConfigError("config: " + "; ".join(errors))
 
