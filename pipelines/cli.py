@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import UserError
-from pipelines.cli_options import config_options, resolved_config
+from pipelines.cli_options import config_options, image_pull_secret_option, resolved_config
 from pipelines.config import DEFAULT_ROOT, RunConfig
 from pipelines.kfp_cli import add_kfp
 
@@ -87,14 +87,7 @@ def _add_compile(sub: Any) -> None:
         required=True,
         help="gs://BUCKET/PATH: KFP's pipeline root and artifact_root's default",
     )
-    comp.add_argument(
-        "--image-pull-secret",
-        dest="image_pull_secrets",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a Secret the step pods pull their image with, repeatable",
-    )
+    image_pull_secret_option(comp)
     config_options(comp)
     comp.set_defaults(func=_cmd_compile)
 

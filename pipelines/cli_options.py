@@ -1,4 +1,4 @@
-"""Command-line options several `gptpipe` commands share: the trainer config they resolve."""
+"""Command-line options several `gptpipe` commands share: the trainer config, pull secrets."""
 
 import argparse
 
@@ -26,3 +26,15 @@ def config_options(parser: argparse.ArgumentParser) -> None:
 def resolved_config(args: argparse.Namespace) -> Config:
     """The one place a command resolves the trainer config from its --config and --set."""
     return resolve_config(args.config, args.overrides)
+
+
+def image_pull_secret_option(parser: argparse.ArgumentParser) -> None:
+    """--image-pull-secret: compiled into every step pod (the TFJob workers copy the train's)."""
+    parser.add_argument(
+        "--image-pull-secret",
+        dest="image_pull_secrets",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a Secret the step pods pull their image with, repeatable",
+    )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import UserError
-from pipelines.cli_options import config_options, resolved_config
+from pipelines.cli_options import config_options, image_pull_secret_option, resolved_config
 
 
 def _connection_options() -> argparse.ArgumentParser:
@@ -78,14 +78,7 @@ def add_kfp(sub: Any) -> None:
     source.add_argument("--pipeline-root", default=None, help="gs://BUCKET/PATH: compile now")
     upload.add_argument("--lock", type=Path, default=None, help="image digest lock")
     upload.add_argument("--allow-unpinned", action="store_true", help="allow images by tag")
-    upload.add_argument(
-        "--image-pull-secret",
-        dest="image_pull_secrets",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a Secret the step pods pull their image with, repeatable",
-    )
+    image_pull_secret_option(upload)
     config_options(upload)
     upload.set_defaults(func=_cmd_kfp_upload)
 

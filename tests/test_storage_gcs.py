@@ -282,3 +282,20 @@ def test_folder_markers_are_deleted_and_nothing_else(gcs):
     ]
     assert gcs.names("other/") == ["other/"]
     assert storage.delete_folder_markers(gcs.uri("model")) == 0
+
+
+def test_no_credentials_is_one_user_error_saying_how_to_provide_them(monkeypatch, tmp_path):
+    from components.storage import gcs as storage_gcs_module
+
+    # No emulator, no key file, no gcloud config, no metadata server: what a laptop has.
+    for name in ("STORAGE_EMULATOR_HOST", "GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CLOUDSDK_CONFIG", str(tmp_path / "gcloud"))
+    monkeypatch.setenv("GCE_METADATA_HOST", "127.0.0.1:9")  # nothing listens: not on GCE
+    monkeypatch.setenv("GCE_METADATA_IP", "127.0.0.1:9")
+    storage_gcs_module.set_client(None)
+    try:
+        with pytest.raises(UserError, match="gcloud auth application-default login"):
+            storage.list_files("gs://bucket/corpus/")
+    finally:
+        storage_gcs_module.set_client(None)

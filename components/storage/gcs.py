@@ -67,9 +67,18 @@ _CLIENT_LOCK = threading.Lock()
 
 def client() -> google_storage.Client:
     """The process's google-cloud-storage client (it honours STORAGE_EMULATOR_HOST)."""
+    from google.auth.exceptions import DefaultCredentialsError
+
     with _CLIENT_LOCK:
         if "client" not in _CLIENT:
-            _CLIENT["client"] = google_storage.Client()
+            try:
+                _CLIENT["client"] = google_storage.Client()
+            except DefaultCredentialsError:
+                raise UserError(
+                    "no Google Cloud credentials to reach gs://: run `gcloud auth "
+                    "application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key "
+                    "file (in a cluster: Workload Identity for the pipeline's service account)"
+                ) from None
         return _CLIENT["client"]
 
 
