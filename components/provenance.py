@@ -55,11 +55,6 @@ def run_id(env: Mapping[str, str]) -> str:
     return value
 
 
-def at_step_start(image: str, env: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
-    """What every component reads at its edge: the run id, and its provenance properties."""
-    return run_id(env), detect(image, env).properties()
-
-
 @dataclass(frozen=True)
 class Provenance:
     """What a step ran on, as lineage records it."""
@@ -140,14 +135,16 @@ def detect(
     api_client: Any = None,
     repo_dir: Path = REPO_DIR,
     warn: Callable[[str], None] | None = None,
+    pod: kube.PodIdentity | None = None,
 ) -> Provenance:
     """Provenance of the running step; in a KFP pod, also the digest the kubelet really pulled.
 
-    `api_client` defaults to the in-cluster one. A failure to read the pod is recorded, not
-    raised: lineage must never fail a step that did its work.
+    `api_client` defaults to the in-cluster one; `pod` to the identity read from `env` and
+    `namespace_file`. A failure to read the pod is recorded, not raised: lineage must never
+    fail a step that did its work.
     """
     found = Provenance(image=image, code_version=code_version(env, repo_dir))
-    pod = kube.pod_identity(env, namespace_file)
+    pod = pod or kube.pod_identity(env, namespace_file)
     if not (pod.name and pod.namespace):
         return found
     try:

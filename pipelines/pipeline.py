@@ -156,7 +156,7 @@ def build(target: Target, config: Config) -> dsl.graph_component.GraphComponent:
             on_cluster(pushed, "push").set_caching_options(enable_caching=False)
 
         if target.release_on_exit:
-            release = release_op(launcher=launcher, metadata=metadata, image=images.pipeline)
+            release = release_op(launcher=launcher, metadata=metadata)
             on_cluster(release, "release")
             release.set_caching_options(enable_caching=False)
             with dsl.ExitHandler(release):

@@ -25,22 +25,20 @@ def evaluate(
     """
     import os
 
-    from components import kfp_metadata, kube, lineage, provenance, storage
+    from components import kfp_metadata, lineage, step_edge, storage
     from components.evaluate import executor
-    from contracts.errors import one_line_errors
 
     params = {
         "serving_dir": serving_dir,
         "max_nats_per_char": max_nats_per_char,
         "tolerance": tolerance,
     }
-    with one_line_errors("gptpipe evaluate"):  # what the step's edge reads: run id, store
-        run_id, found = provenance.at_step_start(image, os.environ)
-        metadata = lineage.store_address(metadata, os.environ)  # KFP names it in env
-    with lineage.step(metadata, "evaluate", pipeline_name, run_id, params, found) as rec:
+    edge = step_edge.read("evaluate", image, metadata, os.environ)
+    with lineage.step(
+        edge.store, "evaluate", pipeline_name, edge.run_id, params, edge.provenance
+    ) as rec:
         # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
-        in_cluster = bool(kube.pod_identity(os.environ).name)
-        storage.check_shared_root(serving_dir, "serving_dir", in_cluster=in_cluster)
+        storage.check_shared_root(serving_dir, "serving_dir", in_cluster=edge.in_cluster)
         rec.input("examples", "Examples", examples_uri, upstream=True)
         rec.input("model", "Model", model.uri, upstream=True)
         result = executor.run(

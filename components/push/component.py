@@ -16,18 +16,16 @@ def push(
     """Publish the model to the serving destination if, and only if, it is blessed."""
     import os
 
-    from components import kfp_metadata, kube, lineage, provenance, storage
+    from components import kfp_metadata, lineage, step_edge, storage
     from components.push import executor
-    from contracts.errors import one_line_errors
 
     params = {"serving_dir": serving_dir}
-    with one_line_errors("gptpipe push"):  # what the step's edge reads: run id, store
-        run_id, found = provenance.at_step_start(image, os.environ)
-        metadata = lineage.store_address(metadata, os.environ)  # KFP names it in env
-    with lineage.step(metadata, "push", pipeline_name, run_id, params, found) as rec:
+    edge = step_edge.read("push", image, metadata, os.environ)
+    with lineage.step(
+        edge.store, "push", pipeline_name, edge.run_id, params, edge.provenance
+    ) as rec:
         # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
-        in_cluster = bool(kube.pod_identity(os.environ).name)
-        storage.check_shared_root(serving_dir, "serving_dir", in_cluster=in_cluster)
+        storage.check_shared_root(serving_dir, "serving_dir", in_cluster=edge.in_cluster)
         rec.input("model", "Model", model.uri, upstream=True)
         rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
         result = executor.run(
@@ -36,7 +34,7 @@ def push(
             serving_dir,
             pushed_model.path,
             already_pushed=lambda uri: (
-                lineage.find_artifact(metadata, uri, "PushedModel") is not None
+                lineage.find_artifact(edge.store, uri, "PushedModel") is not None
             ),
         )
         props = {

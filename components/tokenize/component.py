@@ -31,10 +31,9 @@ def tokenize(
     """
     import os
 
-    from components import kfp_metadata, kube, lineage, provenance, storage
+    from components import kfp_metadata, lineage, step_edge, storage
     from components.tokenize import executor
     from contracts.artifacts import DATASETS_DIR
-    from contracts.errors import one_line_errors
     from trainer.config import config_from_dict
 
     params = {
@@ -44,14 +43,13 @@ def tokenize(
         "tokenizer": tokenizer,
         "artifact_root": artifact_root,
     }
-    with one_line_errors("gptpipe tokenize"):  # what the step's edge reads: run id, store
-        run_id, found = provenance.at_step_start(image, os.environ)
-        metadata = lineage.store_address(metadata, os.environ)  # KFP names it in env
-    with lineage.step(metadata, "tokenize", pipeline_name, run_id, params, found) as rec:
+    edge = step_edge.read("tokenize", image, metadata, os.environ)
+    with lineage.step(
+        edge.store, "tokenize", pipeline_name, edge.run_id, params, edge.provenance
+    ) as rec:
         cfg = config_from_dict(config)
-        in_cluster = bool(kube.pod_identity(os.environ).name)
-        storage.check_shared_root(artifact_root, "artifact_root", in_cluster=in_cluster)
-        storage.check_shared_root(examples.uri, "the pipeline root", in_cluster=in_cluster)
+        storage.check_shared_root(artifact_root, "artifact_root", in_cluster=edge.in_cluster)
+        storage.check_shared_root(examples.uri, "the pipeline root", in_cluster=edge.in_cluster)
         rec.set(vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
         dataset = executor.run_content_addressed(
             corpus,

@@ -42,10 +42,9 @@ def train(
     """
     import os
 
-    from components import kfp_metadata, kube, lineage, provenance, storage
+    from components import kfp_metadata, lineage, step_edge, storage
     from components.train import executor
     from contracts.artifacts import step_work_dir
-    from contracts.errors import one_line_errors
     from trainer.config import config_from_dict, config_hash
 
     params = {
@@ -62,28 +61,29 @@ def train(
         "worker_memory": worker_memory,
         "service_account": service_account,
     }
-    with one_line_errors("gptpipe train"):  # what the step's edge reads: run id, store
-        run_id, found = provenance.at_step_start(image, os.environ)
-        metadata = lineage.store_address(metadata, os.environ)  # KFP names it in env
-    with lineage.step(metadata, "train", pipeline_name, run_id, params, found) as rec:
+    edge = step_edge.read("train", image, metadata, os.environ)
+    with lineage.step(
+        edge.store, "train", pipeline_name, edge.run_id, params, edge.provenance
+    ) as rec:
         rec.input("examples", "Examples", examples_uri, upstream=True)
         cfg = config_from_dict(config)  # a hand-edited config fails here, on the record
         rec.parameters["config_hash"] = config_hash(cfg)
         executor.check_cache_inputs(examples_uri, dataset_version)
-        pod = kube.pod_identity(os.environ)
         # The workers write the Model and the work folder themselves: both must be on gs://
         # in a cluster (a minio:// pipeline root is refused here, before any GPU starts).
-        storage.check_shared_root(artifact_root, "artifact_root", in_cluster=bool(pod.name))
-        storage.check_shared_root(model.uri, "the pipeline root", in_cluster=bool(pod.name))
-        placement = executor.cluster_placement(pod, service_account) if launcher == "tfjob" else {}
-        work_dir = storage.join(artifact_root, step_work_dir(run_id, "train"))
+        storage.check_shared_root(artifact_root, "artifact_root", in_cluster=edge.in_cluster)
+        storage.check_shared_root(model.uri, "the pipeline root", in_cluster=edge.in_cluster)
+        placement = (
+            executor.cluster_placement(edge.pod, service_account) if launcher == "tfjob" else {}
+        )
+        work_dir = storage.join(artifact_root, step_work_dir(edge.run_id, "train"))
         spec = executor.job_spec(
             examples_uri,
             model.uri,
             work_dir,
             cfg,
             launcher=launcher,
-            run_id=run_id,
+            run_id=edge.run_id,
             image=trainer_image,
             workers=workers,
             gpus_per_worker=gpus_per_worker,

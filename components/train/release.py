@@ -11,7 +11,7 @@ steps in `dsl.ExitHandler(release)`, which runs however the steps end.
 from kfp import dsl
 
 
-def release(launcher: str, metadata: str, image: str) -> int:
+def release(launcher: str, metadata: str) -> int:
     """Delete this run's unfinished TFJobs in this namespace; return how many.
 
     The local launcher leaves no TFJob (its workers are the train step's own children).
@@ -24,13 +24,13 @@ def release(launcher: str, metadata: str, image: str) -> int:
     from contracts.errors import one_line_errors
 
     with one_line_errors("gptpipe release"):
-        run_id, _ = provenance.at_step_start(image, os.environ)
+        run_id = provenance.run_id(os.environ)
     deleted: list[str] = []
     if launcher == "tfjob":
         from components.train import tfjob
 
-        pod = kube.pod_identity(os.environ)
-        deleted = tfjob.delete_run_jobs(kube.default_api_client(), pod.namespace, run_id)
+        namespace = kube.pod_identity(os.environ).namespace
+        deleted = tfjob.delete_run_jobs(kube.default_api_client(), namespace, run_id)
         print(f"release: deleted {len(deleted)} TFJob(s) of run {run_id}")
         for name in deleted:
             print(f"  {name}")
