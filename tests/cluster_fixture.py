@@ -43,6 +43,7 @@ from k8s_double import FakeKube
 from kfp_backend import CacheStore, KfpBackend
 from kfp_launcher import VENV_BIN
 from mlmd_server import MetadataGrpcServer
+from processes import alive
 from tf_gcs_stand_in import TfGcsStandIn
 
 from components.train.launcher import run_label
@@ -135,15 +136,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float) -> bool:
             return False
         time.sleep(0.2)
     return True
-
-
-def alive(pid: int) -> bool:
-    """Whether process `pid` still runs (a zombie has ended)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def compile_pipeline(output: Path, root: str, overrides: Sequence[str]) -> Path:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from processes import alive
 
 from components.train import executor
 from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
@@ -98,15 +99,6 @@ def job(tmp_path: Path):
 def starts(tmp_path: Path, index: int) -> list[dict[str, Any]]:
     path = tmp_path / "rec" / f"starts-{index}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def alive(pid: int) -> bool:
-    """True if `pid` runs (a zombie, which only waits for its parent to reap it, is not)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def recorded_pids(tmp_path: Path) -> list[int]:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from k8s_double import FakeKube
 from kubernetes import client, watch
+from processes import alive
 
 from components.train import tfjob_manifest
 from components.train.launcher import JobSpec
@@ -66,14 +67,6 @@ def condition(kube: FakeKube, kind: str) -> dict[str, Any] | None:
 def starts(records: Path, index: int) -> list[dict[str, Any]]:
     path = records / f"starts-{index}.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 def test_workers_run_as_the_operator_creates_their_pods(tmp_path, records):

@@ -114,10 +114,8 @@ def test_tokenize_bad_gcs_corpus_is_one_user_error(gcs, corpus, message):
     assert gcs.names("out") == []
 
 
-def test_a_dataset_publish_killed_midway_is_finished_by_the_next_run(gcs, corpus_text, monkeypatch):
-    gcs.put("corpus/shakespeare.txt", corpus_text.encode("utf-8"))
-    corpus, root = gcs.uri("corpus/"), gcs.uri("datasets")
-    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "progress": False}
+def die_after_two_copies(monkeypatch):
+    """Make the process 'die' (ConnectionError) after two object copies; return the real copy."""
     real_copy = storage_gcs.copy_object
     copies = []
 
@@ -128,7 +126,15 @@ def test_a_dataset_publish_killed_midway_is_finished_by_the_next_run(gcs, corpus
         return real_copy(source, destination, **kwargs)
 
     monkeypatch.setattr(storage_gcs, "copy_object", copy_then_die)
-    monkeypatch.setattr(storage_gcs, "WORKERS", 1)
+    monkeypatch.setattr(storage_gcs, "WORKERS", 1)  # deterministic: exactly two copies land
+    return real_copy
+
+
+def test_a_dataset_publish_killed_midway_is_finished_by_the_next_run(gcs, corpus_text, monkeypatch):
+    gcs.put("corpus/shakespeare.txt", corpus_text.encode("utf-8"))
+    corpus, root = gcs.uri("corpus/"), gcs.uri("datasets")
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "progress": False}
+    real_copy = die_after_two_copies(monkeypatch)
     with pytest.raises(ConnectionError):
         tokenize.run_content_addressed(corpus, root, **options)
     # Part of the version's folder is in place, without its manifest: not a dataset yet.
@@ -187,17 +193,7 @@ def test_push_interrupted_between_copies_never_exposes_a_version_and_rerun_finis
 ):
     dest = gcs.uri("serving")
     model = _model(tmp_path, "m")
-    real_copy = storage_gcs.copy_object
-    copies = []
-
-    def copy_then_die(source, destination, **kwargs):
-        if len(copies) == 2:
-            raise ConnectionError("pod evicted")
-        copies.append(destination)
-        return real_copy(source, destination, **kwargs)
-
-    monkeypatch.setattr(storage_gcs, "copy_object", copy_then_die)
-    monkeypatch.setattr(storage_gcs, "WORKERS", 1)  # deterministic: exactly two copies land
+    real_copy = die_after_two_copies(monkeypatch)
     with pytest.raises(ConnectionError):
         _push(tmp_path, model, dest, "p1")
     left = gcs.names("serving/")

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from k8s_double import FakeKube
+from processes import alive
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components import kube as kube_api
@@ -84,14 +85,6 @@ def pids(kube: FakeKube) -> list[int]:
 def starts(records: Path, index: int) -> list[str]:
     path = records / f"starts-{index}.jsonl"
     return path.read_text().splitlines() if path.exists() else []
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state != "Z"
 
 
 @pytest.fixture
