@@ -9,9 +9,13 @@ service, so that no later push puts one of them back.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import secrets
+import time
+from pathlib import Path
 
 from components import storage
 from contracts.artifacts import RETIRED_FILE, SAVED_MODEL_FILE
@@ -20,7 +24,8 @@ from contracts.errors import UserError
 log = logging.getLogger(__name__)
 
 READY = SAVED_MODEL_FILE  # TF Serving loads a version once this file is there: it is copied last
-_MAX_RACES = 5  # how many concurrent pushers may take our version number before we give up
+_MAX_RACES = 20  # how many concurrent publishers may take our version number before we give up
+CLAIMS_DIR = ".claims"  # `<destination>/.claims/<N>`: created once, by the publisher of version N
 
 
 def serving_versions(destination: str | os.PathLike[str]) -> list[int]:
@@ -33,8 +38,8 @@ def serving_versions(destination: str | os.PathLike[str]) -> list[int]:
 
 
 def next_serving_version(destination: str | os.PathLike[str]) -> int:
-    """Return one more than the highest integer-named entry, complete, staged or not."""
-    names = storage.names_taken(destination)
+    """Return one more than the highest version taken: complete, staged, or claimed."""
+    names = storage.names_taken(destination) + _claimed(str(destination))
     return max((int(n) for n in names if n.isdigit()), default=0) + 1
 
 
@@ -42,6 +47,19 @@ def latest_version_uri(destination: str) -> str | None:
     """The model in service: the highest complete version under `destination`, or None."""
     versions = serving_versions(destination)
     return storage.join(destination, str(versions[-1])) if versions else None
+
+
+def version_of(version_uri: str) -> int:
+    """The version number a version folder's URI ends with (`.../serving/7` -> 7)."""
+    return int(version_uri.rstrip("/").rsplit("/", 1)[-1])
+
+
+def normalize(destination: str) -> str:
+    """One spelling per destination, as lineage records it: an absolute path, or gs:// with no
+    trailing slash, so `serving/`, `./serving` and `/abs/serving` are one destination."""
+    if storage.is_gcs(destination):
+        return destination.rstrip("/")
+    return str(Path(destination).expanduser().resolve())
 
 
 def finish_interrupted(destination: str) -> dict[str, str]:
@@ -52,16 +70,66 @@ def finish_interrupted(destination: str) -> dict[str, str]:
     return storage.finish_publishes(destination, ready=READY)
 
 
-def publish_next(source: str, destination: str) -> int:
-    """Publish `source` as the next free version, retrying if another pusher took it."""
+class ServedModelChanged(Exception):
+    """The newest complete version is no longer the one a push was evaluated against."""
+
+    def __init__(self, expected: int | None, found: int | None, retired: bool = False) -> None:
+        def name(v: int | None) -> str:
+            return f"version {v}" if v is not None else "no model"
+
+        now = f"a rollback is retiring {name(found)}" if retired else f"{name(found)} is served now"
+        super().__init__(
+            "the served model changed since evaluation: it was compared with "
+            f"{name(expected)}, and {now}"
+        )
+        self.found = found
+
+
+ANY_VERSION = -1  # `publish_next(expect_latest=ANY_VERSION)`: publish on top of whatever is served
+
+
+def publish_next(source: str, destination: str, expect_latest: int | None = ANY_VERSION) -> int:
+    """Publish `source` as the next free version; return it.
+
+    The version is claimed first with a create-only marker (`.claims/<N>`), so two writers
+    never share a number: the loser of a claim takes the next one. Only the claimant copies
+    into `<N>/`, so a version never mixes two models' files. A claim whose publisher died
+    stays, and its number is skipped (TF Serving serves the highest; gaps are harmless).
+
+    With `expect_latest` (a version, or None for an empty destination), the publish is
+    refused with `ServedModelChanged` if, once our version is claimed, the newest complete
+    version is another, or a rollback has retired it: a push is only published on top of the
+    model it was evaluated against. A rollback retires before it claims, so either it retired
+    before this check (refused) or its version is claimed after ours (it stays on top).
+    """
+    token = secrets.token_hex(8)
     for _ in range(_MAX_RACES):
         version = next_serving_version(destination)
+        claim = storage.join(destination, CLAIMS_DIR, str(version))
+        record = {"writer": token, "claimed_at": time.time(), "source": source}
+        if not storage.create_exclusive(claim, json.dumps(record).encode()):
+            continue
+        if expect_latest != ANY_VERSION:
+            versions = serving_versions(destination)
+            latest = versions[-1] if versions else None
+            retired = latest is not None and str(latest) in _read_retired(destination)
+            if latest != expect_latest or retired:
+                storage.delete_tree(claim)  # nothing was written under it: free the number
+                raise ServedModelChanged(expect_latest, latest, retired)
         try:
             storage.publish_dir(source, storage.join(destination, str(version)), ready=READY)
-            return version
-        except FileExistsError:
-            continue
+        except Exception:  # a killed process cleans nothing: its claim and staging stay
+            # Nothing of ours is left at <N>/ (a gs:// staging that could still be finished
+            # keeps the number taken by its name), so the number is free again.
+            with contextlib.suppress(Exception):
+                storage.delete_tree(claim)
+            raise
+        return version
     raise RuntimeError(f"could not claim a version under {destination} after {_MAX_RACES} tries")
+
+
+def _claimed(destination: str) -> list[str]:
+    return list(storage.list_tree(storage.join(destination, CLAIMS_DIR)))
 
 
 def rollback(destination: str, to_version: int) -> int:
@@ -69,7 +137,11 @@ def rollback(destination: str, to_version: int) -> int:
 
     TF Serving serves the highest version, so this puts the earlier model back in service
     while keeping every version for audit; the copy is atomic as a push is (server-side on
-    GCS). Recording it in lineage (as a push) is the caller's job.
+    GCS). The versions it takes out of service are retired *before* the new one is
+    published: a crash in between leaves them refused by every later push, and running the
+    rollback again completes it. If a push published above our version meanwhile, that
+    version is retired too and the restored model published again on top, so a rollback
+    always ends with its model served. Recording it in lineage is the caller's job.
     """
     versions = serving_versions(destination)
     if to_version not in versions:
@@ -79,26 +151,43 @@ def rollback(destination: str, to_version: int) -> int:
         )
     source = storage.join(destination, str(to_version))
     finish_interrupted(destination)
-    version = publish_next(source, destination)
     _retire(destination, [v for v in versions if v > to_version], restored=to_version)
-    log.info("rolled %s back to version %d as version %d", destination, to_version, version)
-    return version
+    for _ in range(_MAX_RACES):
+        version = publish_next(source, destination)
+        above = [v for v in serving_versions(destination) if v > version]
+        above = _retire(destination, above, restored=to_version)
+        if not above:
+            log.info("rolled %s back to version %d as version %d", destination, to_version, version)
+            return version
+        log.info("versions %s were pushed during the rollback: retired them too", above)
+    raise RuntimeError(f"pushes to {destination} kept overtaking the rollback")
 
 
-def _retire(destination: str, versions: list[int], restored: int) -> None:
+def _retire(destination: str, versions: list[int], restored: int) -> list[int]:
     """Remember the models of `versions` (by their files' crc32c) so no push restores them.
 
     A rollback says "these models are bad"; without this, a later run on unchanged data (its
     train served from KFP's cache) would be blessed against the restored model and put one
-    back. Rolling back *to* a retired version un-retires it.
+    back. Rolling back *to* a retired version un-retires it, and a version holding the
+    restored model (another rollback's copy of it) is never retired. The file is updated
+    under a precondition (`storage.update_bytes`), so two rollbacks at once both keep their
+    entries. Returns the versions retired.
     """
-    retired = _read_retired(destination)
-    retired.pop(str(restored), None)
-    for version in versions:
-        retired[str(version)] = storage.tree_crc32c(storage.join(destination, str(version)))
-    storage.write_text_atomic(
-        storage.join(destination, RETIRED_FILE), json.dumps(retired, indent=2)
-    )
+    keep = storage.tree_crc32c(storage.join(destination, str(restored)))
+    files = {
+        str(v): crcs
+        for v in versions
+        if (crcs := storage.tree_crc32c(storage.join(destination, str(v)))) != keep
+    }
+
+    def change(old: bytes | None) -> bytes:
+        retired = json.loads(old) if old else {}
+        retired.pop(str(restored), None)
+        retired.update(files)
+        return json.dumps(retired, indent=2).encode()
+
+    storage.update_bytes(storage.join(destination, RETIRED_FILE), change)
+    return [int(v) for v in files]
 
 
 def _read_retired(destination: str) -> dict[str, dict[str, str]]:

@@ -81,9 +81,13 @@ def read_blessing(blessing_dir: str | Path) -> tuple[bool, str]:
         raise UserError(
             f"not a ModelBlessing folder (no {BLESSED} or {NOT_BLESSED} file): {folder}"
         )
-    info_path = folder / BLESSING_FILE
-    info = json.loads(info_path.read_text()) if info_path.is_file() else {}
-    return blessed, str(info.get("reason", ""))
+    return blessed, str(blessing_info(folder).get("reason", ""))
+
+
+def blessing_info(blessing_dir: str | Path) -> dict:
+    """A ModelBlessing's `blessing.json` on local disk (scores, thresholds, the baseline)."""
+    info_path = Path(blessing_dir) / BLESSING_FILE
+    return json.loads(info_path.read_text()) if info_path.is_file() else {}
 
 
 def write_blessing(folder: Path, blessed: bool, info: dict) -> None:

@@ -249,33 +249,32 @@ def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
 
 
 def _cmd_rollback(args: argparse.Namespace) -> int:
-    from components import lineage, provenance, serving
+    from components import lineage, provenance, serving, storage
 
     if not lineage.is_service(args.metadata) and not Path(args.metadata).is_file():
         raise UserError(
             f"no metadata store at {args.metadata}: pass --metadata, the runs' metadata.sqlite "
             "(or host:port), so the rollback is recorded beside the pushes it undoes"
         )
-    params = {"destination": args.destination, "rollback_to": args.to_version}
+    destination = serving.normalize(args.destination)  # as the pushes recorded it
+    params = {"destination": destination, "rollback_to": args.to_version}
     run_id = f"rollback-{int(time.time())}"
     found = provenance.detect(provenance.LOCAL_IMAGE, os.environ).properties()
     with lineage.step(args.metadata, "push", "gptpipe", run_id, params, found) as rec:
-        source = f"{args.destination.rstrip('/')}/{args.to_version}"
-        rec.input("model", "PushedModel", source)
-        version = serving.rollback(args.destination, args.to_version)
-        target = f"{args.destination.rstrip('/')}/{version}"
+        rec.input("model", "PushedModel", storage.join(destination, str(args.to_version)))
+        version = serving.rollback(destination, args.to_version)
         rec.output(
             "pushed_model",
             "PushedModel",
-            target,
+            storage.join(destination, str(version)),
             {
                 "pushed": 1,
-                "pushed_destination": args.destination,
+                "pushed_destination": destination,
                 "pushed_version": str(version),
                 "reason": f"rollback to version {args.to_version}",
             },
         )
-    print(f"version {args.to_version} of {args.destination} is now served as version {version}")
+    print(f"version {args.to_version} of {destination} is now served as version {version}")
     return 0
 
 

@@ -1,6 +1,14 @@
-"""Helpers for tests that start real processes: is a pid still running?"""
+"""Helpers for tests that start real processes: is a pid still running, and racing processes
+released at one moment."""
 
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent  # children import the project from here
 
 
 def alive(pid: int) -> bool:
@@ -10,3 +18,46 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+_BARRIER = """
+import os as _os, time as _time
+def WAIT():
+    open(_os.path.join({folder!r}, f"ready-{{_os.getpid()}}"), "w").close()
+    while not _os.path.exists(_os.path.join({folder!r}, "go")):
+        _time.sleep(0.0005)
+"""
+
+
+def run_together(
+    scripts: list[str], env: dict[str, str] | None = None, timeout: float = 300.0
+) -> list[subprocess.CompletedProcess[str]]:
+    """Run Python `scripts` as parallel processes and release them at one moment.
+
+    Each script calls `WAIT()` once its imports are done; when every process is waiting, all
+    are let go together, so their racing parts really overlap. Returns each one's result.
+    """
+    with tempfile.TemporaryDirectory(prefix="together-") as folder:
+        prelude = _BARRIER.format(folder=folder)
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", prelude + textwrap.dedent(script)],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=REPO,
+            )
+            for script in scripts
+        ]
+        deadline = time.monotonic() + timeout
+        while len(list(Path(folder).glob("ready-*"))) < len(procs):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        Path(folder, "go").touch()
+        results = []
+        for proc, script in zip(procs, scripts, strict=True):
+            out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))
+            results.append(subprocess.CompletedProcess(script, proc.returncode, out, err))
+        return results

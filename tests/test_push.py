@@ -95,7 +95,8 @@ def test_failed_copy_leaves_no_version_and_no_temporary(tmp_path, monkeypatch):
         executor.run(
             make_model(tmp_path), make_blessing(tmp_path, True), str(dest), str(tmp_path / "pushed")
         )
-    assert list(dest.iterdir()) == []
+    assert [p.name for p in dest.iterdir()] == [".claims"]  # the version was released
+    assert list((dest / ".claims").iterdir()) == []
     assert not (tmp_path / "pushed").exists()
 
 

@@ -3,13 +3,16 @@
 The blessing gate lives here, as in the TFX Pusher: an unblessed model is an outcome, not an
 error, and the step succeeds with `pushed=0`. So is a model a rollback retired.
 
-The destination is a local folder or a `gs://` prefix (`components.serving`). On GCS, which has
-no rename, a version is staged in `<destination>/.staging-<version>/` and copied into
-`<destination>/<version>/` with the SavedModel graph last (storage.publish_dir), so TF Serving,
-which loads a version once that file appears, never loads one with missing variables. Before
-choosing a version, a push finishes (or cleans up) whatever an interrupted push left
-(serving.finish_interrupted); if that was this same model, the re-run reports the version it
-finished instead of publishing the model twice.
+The destination is a local folder or a `gs://` prefix (`components.serving`). A push claims its
+version number first, so concurrent pushes never share one. On GCS, which has no rename, a
+version is staged in the pusher's own `<destination>/.staging-<version>~<token>/` and copied
+into `<destination>/<version>/` create-only, with the SavedModel graph last
+(storage.publish_dir), so TF Serving, which loads a version once that file appears, never loads
+one with missing variables. Before choosing a version, a push finishes (or cleans up) whatever
+an interrupted push left (serving.finish_interrupted); if that was this same model, the re-run
+reports the version it finished instead of publishing the model twice. A push whose evaluated
+baseline is no longer the served model (a rollback or another push got there first) records
+`pushed=0` with that reason: it was never compared with what it would replace.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from components import serving, storage
-from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, read_blessing, write_pushed
+from contracts.artifacts import (
+    SAVED_MODEL_FILE,
+    SERVING_DIR,
+    blessing_info,
+    read_blessing,
+    write_pushed,
+)
 from contracts.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -55,48 +64,66 @@ def run(
     last), so TF Serving never sees a half-written version.
     The outcome is written to `pushed_dir` (TFX PushedModel, `contracts.artifacts.write_pushed`).
     """
+    destination = serving.normalize(destination)
     blessed, reason = read_blessing(blessing_dir)
     saved_model = Path(model_dir) / SERVING_DIR
     if blessed and not (saved_model / SAVED_MODEL_FILE).is_file():
         raise UserError(f"model has no SavedModel: {saved_model / SAVED_MODEL_FILE} is missing")
     retired = serving.retired_as(str(saved_model), destination) if blessed else None
-    if retired is not None:
-        reason = f"rolled back from version {retired}; a rollback retired this model"
-        result = PushResult(0, destination, "", f"not pushed: {reason}")
-        log.info("not pushing %s: %s", model_dir, reason)
-    elif blessed:
-        version, new = _publish(str(saved_model), destination)
-        if not new and already_pushed(storage.join(destination, str(version))):
-            reason = f"already served as version {version}, pushed by an earlier run"
-            result = PushResult(0, destination, "", f"not pushed: {reason}")
-        else:
-            why = "blessed" if new else f"blessed; already served as version {version}"
-            result = PushResult(1, destination, str(version), why)
-        log.info("push of %s under %s: %s", model_dir, destination, result.reason)
+    if not blessed:
+        result = _not_pushed(destination, f"not blessed: {reason}")
+    elif retired is not None:
+        why = f"rolled back from version {retired}; a rollback retired this model"
+        result = _not_pushed(destination, f"not pushed: {why}")
     else:
-        result = PushResult(0, destination, "", f"not blessed: {reason}")
-        log.info("not pushing %s: %s", model_dir, reason)
+        try:
+            version, new = _publish(str(saved_model), destination, _baseline(blessing_dir))
+        except serving.ServedModelChanged as e:
+            result = _not_pushed(destination, f"not pushed: {e}; run again to evaluate against it")
+        else:
+            if not new and already_pushed(storage.join(destination, str(version))):
+                why = f"already served as version {version}, pushed by an earlier run"
+                result = _not_pushed(destination, f"not pushed: {why}")
+            else:
+                why = "blessed" if new else f"blessed; already served as version {version}"
+                result = PushResult(1, destination, str(version), why)
+    log.info("push of %s under %s: %s", model_dir, destination, result.reason)
     _write_outcome(pushed_dir, result)
     return result
 
 
-def _publish(saved_model: str, destination: str) -> tuple[int, bool]:
+def _not_pushed(destination: str, reason: str) -> PushResult:
+    return PushResult(0, destination, "", reason)
+
+
+def _baseline(blessing_dir: str) -> int | None:
+    """The version evaluate compared the model with (None: none was served), or
+    `serving.ANY_VERSION` if the blessing does not say (written before evaluate recorded it)."""
+    baseline = blessing_info(blessing_dir).get("baseline_model")
+    if baseline is None:
+        return serving.ANY_VERSION
+    return serving.version_of(baseline) if baseline else None
+
+
+def _publish(saved_model: str, destination: str, baseline: int | None) -> tuple[int, bool]:
     """Publish the SavedModel as the next version; (version, True if newly published).
 
     Interrupted pushes are finished first. A model that one of them, or the newest version,
     already holds is not published again: a retried push step (it failed after publishing) or
-    a run served from KFP's cache must not add a duplicate version.
+    a run served from KFP's cache must not add a duplicate version. Otherwise the model is
+    published only on top of `baseline`, the version evaluate compared it with
+    (`serving.ServedModelChanged` if another is served now).
     """
     storage.check_folder(destination, "push destination")
     finished = serving.finish_interrupted(destination)
     for final in finished:
         log.info("finished an interrupted push: %s", final)
         if finished[final] == "finished" and storage.same_files(saved_model, final):
-            return int(final.rstrip("/").rsplit("/", 1)[-1]), False
+            return serving.version_of(final), False
     versions = serving.serving_versions(destination)
     if versions and storage.same_files(saved_model, storage.join(destination, str(versions[-1]))):
         return versions[-1], False
-    return serving.publish_next(saved_model, destination), True
+    return serving.publish_next(saved_model, destination, expect_latest=baseline), True
 
 
 def _write_outcome(pushed_dir: str, result: PushResult) -> None:

@@ -8,12 +8,13 @@ names (`from components import storage; storage.join(...)`), never its submodule
   `sha256_file`, `crc32c_file`;
 - `files`: what works on either kind of address: listing (`list_files`, `list_tree`,
   `has_content`, `check_folder`, `folders_holding`, `tree_crc32c`, `same_files`), reading
-  (`open_read`, `read_bytes`), writing, copying and deleting (`write_bytes`,
-  `write_text_atomic`, `copy`, `upload_dir`, `download_dir`, `delete_tree`, `local_copy`);
+  (`open_read`, `read_bytes`, both checked against a listing), writing, copying and deleting
+  (`write_bytes`, `write_text_atomic`, `copy`, `upload_dir`, `download_dir`, `delete_tree`,
+  `local_copy`), and writes that race safely (`create_exclusive`, `update_bytes`);
 - `local`: how those work on local disk (writes through a temporary sibling and a rename);
 - `gcs`: how they work on GCS: the client (`client`, `set_client`), retries, resumable
-  uploads, errors a user causes as `UserError`, the crc32c-checked streamed reader
-  (`ObjectChangedError`), single-object `upload_file` and `download_file`;
+  uploads, errors a user causes as `UserError`, the crc32c-checked streamed reader,
+  single-object `upload_file` and `download_file`, generation preconditions;
 - `publish`: folders that appear whole: `atomic_dir`, `publish_dir`, and on gs:// the staging
   protocol with `staging_uri`, `names_taken` and `finish_publishes`.
 
@@ -29,6 +30,7 @@ are `components.serving`, built on this package.
 from components.storage.files import (
     check_folder,
     copy,
+    create_exclusive,
     delete_folder_markers,
     delete_tree,
     download_dir,
@@ -41,12 +43,12 @@ from components.storage.files import (
     read_bytes,
     same_files,
     tree_crc32c,
+    update_bytes,
     upload_dir,
     write_bytes,
     write_text_atomic,
 )
 from components.storage.gcs import (
-    ObjectChangedError,
     client,
     download_file,
     set_client,
@@ -61,6 +63,7 @@ from components.storage.publish import (
 )
 from components.storage.uris import (
     FileInfo,
+    ObjectChangedError,
     check_shared_root,
     crc32c_file,
     is_gcs,
@@ -78,6 +81,7 @@ __all__ = [
     "client",
     "copy",
     "crc32c_file",
+    "create_exclusive",
     "delete_folder_markers",
     "delete_tree",
     "download_dir",
@@ -100,6 +104,7 @@ __all__ = [
     "split_gcs",
     "staging_uri",
     "tree_crc32c",
+    "update_bytes",
     "upload_dir",
     "upload_file",
     "write_bytes",

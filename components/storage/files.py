@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -81,15 +83,17 @@ def same_files(a: str, b: str) -> bool:
 def open_read(uri: str, expect: FileInfo | None = None) -> Iterator[IO[bytes]]:
     """Open a file or object for a streamed binary read.
 
-    For gs:// the read is checked against `expect` (a FileInfo from `list_files`): if the
-    object's generation or bytes differ from the listing, the read raises ObjectChangedError,
-    so a step never mixes a fingerprint of one version with the bytes of another.
+    The read is checked against `expect` (a FileInfo from `list_files`): if a gs:// object's
+    generation or bytes, or a local file's size or sha256, differ from the listing, reaching
+    the end raises ObjectChangedError, so a step never mixes a fingerprint of one version with
+    the bytes of another.
     """
-    if not is_gcs(uri):
-        with open(uri, "rb") as f:
-            yield f
-        return
-    with gcs.open_read(uri, expect, buffer_size=CHUNK) as f:
+    reader = (
+        gcs.open_read(uri, expect, buffer_size=CHUNK)
+        if is_gcs(uri)
+        else local.open_read(uri, expect, buffer_size=CHUNK)
+    )
+    with reader as f:
         yield f
 
 
@@ -108,6 +112,36 @@ def write_bytes(uri: str, data: bytes) -> None:
         local.write_bytes(Path(uri), data)
         return
     gcs.write_bytes(uri, data)
+
+
+def create_exclusive(uri: str, data: bytes) -> bool:
+    """Create a file or object only if none exists: True if this call created it.
+
+    Of any number of concurrent callers exactly one gets True (local: a hard link, which
+    fails on an existing name; gs://: `ifGenerationMatch=0`). Make `data` unique to the
+    caller: a retried GCS create that had landed reads back as its own.
+    """
+    if is_gcs(uri):
+        return gcs.create_object(uri, data)
+    return local.create_file(Path(uri), data)
+
+
+def update_bytes(uri: str, change: Callable[[bytes | None], bytes], tries: int = 30) -> bytes:
+    """Read-modify-write one file or object so that no concurrent update is lost.
+
+    `change` gets the current bytes (None if absent) and returns the new ones; it may run
+    more than once, so it must be a pure function of its input. Local: under an exclusive
+    lock. gs://: written only if the generation read is still current, else read again.
+    """
+    if not is_gcs(uri):
+        return local.update_file(Path(uri), change)
+    for attempt in range(tries):
+        old, generation = gcs.read_generation(uri)
+        new = change(old)
+        if gcs.write_if_generation(uri, new, generation):
+            return new
+        time.sleep(random.uniform(0, min(0.05 * 2**attempt, 2.0)))
+    raise RuntimeError(f"{uri} kept changing: {tries} conditional writes lost their race")
 
 
 def write_text_atomic(path: str | os.PathLike[str], text: str) -> None:
@@ -153,9 +187,12 @@ def download_dir(
 
 
 def delete_tree(uri: str, workers: int = gcs.WORKERS) -> None:
-    """Delete a folder and everything under it; a missing one is fine."""
+    """Delete a folder and everything under it, or one file; a missing one is fine."""
     if not is_gcs(uri):
-        shutil.rmtree(uri, ignore_errors=True)
+        if Path(uri).is_dir() and not Path(uri).is_symlink():
+            shutil.rmtree(uri, ignore_errors=True)
+        else:
+            Path(uri).unlink(missing_ok=True)
         return
     gcs.parallel(lambda info: gcs.delete_object(info.uri), list_tree(uri).values(), workers)
 

@@ -38,6 +38,7 @@ from google.cloud.storage.retry import DEFAULT_RETRY
 from components.storage.uris import (
     GS,
     FileInfo,
+    ObjectChangedError,
     crc32c_b64,
     folder_key,
     has_wildcard,
@@ -53,10 +54,6 @@ READ_CHUNK_BYTES = 4 << 20  # one ranged GET of a streamed read
 RETRY = DEFAULT_RETRY.with_delay(initial=0.5, maximum=32.0, multiplier=2.0).with_timeout(300.0)
 
 _T = TypeVar("_T")
-
-
-class ObjectChangedError(UserError):
-    """An object was replaced between the step listing it and reading it."""
 
 
 # ---- the client -----------------------------------------------------------------------------
@@ -344,6 +341,52 @@ def write_bytes(uri: str, data: bytes) -> None:
         _blob(uri).upload_from_string(data, retry=RETRY, checksum="crc32c")
 
 
+def create_object(uri: str, data: bytes) -> bool:
+    """Write an object only if none exists (`ifGenerationMatch=0`); True if this call made it.
+
+    A retried create whose first try landed (the response was lost) meets its own object and
+    is refused with 412; the bytes read back tell that case apart, so `data` should be unique
+    to the writer (a claim holds a random token).
+    """
+    try:
+        with _errors(uri):
+            _blob(uri).upload_from_string(
+                data, retry=RETRY, checksum="crc32c", if_generation_match=0
+            )
+        return True
+    except gexc.PreconditionFailed:
+        return read_generation(uri)[0] == data
+
+
+def read_generation(uri: str) -> tuple[bytes | None, int]:
+    """An object's bytes and generation; (None, 0) if it does not exist (0: "create only")."""
+    blob = _blob(uri)
+    with _errors(uri):
+        try:
+            blob.reload(retry=RETRY)
+            generation = int(blob.generation or 0)
+            data = blob.download_as_bytes(
+                retry=RETRY, checksum="crc32c", if_generation_match=generation
+            )
+        except gexc.NotFound:
+            return None, 0
+        except gexc.PreconditionFailed:  # rewritten between the two requests: read again
+            return read_generation(uri)
+    return data, generation
+
+
+def write_if_generation(uri: str, data: bytes, generation: int) -> bool:
+    """Replace an object only if it is still at `generation` (0: absent); False if it moved."""
+    try:
+        with _errors(uri):
+            _blob(uri).upload_from_string(
+                data, retry=RETRY, checksum="crc32c", if_generation_match=generation
+            )
+        return True
+    except gexc.PreconditionFailed:
+        return False
+
+
 def upload_file(path: str | os.PathLike[str], uri: str) -> FileInfo:
     """Upload one local file; resumable in chunks when large; the client checks crc32c."""
     size = os.path.getsize(path)
@@ -374,6 +417,17 @@ def copy_object(
     with _errors(source):
         new = src.bucket.copy_blob(src, client().bucket(dst_bucket), dst_key, **kwargs)
     return _info(dst_bucket, new)
+
+
+def stat(uri: str) -> FileInfo | None:
+    """One object's listing entry (size, generation, crc32c), or None if it does not exist."""
+    blob = _blob(uri)
+    with _errors(uri):
+        try:
+            blob.reload(retry=RETRY)
+        except gexc.NotFound:
+            return None
+    return _info(split_gcs(uri)[0], blob)
 
 
 def delete_object(uri: str) -> None:

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import hashlib
+import io
 import os
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Any
 
-from components.storage.uris import FileInfo, has_wildcard, sha256_file
+from components.storage.uris import FileInfo, ObjectChangedError, has_wildcard, sha256_file
 from contracts.errors import UserError
 
 # ---- listing --------------------------------------------------------------------------------
@@ -76,7 +81,79 @@ def folders_holding(uri: str, name: str) -> list[str]:
     return sorted(p.name for p in root.iterdir() if (p / name).is_file())
 
 
+# ---- reads checked against the listing ------------------------------------------------------
+
+
+class _CheckedFileReader(io.RawIOBase):
+    """A read of one local file that checks, at its end, it read the bytes that were listed.
+
+    The dataset version is named from the listing's sha256; a file edited between listing and
+    reading (or while being read) would put new text under the old bytes' name.
+    """
+
+    def __init__(self, path: str, expect: FileInfo) -> None:
+        super().__init__()
+        self._path = path
+        self._expect = expect
+        self._file = open(path, "rb")  # noqa: SIM115 (closed by close())
+        self._digest = hashlib.sha256()
+        self._size = 0
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self._file.readinto(buffer)
+        if n:
+            self._digest.update(memoryview(buffer)[:n])
+            self._size += n
+        elif not self._done:
+            self._done = True
+            self._verify()
+        return n or 0
+
+    def _verify(self) -> None:
+        digest = self._digest.hexdigest()
+        if self._size != self._expect.size or digest != self._expect.sha256:
+            raise ObjectChangedError(
+                f"file {self._path} changed while it was read ({self._expect.size} bytes with "
+                f"sha256 {self._expect.sha256[:12]}… when listed, {self._size} bytes with "
+                f"{digest[:12]}… read); rerun once nothing writes to it"
+            )
+
+    def close(self) -> None:
+        if not self.closed:
+            self._file.close()
+        super().close()
+
+
+def open_read(path: str, expect: FileInfo | None, buffer_size: int) -> IO[bytes]:
+    """Open a local file; with `expect` (a listing with its sha256) the read is checked."""
+    if expect is None or not expect.sha256:
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it)
+    return io.BufferedReader(_CheckedFileReader(path, expect), buffer_size=buffer_size)
+
+
 # ---- writes that appear whole ---------------------------------------------------------------
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, over a size limit
+
+
+@contextlib.contextmanager
+def disk_errors(target: Path) -> Iterator[None]:
+    """Turn "no space left" (or a quota or file-size limit) while writing `target` into one
+    UserError that names it; the writers here remove their temporaries on the way out."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in _DISK_FULL:
+            raise
+        raise UserError(
+            f"disk full while writing {target}: {e.strerror}; free space there (or raise the "
+            "quota) and run the step again: nothing half-written was left"
+        ) from None
 
 
 def _temp_sibling(final: Path) -> Path:
@@ -88,7 +165,8 @@ def write_bytes(final_path: Path, data: bytes) -> None:
     final_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(final_path)
     try:
-        tmp.write_bytes(data)
+        with disk_errors(final_path):
+            tmp.write_bytes(data)
         os.replace(tmp, final_path)
     finally:
         tmp.unlink(missing_ok=True)
@@ -104,13 +182,77 @@ def atomic_dir(final_path: Path) -> Iterator[Path]:
     tmp_path = _temp_sibling(final_path)
     tmp_path.mkdir()
     try:
-        yield tmp_path
+        with disk_errors(final_path):
+            yield tmp_path
         if final_path.is_dir() and not any(final_path.iterdir()):
             final_path.rmdir()
-        os.rename(tmp_path, final_path)
+        _rename_new(tmp_path, final_path)
     except BaseException:
         shutil.rmtree(tmp_path, ignore_errors=True)
         raise
+
+
+def create_file(final_path: Path, data: bytes) -> bool:
+    """Create a file only if none exists, whole (a temporary sibling, then a hard link).
+
+    `link` fails if the name exists, atomically, so of two writers exactly one returns True.
+    """
+    final_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_sibling(final_path)
+    try:
+        with disk_errors(final_path):
+            tmp.write_bytes(data)
+        os.link(tmp, final_path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def update_file(final_path: Path, change: Callable[[bytes | None], bytes]) -> bytes:
+    """Read, change and rewrite a file while holding an exclusive lock beside it.
+
+    Every updater takes the same `flock` on `.<name>.lock`, so none loses another's change;
+    the write itself is a temporary sibling and a rename, so readers never see half.
+    """
+    final_path.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = final_path.parent / f".{final_path.name}.lock"
+    with open(lock_path, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            old = final_path.read_bytes() if final_path.is_file() else None
+            new = change(old)
+            write_bytes(final_path, new)
+            return new
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _rename_new(tmp: Path, final_path: Path) -> None:
+    """Rename a folder into place; FileExistsError if another writer's folder got there first.
+
+    rename(2) onto a non-empty folder fails with ENOTEMPTY (or EEXIST), not FileExistsError.
+    """
+    try:
+        os.rename(tmp, final_path)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            taken = FileExistsError(errno.EEXIST, "published by another writer", str(final_path))
+            raise taken from e
+        raise
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """Copy a folder file by file; unlike `shutil.copytree`, the first OSError is raised as is
+    (copytree gathers them into one `shutil.Error` with no errno)."""
+    target.mkdir()
+    for path in sorted(source.rglob("*")):
+        copy = target / path.relative_to(source)
+        if path.is_dir():
+            copy.mkdir()
+        else:
+            shutil.copy2(path, copy)
 
 
 def publish_dir(source: Path, final_path: Path) -> None:
@@ -121,9 +263,10 @@ def publish_dir(source: Path, final_path: Path) -> None:
     final_path.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temp_sibling(final_path)
     try:
-        shutil.copytree(source, tmp)
+        with disk_errors(final_path):
+            _copy_tree(source, tmp)
         if final_path.exists():
             raise FileExistsError(final_path)
-        os.rename(tmp, final_path)
+        _rename_new(tmp, final_path)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import tempfile
 import time
 from collections.abc import Iterator
@@ -29,7 +30,8 @@ from components.storage.files import (
 from components.storage.uris import GS, crc32c_file, folder_key, is_gcs, join, split_gcs
 from contracts.errors import UserError
 
-STAGING_PREFIX = ".staging-"  # gs:// publish: `<parent>/.staging-<name>/` beside `<parent>/<name>/`
+STAGING_PREFIX = ".staging-"  # gs:// publish: `<parent>/.staging-<name>~<writer>/` beside `<name>/`
+WRITER_SEP = "~"  # between the final name and the publisher's token in a staging folder's name
 STAGING_MANIFEST = ".publish.json"  # written last into a staging folder: the upload is complete
 STALE_STAGING_S = 3600.0  # an unfinished staging upload older than this is abandoned
 
@@ -71,10 +73,20 @@ def publish_dir(
         local.publish_dir(local_source, Path(final))
 
 
-def staging_uri(final: str) -> str:
-    """Where `_publish_gcs` stages `final`: `<parent>/.staging-<name>`."""
+def staging_uri(final: str, writer: str = "") -> str:
+    """Where `_publish_gcs` stages `final`: `<parent>/.staging-<name>~<writer>`.
+
+    Each publisher stages under its own `writer` token, so two publishers of one name (two
+    runs tokenizing the same data) never delete or mix each other's uploads.
+    """
     parent, _, name = final.rstrip("/").rpartition("/")
-    return f"{parent}/{STAGING_PREFIX}{name}"
+    return f"{parent}/{STAGING_PREFIX}{name}{WRITER_SEP + writer if writer else ''}"
+
+
+def staged_name(folder: str) -> str:
+    """The final name a staging folder's name stands for (`.staging-3~ab12` -> `3`)."""
+    name = folder.removeprefix(STAGING_PREFIX)
+    return name.rpartition(WRITER_SEP)[0] if WRITER_SEP in name else name
 
 
 def names_taken(parent: str | os.PathLike[str]) -> list[str]:
@@ -83,7 +95,7 @@ def names_taken(parent: str | os.PathLike[str]) -> list[str]:
     Every entry there and, on gs://, every folder still being staged, by its final name.
     """
     if is_gcs(parent):
-        return [n.removeprefix(STAGING_PREFIX) for n in gcs.subfolders(str(parent))]
+        return sorted({staged_name(n) for n in gcs.subfolders(str(parent))})
     root = Path(parent)
     return [p.name for p in root.iterdir()] if root.is_dir() else []
 
@@ -91,10 +103,13 @@ def names_taken(parent: str | os.PathLike[str]) -> list[str]:
 def _publish_gcs(source: str, final: str, ready: str) -> None:
     """Publish a folder to gs:// without a rename.
 
-    1. upload (or server-side copy) every file to `<parent>/.staging-<name>/`, then write
-       `.publish.json` there listing each name with its crc32c: the staging is complete;
-    2. copy each staged object into `final/`, `ready` last (TF Serving loads a version once
-       its SavedModel graph appears), `ready` only if no one else published it (precondition);
+    1. upload (or server-side copy) every file to this publisher's own staging folder
+       (`staging_uri(final, token)`), then write `.publish.json` there listing each name with
+       its crc32c: the staging is complete;
+    2. copy each staged object into `final/` create-only (`ifGenerationMatch=0`), `ready`
+       last (TF Serving loads a version once its SavedModel graph appears). An object that
+       is already there counts only if it holds the same bytes: two publishers of identical
+       content (a content-addressed dataset) both succeed, different content never mixes;
     3. check `final/` holds exactly the listed names with the listed crc32c;
     4. delete the staging folder.
 
@@ -102,11 +117,16 @@ def _publish_gcs(source: str, final: str, ready: str) -> None:
     after it, a staging folder `finish_publishes` completes. `final/` never holds `ready`
     without everything else.
     """
-    staging = staging_uri(final)
     if _taken(final, ready):
         raise FileExistsError(final)
-    expected = _stage(source, staging)
-    write_bytes(join(staging, STAGING_MANIFEST), json.dumps(expected, sort_keys=True).encode())
+    staging = staging_uri(final, secrets.token_hex(6))
+    try:
+        expected = _stage(source, staging)
+        write_bytes(join(staging, STAGING_MANIFEST), json.dumps(expected, sort_keys=True).encode())
+    except Exception:  # a killed publisher leaves it: `finish_publishes` cleans it once stale
+        with contextlib.suppress(Exception):
+            delete_tree(staging)
+        raise
     _promote(staging, final, expected, ready)
 
 
@@ -117,7 +137,6 @@ def _taken(final: str, ready: str) -> bool:
 
 def _stage(source: str, staging: str) -> dict[str, str]:
     """Put every file of `source` under `staging`; return {relative name: crc32c}."""
-    delete_tree(staging)
     if is_gcs(source):
         objects = list_tree(source)
         if not objects:
@@ -138,19 +157,33 @@ def _stage(source: str, staging: str) -> dict[str, str]:
 
 
 def _promote(staging: str, final: str, expected: dict[str, str], ready: str) -> None:
-    """Copy the staged objects into `final` (`ready` last), verify, delete the staging."""
+    """Copy the staged objects into `final` create-only (`ready` last), verify, clean up."""
     rest = sorted(rel for rel in expected if rel != ready)
     gcs.parallel(
-        lambda rel: gcs.copy_object(join(staging, rel), join(final, rel)), rest, gcs.WORKERS
+        lambda rel: _copy_new(join(staging, rel), join(final, rel), expected[rel]),
+        rest,
+        gcs.WORKERS,
     )
     if ready in expected:
-        try:
-            gcs.copy_object(join(staging, ready), join(final, ready), if_generation_match=0)
-        except gexc.PreconditionFailed:
-            raise FileExistsError(final) from None
+        _copy_new(join(staging, ready), join(final, ready), expected[ready])
     found = {rel: info.crc32c for rel, info in list_tree(final).items()}
     _check_same(final, expected, found)
     delete_tree(staging)
+
+
+def _copy_new(source: str, destination: str, crc32c: str) -> None:
+    """Copy an object to a name no one has written, or that already holds the same bytes.
+
+    Raises FileExistsError when another publisher put different bytes there first.
+    """
+    try:
+        gcs.copy_object(source, destination, if_generation_match=0)
+    except gexc.PreconditionFailed:
+        there = gcs.stat(destination)
+        if there is None or there.crc32c != crc32c:
+            raise FileExistsError(
+                f"{destination} was written by another publisher with different bytes"
+            ) from None
 
 
 def _check_same(where: str, expected: dict[str, str], found: dict[str, str]) -> None:
@@ -170,11 +203,13 @@ def finish_publishes(
     """Complete or clean up the gs:// publishes under `parent` that a crash interrupted.
 
     A staging folder with `.publish.json` was fully uploaded: its copy into place is
-    finished. One without it is abandoned once its newest object is older than
-    `stale_after_s` (younger ones may belong to a publisher still uploading): the staging and
-    any objects already in its final folder (never `ready`, which is only copied after the
-    manifest exists) are deleted. Returns {final URI: "finished" | "cleaned"}.
-    Local publishes need nothing: a dead publisher leaves only a hidden temporary folder.
+    finished (create-only, so a publisher still promoting it and this call agree), or, if
+    its final folder already holds `ready`, the staging is simply deleted: that folder is
+    complete, whoever completed it. One without `.publish.json` is abandoned once its newest
+    object is older than `stale_after_s` (younger ones may belong to a publisher still
+    uploading), and deleted; its publisher never started copying into the final folder.
+    Returns {final URI: "finished" | "cleaned"}. Local publishes need nothing: a dead
+    publisher leaves only a hidden temporary folder.
     """
     if not is_gcs(parent):
         return {}
@@ -183,7 +218,7 @@ def finish_publishes(
     done: dict[str, str] = {}
     for name in sorted(gcs.subfolders(parent)):
         if name.startswith(STAGING_PREFIX):
-            final = f"{GS}{bucket}/{folder}{name[len(STAGING_PREFIX) :]}"
+            final = f"{GS}{bucket}/{folder}{staged_name(name)}"
             staging = f"{GS}{bucket}/{folder}{name}"
             outcome = _finish_one(staging, final, ready, stale_after_s)
             if outcome:
@@ -195,16 +230,14 @@ def _finish_one(staging: str, final: str, ready: str, stale_after_s: float) -> s
     staged = list_tree(staging)
     if STAGING_MANIFEST in staged:
         expected = json.loads(read_bytes(staged[STAGING_MANIFEST].uri))
-        if ready in list_tree(final):
-            _check_same(final, expected, {r: i.crc32c for r, i in list_tree(final).items()})
+        if ready and ready in list_tree(final):
+            same = {r: i.crc32c for r, i in list_tree(final).items()} == expected
             delete_tree(staging)
-        else:
-            _promote(staging, final, expected, ready)
+            return "finished" if same else "cleaned"
+        _promote(staging, final, expected, ready)
         return "finished"
     newest = max((gcs.updated(info.uri) for info in staged.values()), default=0.0)
     if time.time() - newest < stale_after_s:
         return ""
-    if ready and ready not in list_tree(final):
-        delete_tree(final)
     delete_tree(staging)
     return "cleaned"

@@ -104,6 +104,10 @@ class FileInfo:
         return f"crc32c={self.crc32c};md5={self.md5};size={self.size}"
 
 
+class ObjectChangedError(UserError):
+    """A file or object was rewritten between the step listing it and reading it."""
+
+
 def sha256_file(path: str | os.PathLike[str]) -> str:
     """Return the hex sha256 of a file's bytes, read in chunks."""
     digest = hashlib.sha256()

@@ -1,0 +1,255 @@
+"""Fault rows for a TF Serving destination: racing pushes and rollbacks, and publishers that die.
+
+Every race runs real processes released at one moment (`processes.run_together`). On gs:// they
+go through `gcs_strict`, the emulator behind a proxy that enforces GCS's preconditions, since
+the create-only claims and copies are what keeps two publishers apart.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from processes import REPO, run_together
+
+from components import serving, storage
+from components.push import executor as push
+from contracts.artifacts import RETIRED_FILE
+
+pytest_plugins = ["gcs_emulator"]
+
+WHERE = ["local", "gcs"]
+
+
+class PodKilled(BaseException):
+    """A killed process: like SIGKILL, it skips every `except Exception` clean-up on its way."""
+
+
+def model(tmp_path: Path, name: str, size: int = 1 << 20) -> str:
+    """A SavedModel-shaped folder whose every file says which model it is."""
+    saved = tmp_path / name / "Format-Serving"
+    (saved / "variables").mkdir(parents=True)
+    (saved / "saved_model.pb").write_bytes(f"graph of {name}".encode())
+    (saved / "variables" / "variables.index").write_bytes(f"index of {name}".encode())
+    (saved / "variables" / "variables.data-00000-of-00001").write_bytes(name.encode() * size)
+    return str(tmp_path / name)
+
+
+def blessing(tmp_path: Path, name: str, baseline: str) -> str:
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "BLESSED").write_text("")
+    (folder / "blessing.json").write_text(json.dumps({"reason": "ok", "baseline_model": baseline}))
+    return str(folder)
+
+
+def destination(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if where == "local":
+        return str(tmp_path / "serving")
+    return request.getfixturevalue("gcs_strict").uri("serving")
+
+
+def child_env() -> dict[str, str]:
+    """The children reach the same GCS endpoint (STORAGE_EMULATOR_HOST) as this process."""
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore::FutureWarning"}
+
+
+def assert_every_version_whole(dest: str, sources: list[str]) -> None:
+    """Each complete version holds exactly the files of one of `sources`: none is mixed."""
+    for version in serving.serving_versions(dest):
+        files = storage.tree_crc32c(storage.join(dest, str(version)))
+        assert any(files == storage.tree_crc32c(s) for s in sources), f"version {version} mixed"
+
+
+PUBLISH = """
+from components import serving
+WAIT()
+print(serving.publish_next({source!r}, {dest!r}))
+"""
+
+
+@pytest.mark.fault("four pushes publish to one destination at the same moment")
+@pytest.mark.parametrize("where", WHERE)
+def test_racing_publishes_take_distinct_whole_versions(where, tmp_path, request, ledger):
+    dest = destination(where, tmp_path, request)
+    sources = [f"{model(tmp_path, f'm{i}')}/Format-Serving" for i in range(4)]
+
+    results = run_together([PUBLISH.format(source=s, dest=dest) for s in sources], child_env())
+
+    assert [r.returncode for r in results] == [0] * 4, [r.stderr[-2000:] for r in results]
+    versions = [int(r.stdout.split()[-1]) for r in results]
+    assert sorted(versions) == [1, 2, 3, 4]
+    for source, version in zip(sources, versions, strict=True):
+        assert storage.same_files(source, storage.join(dest, str(version)))
+    ledger("served versions", 4, len(serving.serving_versions(dest)))
+    assert not [n for n in storage.names_taken(dest) if n.startswith(".staging-")]
+
+
+ROLLBACK = """
+from components import serving
+WAIT()
+print(serving.rollback({dest!r}, 1))
+"""
+
+
+@pytest.mark.fault("two rollbacks of one destination at the same moment")
+@pytest.mark.parametrize("where", WHERE)
+def test_racing_rollbacks_both_restore_and_retire(where, tmp_path, request, ledger):
+    dest = destination(where, tmp_path, request)
+    sources = [f"{model(tmp_path, f'm{i}', 1024)}/Format-Serving" for i in (1, 2, 3)]
+    for source in sources:
+        serving.publish_next(source, dest)
+
+    results = run_together([ROLLBACK.format(dest=dest)] * 2, child_env())
+
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
+    assert sorted(int(r.stdout.split()[-1]) for r in results) == [4, 5]
+    assert serving.serving_versions(dest) == [1, 2, 3, 4, 5]
+    assert storage.same_files(storage.join(dest, "5"), sources[0])  # the good model is served
+    assert_every_version_whole(dest, sources)
+    retired = json.loads(storage.read_bytes(storage.join(dest, RETIRED_FILE)))
+    ledger("retired versions", 2, len(retired))
+    assert sorted(retired) == ["2", "3"]
+
+
+UPDATE = """
+import json
+from components import storage
+WAIT()
+for i in range(15):
+    def change(old, i=i):
+        entries = json.loads(old) if old else {{}}
+        entries["{name}-" + str(i)] = i
+        return json.dumps(entries).encode()
+    storage.update_bytes({uri!r}, change)
+"""
+
+
+@pytest.mark.fault("four processes update one .retired.json at the same moment")
+@pytest.mark.parametrize("where", WHERE)
+def test_concurrent_updates_of_one_file_lose_nothing(where, tmp_path, request, ledger):
+    uri = storage.join(destination(where, tmp_path, request), RETIRED_FILE)
+    names = ["a", "b", "c", "d"]
+
+    results = run_together([UPDATE.format(name=n, uri=uri) for n in names], child_env())
+
+    assert [r.returncode for r in results] == [0] * 4, [r.stderr[-2000:] for r in results]
+    entries = json.loads(storage.read_bytes(uri))
+    ledger("updates", 4 * 15, len(entries))
+    assert sorted(entries) == sorted(f"{n}-{i}" for n in names for i in range(15))
+
+
+PUSH = """
+from components.push import executor
+WAIT()
+result = executor.run({model!r}, {blessing!r}, {dest!r}, {pushed!r})
+print(result.pushed, result.pushed_version, result.reason)
+"""
+
+
+@pytest.mark.fault("a push races a rollback of the model it was compared with")
+@pytest.mark.parametrize("where", WHERE)
+def test_a_push_racing_a_rollback_never_outlives_the_rollback(where, tmp_path, request):
+    dest = destination(where, tmp_path, request)
+    good, bad = model(tmp_path, "good", 1024), model(tmp_path, "bad", 1024)
+    candidate = model(tmp_path, "candidate", 1024)
+    for m in (good, bad):
+        serving.publish_next(f"{m}/Format-Serving", dest)
+    compared_with = blessing(tmp_path, "blessing", storage.join(dest, "2"))
+
+    push_script = PUSH.format(
+        model=candidate, blessing=compared_with, dest=dest, pushed=str(tmp_path / "pushed")
+    )
+    results = run_together([push_script, ROLLBACK.format(dest=dest)], child_env())
+
+    assert [r.returncode for r in results] == [0, 0], [r.stderr[-2000:] for r in results]
+    latest = serving.latest_version_uri(dest)
+    assert latest and storage.same_files(latest, f"{good}/Format-Serving")
+    assert_every_version_whole(dest, [f"{m}/Format-Serving" for m in (good, bad, candidate)])
+    pushed, *_ = results[0].stdout.split()
+    if pushed == "0":
+        assert "served model changed since evaluation" in results[0].stdout
+
+
+def test_a_push_compared_with_an_older_model_is_not_published(tmp_path):
+    dest = str(tmp_path / "serving")
+    for name in ("v1", "v2"):
+        serving.publish_next(f"{model(tmp_path, name, 16)}/Format-Serving", dest)
+    stale = blessing(tmp_path, "blessing", f"{dest}/1")
+
+    result = push.run(model(tmp_path, "new", 16), stale, dest, str(tmp_path / "pushed"))
+
+    assert (result.pushed, result.pushed_version) == (0, "")
+    assert "compared with version 1, and version 2 is served now" in result.reason
+    assert serving.serving_versions(dest) == [1, 2]
+    claims = sorted(p.name for p in Path(dest, serving.CLAIMS_DIR).iterdir())
+    assert claims == ["1", "2"]  # the refused push released the number it had claimed
+
+
+def test_a_push_to_an_empty_destination_needs_one_compared_with_nothing(tmp_path):
+    dest = str(tmp_path / "serving")
+    serving.publish_next(f"{model(tmp_path, 'v1', 16)}/Format-Serving", dest)
+    first_push = blessing(tmp_path, "blessing", "")  # evaluate found nothing in service
+
+    result = push.run(model(tmp_path, "new", 16), first_push, dest, str(tmp_path / "pushed"))
+
+    assert result.pushed == 0 and "compared with no model, and version 1" in result.reason
+
+
+@pytest.mark.fault("a rollback killed after retiring, before publishing")
+@pytest.mark.parametrize("where", WHERE)
+def test_a_rollback_killed_between_its_steps_is_safe_and_completes_on_rerun(
+    where, tmp_path, request, monkeypatch
+):
+    dest = destination(where, tmp_path, request)
+    good, bad = model(tmp_path, "good", 1024), model(tmp_path, "bad", 1024)
+    for m in (good, bad):
+        serving.publish_next(f"{m}/Format-Serving", dest)
+
+    def killed(*args, **kwargs):
+        raise PodKilled("rollback killed")
+
+    with monkeypatch.context() as m:
+        m.setattr(serving, "publish_next", killed)
+        with pytest.raises(PodKilled):
+            serving.rollback(dest, 1)
+    # The bad model is retired already: a cached re-run of its push is refused ...
+    again = push.run(
+        bad, blessing(tmp_path, "b", storage.join(dest, "1")), dest, str(tmp_path / "p")
+    )
+    assert again.pushed == 0 and "a rollback retired this model" in again.reason
+    # ... and running the rollback again completes it.
+    assert serving.rollback(dest, 1) == 3
+    assert storage.same_files(storage.join(dest, "3"), f"{good}/Format-Serving")
+
+
+DISK_LIMITED_PUSH = """
+import resource, signal
+from components.push import executor
+from contracts.errors import one_line_errors
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (256 << 10, 256 << 10))
+WAIT()
+with one_line_errors("push"):
+    executor.run({model!r}, {blessing!r}, {dest!r}, {pushed!r})
+"""
+
+
+@pytest.mark.fault("the disk fills while a push copies the model")
+def test_a_full_disk_during_a_push_leaves_no_version(tmp_path):
+    dest = tmp_path / "serving"
+    big = model(tmp_path, "big", 1 << 20)  # 3 MB of variables over a 256 KB file-size limit
+    script = DISK_LIMITED_PUSH.format(
+        model=big, blessing=blessing(tmp_path, "b", ""), dest=str(dest), pushed=str(tmp_path / "p")
+    )
+
+    (result,) = run_together([script], child_env())
+
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"push: error: disk full while writing {dest}/1: File too large; free space there (or "
+        "raise the quota) and run the step again: nothing half-written was left"
+    ]
+    assert [p.name for p in dest.iterdir()] == [serving.CLAIMS_DIR]  # no version, no temporary
+    assert list((dest / serving.CLAIMS_DIR).iterdir()) == []  # and the number is free again
+    assert not (tmp_path / "p").exists()
