@@ -137,7 +137,7 @@ class Api:
                 return fn()
             except kfp_server_api.ApiException as err:
                 status = int(err.status or 0)
-                failure = self._answer_error(what, status, err)
+                failure = self._answer_error(what, status, err, attempt + 1)
                 retry = status in _UNPROCESSED if creates else status >= 500
             except (Urllib3Error, OSError) as err:
                 if isinstance(err, OSError) and err.filename:  # the token file, re-read per call
@@ -148,18 +148,17 @@ class Api:
                 failure = self._connection_error(what, err, attempt + 1)
                 retry = _never_reached(err) or not creates
             if not retry or attempt >= self.where.retries:
-                if attempt and failure.status:
-                    failure = KfpError(f"{failure} ({attempt + 1} attempts)", failure.status)
                 raise failure from None
             delay = min(FIRST_BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
             logging.getLogger(__name__).info("%s; retrying in %.0f s", failure, delay)
             self._sleep(delay)
             attempt += 1
 
-    def _answer_error(self, what: str, status: int, err: Any) -> KfpError:
+    def _answer_error(self, what: str, status: int, err: Any, attempts: int) -> KfpError:
         host, said = self.where.host, _server_message(err)
         if status == 0:  # kfp_server_api's wrapping of a TLS failure: no HTTP answer at all
             return KfpError(f"cannot reach KFP at {host} to {what}: {said}")
+        tries = f" ({attempts} attempts)" if attempts > 1 else ""
         if status in (401, 403):
             if status == 403:
                 hint = (
@@ -175,7 +174,14 @@ class Api:
                 f"{_reason(err)} to {what}: {said}; {hint}",
                 status,
             )
-        return KfpError(f"KFP at {host} answered {what} with HTTP {status}: {said}", status)
+        answer = f"KFP at {host} answered {what} with HTTP {status}{tries}: {said}"
+        if status >= 500:
+            return KfpError(
+                f"{answer}; the API server failed: see its log (`kubectl -n kubeflow logs "
+                "deploy/ml-pipeline`), then run the command again",
+                status,
+            )
+        return KfpError(answer, status)
 
     def _connection_error(self, what: str, err: BaseException, attempts: int) -> KfpError:
         why = _connection_reason(err)

@@ -7,6 +7,7 @@ Every call goes through `kfp_client.Api.call` (retries, one-line errors). Recurr
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from contracts.errors import UserError
 from pipelines.compiler import check_pipeline_root
 from pipelines.kfp_client import Api, KfpError
 from pipelines.pipeline import PIPELINE_NAME
+from trainer.config import ConfigError, config_from_dict
 
 DEFAULT_EXPERIMENT = "gptpipe"
 SHORT_SHA = 12  # hex digits of the commit in a default version name: git-<12 hex>
@@ -26,6 +28,14 @@ SHORT_SHA = 12  # hex digits of the commit in a default version name: git-<12 he
 FINAL_STATES = frozenset({"SUCCEEDED", "SKIPPED", "FAILED", "CANCELED"})
 SUCCESS_STATES = frozenset({"SUCCEEDED", "SKIPPED"})
 _EQUALS = 1  # filter.proto Predicate.Operation EQUALS, as kfp.Client sends it
+# A parameter's type in the PipelineSpec -> the JSON values it takes, and how to ask for one.
+_PARAMETER_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "NUMBER_INTEGER": ((int,), "an integer"),
+    "NUMBER_DOUBLE": ((int, float), "a number"),
+    "BOOLEAN": ((bool,), "true or false"),
+    "STRUCT": ((dict,), "a JSON object"),
+    "LIST": ((list,), "a JSON list"),
+}
 
 
 def default_version(code_version: str) -> str:
@@ -206,7 +216,8 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
 
 
 def check_params(source: RunSource, params: Mapping[str, Any]) -> None:
-    """Refuse parameters the pipeline lacks, and missing ones that have no default."""
+    """Refuse parameters the pipeline lacks, missing ones that have no default, and values of
+    the wrong JSON type or out of range: KFP would take them, and the run would fail hours in."""
     declared = source.spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
     unknown = sorted(set(params) - set(declared))
     if unknown:
@@ -222,6 +233,40 @@ def check_params(source: RunSource, params: Mapping[str, Any]) -> None:
     if missing:
         example = " ".join(f"--param {name}=..." for name in missing)
         raise UserError(f"{source.label} needs a value for {', '.join(missing)}: pass {example}")
+    for name, value in params.items():
+        kinds, wanted = _PARAMETER_TYPES.get(declared[name].get("parameterType", ""), ((), ""))
+        # bool is an int to Python, but JSON's true is no number.
+        if kinds and (not isinstance(value, kinds) or isinstance(value, bool) != (bool in kinds)):
+            raise UserError(f"--param {name}={json.dumps(value)}: {name} takes {wanted}")
+    check_values(params)
+
+
+def check_values(params: Mapping[str, Any]) -> None:
+    """Refuse values a run would fail on late, or misuse silently: the blessing thresholds
+    (evaluate compares with them: a NaN threshold would bless every model, and a tolerance
+    over 1 is a percentage typed as a fraction), and a `config` given whole, which no
+    `--config` resolved and checked."""
+    threshold = params.get("max_nats_per_char")
+    if isinstance(threshold, int | float) and not (math.isfinite(threshold) and threshold > 0):
+        raise UserError(
+            f"--param max_nats_per_char={threshold}: the blessing threshold is a positive, "
+            "finite loss in nats per character; pass one such as 2.2"
+        )
+    tolerance = params.get("tolerance")
+    if isinstance(tolerance, int | float) and not (
+        math.isfinite(tolerance) and 0 <= tolerance <= 1
+    ):
+        raise UserError(
+            f"--param tolerance={tolerance}: the regression allowed against the baseline is a "
+            "fraction in [0, 1]; pass one such as 0.01 (1%)"
+        )
+    if isinstance(params.get("config"), dict):
+        try:
+            config_from_dict(params["config"])
+        except ConfigError as err:
+            raise UserError(
+                f"--param {err}; or leave the parameter out and pass --config and --set"
+            ) from None
 
 
 # ---- runs ----------------------------------------------------------------------------------

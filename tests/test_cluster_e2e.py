@@ -217,6 +217,7 @@ def start_and_wait_for_training(cluster: LocalCluster) -> RunHandle:
     return handle
 
 
+@pytest.mark.fault("a cluster run is cancelled through the KFP backend")
 def test_a_cancelled_run_leaves_no_tfjob_and_no_worker(cluster):
     handle = start_and_wait_for_training(cluster)
     handle.cancel()
@@ -227,6 +228,7 @@ def test_a_cancelled_run_leaves_no_tfjob_and_no_worker(cluster):
     assert_cleaned_up(cluster, result)
 
 
+@pytest.mark.fault("the train step pod is SIGKILLed on the cluster")
 def test_a_killed_train_step_fails_the_run_and_the_exit_handler_deletes_its_tfjob(cluster):
     handle = start_and_wait_for_training(cluster)
     handle.kill_task("train")  # the launcher's pod dies (OOM, node lost): nobody deletes the job

@@ -94,7 +94,7 @@ def test_tokenize_stops_when_an_object_changes_during_the_run(gcs, corpus_text, 
         return listed
 
     monkeypatch.setattr(storage, "list_files", list_then_overwrite)
-    with pytest.raises(UserError, match=f"{gcs.uri('c/text.txt')} changed during the run"):
+    with pytest.raises(UserError, match=f"{gcs.uri('c/text.txt')}' changed while it was read"):
         _tokenize(gcs.uri("c"), gcs.uri("out"))
     assert gcs.names("out") == []
 
@@ -134,6 +134,7 @@ def die_after_two_copies(monkeypatch):
     return real_copy
 
 
+@pytest.mark.fault("tokenize killed while promoting its dataset to gs://")
 def test_a_dataset_publish_killed_midway_is_finished_by_the_next_run(gcs, corpus_text, monkeypatch):
     gcs.put("corpus/shakespeare.txt", corpus_text.encode("utf-8"))
     corpus, root = gcs.uri("corpus/"), gcs.uri("datasets")
@@ -192,6 +193,7 @@ def test_push_to_gcs_publishes_increasing_complete_versions(gcs, tmp_path):
     assert not [n for n in gcs.names() if ".staging-" in n]
 
 
+@pytest.mark.fault("a push killed between objects on gs://")
 def test_push_interrupted_between_copies_never_exposes_a_version_and_rerun_finishes(
     gcs, tmp_path, monkeypatch
 ):
@@ -205,9 +207,11 @@ def test_push_interrupted_between_copies_never_exposes_a_version_and_rerun_finis
         "serving/1/saved_model.pb" not in left
         and len([n for n in left if n.startswith("serving/1/")]) == 2
     )
-    assert [n for n in left if n.endswith("/.publish.json")] == [
-        n for n in left if n.startswith("serving/.staging-1~") and n.endswith("/.publish.json")
-    ] != []
+    assert (
+        [n for n in left if n.endswith("/.publish.json")]
+        == [n for n in left if n.startswith("serving/.staging-1~") and n.endswith("/.publish.json")]
+        != []
+    )
     assert serving.serving_versions(dest) == []
 
     monkeypatch.setattr(storage_gcs, "copy_object", real_copy)
@@ -220,6 +224,7 @@ def test_push_interrupted_between_copies_never_exposes_a_version_and_rerun_finis
     ]
 
 
+@pytest.mark.fault("a push killed while uploading to gs://")
 def test_push_interrupted_while_uploading_is_cleaned_once_stale(gcs, tmp_path, monkeypatch):
     dest = gcs.uri("serving")
     model = _model(tmp_path, "m")

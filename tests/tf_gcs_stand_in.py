@@ -23,7 +23,7 @@ happen. Nobody reads them earlier in the runs the e2e test makes: workers never 
 files while they run (docs/training.md, "Who writes what"), and the train step reads the Model
 only after worker 0's pod Succeeded, which the kubelet reports after the upload. A worker
 restarted while a peer still runs would not see what that peer saved since the peer started (on
-GCS it would); the restart tests run the trainer on local paths (tests/test_tfjob_faults.py).
+GCS it would); the restart tests run the trainer on local paths (tests/faults/test_tfjob_faults.py).
 Only `--flag value` pairs are rewritten; `--flag=value` and local paths are left alone.
 """
 

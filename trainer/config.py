@@ -7,6 +7,7 @@ Resolution order: dataclass defaults, then a preset (`tiny`, `gpt2-small`) or a 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
@@ -20,6 +21,8 @@ PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 JIT_COMPILE = ("auto", "on", "off")
 PRESET_NAMES = ("tiny", "gpt2-small")
 DEFAULT_PRESET = "tiny"  # tests and the local demo; what every entry point defaults to
+# How an error message asks for a value of each field type.
+_A_VALUE = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 
 class ConfigError(UserError):
@@ -130,7 +133,21 @@ def _resolve_key(key: str) -> tuple[str, str]:
     if len(matches) == 1:
         section, name = matches[0].split(".", 1)
         return section, name
-    raise ConfigError(f"config: unknown key {key!r}; valid keys: {', '.join(keys)}")
+    section = key.split(".", 1)[0] if "." in key else ""
+    if section and section not in _sections():
+        raise ConfigError(
+            f"config: unknown section {section!r} in key {key!r}; keys are "
+            f"{' or '.join(f'{s}.FIELD' for s in _sections())}, e.g. train.train_steps=1000"
+        )
+    raise _unknown_key(key, "config: ")
+
+
+def _unknown_key(key: str, where: str) -> ConfigError:
+    """The error for a key no section has: the nearest valid one, then every valid one."""
+    keys = valid_keys()
+    close = difflib.get_close_matches(key, keys + [k.split(".", 1)[1] for k in keys], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return ConfigError(f"{where}unknown key {key!r}{hint}; valid keys: {', '.join(keys)}")
 
 
 def _parse_str(key: str, text: str, kind: type) -> Any:
@@ -146,19 +163,22 @@ def _parse_str(key: str, text: str, kind: type) -> Any:
         return kind(text)
     except ValueError:
         raise ConfigError(
-            f"config: {key}={text!r} is not a valid {kind.__name__}; give a {kind.__name__} value"
+            f"config: {key}={text!r} is not a valid {kind.__name__}; give {_A_VALUE[kind]}"
         ) from None
 
 
-def _check_type(key: str, value: Any, kind: type) -> Any:
-    """Accept `value` from YAML/JSON if it has the field's type (ints are valid floats)."""
+def _check_type(key: str, value: Any, kind: type, source: str) -> Any:
+    """Accept `value` from YAML/JSON if it has the field's type (ints are valid floats) and,
+    for a float, is finite (YAML's .nan and .inf are floats)."""
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
-        return value
-    raise ConfigError(
-        f"config: {key} must be {kind.__name__}, got {type(value).__name__} {value!r}"
-    )
+        value = float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"config: {source}: {key} must be {kind.__name__}, got {type(value).__name__} {value!r}"
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"config: {source}: {key} must be a finite number, got {value}")
+    return value
 
 
 def _apply(cfg: Config, section: str, values: Mapping[str, Any]) -> Config:
@@ -171,18 +191,21 @@ def _apply(cfg: Config, section: str, values: Mapping[str, Any]) -> Config:
 def _apply_nested(cfg: Config, data: Mapping[str, Any], source: str) -> Config:
     """Apply a {section: {field: value}} mapping, strictly typed."""
     for section, values in data.items():
-        if section not in _sections() or not isinstance(values, Mapping):
+        if section not in _sections():
             raise ConfigError(
                 f"config: {source}: unknown section {section!r}; use 'model' and 'train' mappings"
+            )
+        if not isinstance(values, Mapping):
+            raise ConfigError(
+                f"config: {source}: section {section!r} must be a mapping of field: value, "
+                f"got {type(values).__name__} {values!r}"
             )
         typed = {}
         for name, value in values.items():
             key = f"{section}.{name}"
             if key not in valid_keys():
-                raise ConfigError(
-                    f"config: {source}: unknown key {key!r}; valid keys: {', '.join(valid_keys())}"
-                )
-            typed[name] = _check_type(key, value, _field_type(section, name))
+                raise _unknown_key(key, f"config: {source}: ")
+            typed[name] = _check_type(key, value, _field_type(section, name), source)
         cfg = _apply(cfg, section, typed)
     return cfg
 
@@ -195,9 +218,22 @@ def _load_yaml(path: str) -> dict[str, Any]:
             data = yaml.safe_load(f) or {}
     except FileNotFoundError:
         raise ConfigError(f"config: file {path!r} not found; give an existing YAML file") from None
+    except (OSError, UnicodeDecodeError) as err:
+        why = err.strerror if isinstance(err, OSError) else "it is not UTF-8 text"
+        raise ConfigError(f"config: cannot read {path!r}: {why}; give a YAML file") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config: {path!r} is not valid YAML: {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config: {path!r} must hold a mapping with 'model' and 'train' sections")
     return data
+
+
+def _yaml_problem(err: Exception) -> str:
+    """A YAML parser error in one line: what is wrong and where (PyYAML's spans several)."""
+    problem = getattr(err, "problem", None) or str(err)
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return " ".join(f"{problem}{where}; fix the file".split())
 
 
 def resolve_config(name: str = DEFAULT_PRESET, overrides: Sequence[str] = ()) -> Config:
@@ -215,8 +251,10 @@ def resolve_config(name: str = DEFAULT_PRESET, overrides: Sequence[str] = ()) ->
         cfg = _apply_nested(cfg, _preset(name), f"preset {name}")
     for item in overrides:
         key, sep, text = item.partition("=")
-        if not sep:
-            raise ConfigError(f"config: override {item!r} must look like key=value")
+        if not sep or not key.strip():
+            raise ConfigError(
+                f"config: override {item!r} must look like KEY=VALUE, e.g. train.train_steps=1000"
+            )
         section, field = _resolve_key(key.strip())
         value = _parse_str(key, text.strip(), _field_type(section, field))
         cfg = _apply(cfg, section, {field: value})

@@ -1,7 +1,7 @@
 """Test-only fault injection: a worker sends itself SIGKILL or SIGTERM after a given step, or
 once it has written its export (the chief: the Model) and before the export barrier.
 
-Set by the trainer's `--fault-*` flags; tests/test_fault_tolerance.py and tests/test_tfjob_faults.py
+Set by the trainer's `--fault-*` flags; tests/faults/test_worker_faults.py and tests/faults/test_tfjob_faults.py
 use it to check that a job survives losing a worker. It is not part of the config and does not
 change its hash.
 """

@@ -1,11 +1,14 @@
-"""The corpus side of tokenize: list the sources, read them as strict UTF-8, split each file's
-tail off for eval, and name the dataset version from the sources' fingerprints and the parameters.
+"""The corpus side of tokenize: list the sources, read them as strict UTF-8 text, split each
+file's tail off for eval, and name the dataset version from the sources' fingerprints and the
+parameters.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -20,8 +23,31 @@ from contracts.errors import UserError
 FORMAT_VERSION = 1  # bump when the artifact layout or any encoding rule changes
 SPLIT_METHOD = "file-tail-v1"  # see split_file; bump the suffix if the rule changes
 
+# SentencePiece skips training lines longer than its max_sentence_length (64 KiB), and encoding
+# holds a line's ids whole, so a longer line is refused while it is read, before the file is
+# decoded: one huge line (a minified dump, a file with no newlines) would otherwise be held
+# several times over. 16 times the training limit leaves room for long paragraphs.
+MAX_LINE_BYTES = 16 * SENTENCEPIECE_TRAINER_OPTIONS["max_sentence_length"]
+# Bytes read at a time. No larger than MAX_LINE_BYTES: a line that starts and ends inside one
+# chunk is then within the limit, and only lines that cross a chunk boundary are measured.
+READ_CHUNK_BYTES = min(1 << 20, MAX_LINE_BYTES)
+# Files that land in a text folder by mistake, by their first bytes: what they are, the fix.
+_NOT_TEXT = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image", "remove it from the corpus"),
+    (b"\xff\xd8\xff", "a JPEG image", "remove it from the corpus"),
+    (b"\x7fELF", "an ELF executable", "remove it from the corpus"),
+    (b"%PDF-", "a PDF document", "extract its text into a UTF-8 file"),
+    (b"\x1f\x8b", "gzip-compressed", "decompress it first (`gunzip`)"),
+    (b"PK\x03\x04", "a zip archive", "extract its text files first (`unzip`)"),
+    (b"\xff\xfe", "UTF-16 text", "convert it to UTF-8 (`iconv -f utf-16 -t utf-8`)"),
+    (b"\xfe\xff", "UTF-16 text", "convert it to UTF-8 (`iconv -f utf-16 -t utf-8`)"),
+)
+
 
 def list_sources(corpus: str) -> list[storage.FileInfo]:
+    """The corpus's files with their fingerprints; a corpus with nothing to read is refused."""
+    if not storage.is_gcs(corpus):
+        _check_links(corpus)
     sources = storage.list_files(corpus)
     if not sources:
         raise UserError(f"corpus {corpus!r} has no files; give a text file, a folder or a glob")
@@ -30,17 +56,115 @@ def list_sources(corpus: str) -> list[storage.FileInfo]:
     return sources
 
 
+def _check_links(corpus: str) -> None:
+    """Refuse symbolic links that loop: the corpus itself, or a link in a corpus folder.
+
+    The listing skips them silently (a link to a folder is not followed), so the user would
+    never learn that part of what they meant to give is missing, or why a path is "not found".
+    """
+    path = Path(corpus)
+    if path.is_symlink() and _loops(path):
+        raise UserError(
+            f"corpus {corpus!r} is a symbolic link that loops ({corpus} -> {os.readlink(path)}); "
+            "point it at a text file or folder"
+        )
+    if not any(c in corpus for c in "*?[") and not path.exists():
+        raise UserError(
+            f"corpus {corpus!r} not found: no such file or folder; check the path, or give "
+            "a text file, a folder or a glob"
+        )
+    if not path.is_dir():
+        return
+    for folder, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]  # hidden folders are never read
+        for name in [*dirs, *files]:
+            link = Path(folder, name)
+            if not name.startswith(".") and link.is_symlink() and _loops(link):
+                raise UserError(
+                    f"corpus folder {corpus!r} holds a symbolic link that loops: {link} -> "
+                    f"{os.readlink(link)}; remove the link (or give the corpus as a glob)"
+                )
+
+
+def _loops(link: Path) -> bool:
+    """True for a link that never resolves (ELOOP) or that points at a folder above itself."""
+    try:
+        target = link.resolve(strict=True)
+    except RuntimeError:  # pathlib's "Symlink loop from ...", raised for ELOOP
+        return True
+    except OSError as err:  # a link to nothing is skipped by the listing, not a loop
+        return err.errno == errno.ELOOP
+    return target.is_dir() and link.parent.resolve().is_relative_to(target)
+
+
 def read_utf8(source: storage.FileInfo) -> str:
-    """Stream one source's bytes (checked against its listing) and decode them strictly."""
-    path = source.uri
-    data = storage.read_bytes(path, expect=source)
+    """Read one source as text: streamed, checked against its listing, decoded strictly.
+
+    While the bytes arrive, refuse a binary file (a known header, a NUL byte) and a line over
+    MAX_LINE_BYTES, so neither is held whole first. Storage checks the bytes read against the
+    fingerprint listed (`expect`): a file edited meanwhile is refused, never tokenized under
+    the version of its old bytes.
+    """
+    uri = source.uri
+    data = bytearray()
+    lines = _LineLimit(uri)
+    try:
+        with storage.open_read(uri, expect=source) as f:
+            for chunk in iter(lambda: f.read(READ_CHUNK_BYTES), b""):
+                _check_text(uri, chunk, len(data))
+                lines.feed(chunk, len(data))
+                data += chunk
+    except storage.ObjectChangedError:
+        raise UserError(
+            f"corpus file {uri!r} changed while it was read; run again when it is stable"
+        ) from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
         raise UserError(
-            f"corpus file {path!r} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start}; "
-            "convert it to UTF-8 (for example `iconv -f latin1 -t utf-8`)"
+            f"corpus file {uri!r} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
+            f"(line {line}); convert it to UTF-8 (for example `iconv -f latin1 -t utf-8`)"
         ) from None
+
+
+def _check_text(uri: str, chunk: bytes, offset: int) -> None:
+    """Refuse a file that is not text: a known binary header first, then any NUL byte."""
+    if offset == 0:
+        for magic, kind, fix in _NOT_TEXT:
+            if chunk.startswith(magic):
+                raise UserError(f"corpus file {uri!r} is {kind}, not UTF-8 text; {fix}")
+    nul = chunk.find(b"\x00")
+    if nul != -1:
+        raise UserError(
+            f"corpus file {uri!r} holds a NUL byte at offset {offset + nul}, so it is binary, "
+            "not text; remove it from the corpus or give its text as UTF-8"
+        )
+
+
+class _LineLimit:
+    """Follows line boundaries across chunks; refuses a line once it passes MAX_LINE_BYTES."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        self.start = 0  # byte offset where the current line starts
+        self.number = 1  # its 1-based line number
+
+    def feed(self, chunk: bytes, offset: int) -> None:
+        """Take the next chunk, read at byte `offset` of the file."""
+        first = chunk.find(b"\n")
+        end = offset + (len(chunk) if first == -1 else first)  # the current line reaches here
+        if end - self.start > MAX_LINE_BYTES:
+            raise UserError(
+                f"corpus file {self.uri!r}: line {self.number} (from byte {self.start}) is longer "
+                f"than {MAX_LINE_BYTES >> 20} MiB with no newline; split it into lines (the "
+                f"tokenizer learns from lines of at most "
+                f"{SENTENCEPIECE_TRAINER_OPTIONS['max_sentence_length'] >> 10} KiB)"
+            )
+        if first != -1:
+            # Lines wholly inside the chunk are shorter than the chunk, so within the limit.
+            self.number += chunk.count(b"\n")
+            self.start = offset + chunk.rfind(b"\n") + 1
 
 
 def _corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:

@@ -71,7 +71,8 @@ def run(
     must have `vocab_size` pieces and must reproduce text with newlines exactly.
 
     Bytes that are not UTF-8 raise UserError naming the file and byte offset: replacing them
-    would silently train on U+FFFD and change the eval text's character count.
+    would silently train on U+FFFD and change the eval text's character count. A binary file
+    and a line over `corpus.MAX_LINE_BYTES` are refused while they are read, before decoding.
 
     `corpus` and `output_dir` may be local or `gs://` (a prefix, an object or a glob such as
     `gs://bucket/texts/*.txt`). Objects are listed with GCS's own fingerprints, then streamed;
@@ -98,7 +99,9 @@ def run(
     parameters = dataset_parameters(vocab_size, seq_len, eval_fraction, shard_windows, given)
     if expected_version and dataset_version(corpus, sources, parameters) != expected_version:
         # Checked before writing: a folder named for one version must never hold another.
-        raise UserError(f"corpus {corpus!r} changed while the run was reading it; run again")
+        raise UserError(
+            f"corpus {corpus!r} changed while the run was reading it; run again when it is stable"
+        )
     with storage.atomic_dir(output_dir, ready=EXAMPLES_MANIFEST) as tmp:
         model = given or bpe.train(splits["train"], vocab_size, corpus, report.line)
         (tmp / TOKENIZER_FILE).write_bytes(model)
@@ -253,9 +256,10 @@ def _check_arguments(
 def _check_one_window(corpus: str, split: str, tokens: int, seq_len: int) -> None:
     if tokens < seq_len + 1:
         larger_split = ", or a larger eval_fraction" if split == "eval" else ""
+        fits = f"seq_len <= {tokens - 1}" if tokens > 1 else "a smaller seq_len"
         raise UserError(
             f"corpus {corpus!r}: the {split} split has {tokens} tokens, fewer than one window of "
-            f"seq_len + 1 = {seq_len + 1}; use a smaller seq_len, more data{larger_split}"
+            f"seq_len + 1 = {seq_len + 1}; use {fits}, more data{larger_split}"
         )
 
 

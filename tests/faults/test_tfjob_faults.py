@@ -97,6 +97,7 @@ def records(tmp_path: Path) -> Path:
 # -- fast: fake workers --
 
 
+@pytest.mark.fault("every pod of a TFJob fails at once")
 def test_a_lost_worker_is_one_restart_however_many_pods_failed(tmp_path, records):
     with running(tmp_path) as kube:
         result, out = launch(kube, fake_spec(records, "lose-peer"))
@@ -112,6 +113,7 @@ def test_a_lost_worker_is_one_restart_however_many_pods_failed(tmp_path, records
     }
 
 
+@pytest.mark.fault("the launcher re-attaches to a restarting job")
 def test_a_reattached_launcher_counts_on_from_the_annotation(tmp_path, records):
     existing = tfjob_manifest.build_manifest(fake_spec(records, "lose-peer"))
     existing["metadata"]["annotations"] = {"gptpipe.dev/restarts": "2"}  # an earlier launcher's
@@ -122,6 +124,7 @@ def test_a_reattached_launcher_counts_on_from_the_annotation(tmp_path, records):
     assert "re-attached to existing TFJob ml/train-faults" in out
 
 
+@pytest.mark.fault("a job keeps failing past its backoff limit")
 def test_restarts_past_the_backoff_limit_delete_the_job(tmp_path, records):
     existing = tfjob_manifest.build_manifest(fake_spec(records, "lose-peer"))
     existing["metadata"]["annotations"] = {"gptpipe.dev/restarts": "2"}
@@ -132,6 +135,7 @@ def test_restarts_past_the_backoff_limit_delete_the_job(tmp_path, records):
     assert err.value.reason == "BackoffLimitExceeded" and "restarted 3 times" in str(err.value)
 
 
+@pytest.mark.fault("a retried launcher finds its job Failed")
 def test_a_reattach_to_a_failed_job_deletes_it_and_runs_it_again(tmp_path, records):
     spec = fake_spec(records, "fail-until-fixed")
     with running(tmp_path) as kube:
@@ -148,6 +152,7 @@ def test_a_reattach_to_a_failed_job_deletes_it_and_runs_it_again(tmp_path, recor
     assert result.restarts == 0
 
 
+@pytest.mark.fault("a job runs past its active deadline")
 def test_the_active_deadline_fails_the_job_and_the_launcher_reports_it(tmp_path, records):
     with running(tmp_path) as kube:
         with pytest.raises(LaunchTimeout) as err:
@@ -171,6 +176,7 @@ def sigterm_when(kube: FakeKube, predicate: Any) -> threading.Thread:
     return thread
 
 
+@pytest.mark.fault("a run is cancelled while its TFJob runs")
 def test_cancel_deletes_the_job_and_its_worker_processes(tmp_path, records):
     with running(tmp_path) as kube:
         sigterm_when(kube, lambda c: len(c.pods) == 2 and len(pids(kube)) == 2)
@@ -240,6 +246,7 @@ def test_the_train_step_runs_a_tfjob_as_its_own_identity(tmp_path, examples):
 
 
 @pytest.mark.slow
+@pytest.mark.fault("a TFJob worker SIGKILLed mid-training")
 def test_a_killed_worker_costs_exactly_one_restart(tmp_path, examples):
     """SIGKILL (a node lost, OOM). test_a_launcher_that_died... preempts with SIGTERM."""
     flags = ("--fault-at-step", "25", "--fault-signal", "KILL")
@@ -255,6 +262,7 @@ def test_a_killed_worker_costs_exactly_one_restart(tmp_path, examples):
 
 
 @pytest.mark.slow
+@pytest.mark.fault("the chief dies while exporting")
 def test_a_chief_that_dies_during_export_restarts_the_whole_job(tmp_path, examples):
     flags = ("--fault-at-export", "--fault-worker", "0", "--fault-signal", "KILL")
     with running(tmp_path) as kube:
@@ -281,6 +289,7 @@ tfjob.TFJobLauncher(api, poll_seconds=2).run(spec)
 
 
 @pytest.mark.slow
+@pytest.mark.fault("the launcher killed and retried")
 def test_a_launcher_that_died_is_continued_by_its_retry(tmp_path, examples):
     spec = trainer_spec(tmp_path, examples, "--fault-at-step", "25", "--fault-signal", "TERM")
     fields = {k: v for k, v in dataclasses.asdict(spec).items() if v is not None}
@@ -314,6 +323,7 @@ def test_a_launcher_that_died_is_continued_by_its_retry(tmp_path, examples):
 
 
 @pytest.mark.slow
+@pytest.mark.fault("a retried launcher re-runs a Failed job")
 def test_a_failed_job_is_run_again_by_a_retried_launcher(tmp_path, examples):
     missing = tmp_path / "examples"  # not there yet: every worker exits 2 (a user error)
     spec = trainer_spec(tmp_path, missing)
@@ -329,6 +339,7 @@ def test_a_failed_job_is_run_again_by_a_retried_launcher(tmp_path, examples):
 
 
 @pytest.mark.slow
+@pytest.mark.fault("the deadline passes while trainers run")
 def test_the_deadline_stops_the_trainers(tmp_path, examples):
     with running(tmp_path) as kube:
         with pytest.raises(LaunchTimeout) as err:
@@ -339,6 +350,7 @@ def test_the_deadline_stops_the_trainers(tmp_path, examples):
 
 
 @pytest.mark.slow
+@pytest.mark.fault("a run is cancelled while trainers run")
 def test_cancel_stops_the_trainers(tmp_path, examples):
     with running(tmp_path) as kube:
 

@@ -114,6 +114,7 @@ def test_two_workers_agree_on_the_loss_and_the_chief_exports_once(uninterrupted)
 
 
 @pytest.mark.slow
+@pytest.mark.fault("a worker SIGKILLed mid-training")
 def test_sigkilled_worker_restarts_the_group_which_resumes_from_the_backup(
     tmp_path, examples, uninterrupted
 ):
@@ -130,6 +131,7 @@ def test_sigkilled_worker_restarts_the_group_which_resumes_from_the_backup(
 
 
 @pytest.mark.slow
+@pytest.mark.fault("SIGTERM to a worker mid-training")
 def test_sigterm_backs_up_exits_retryably_and_the_job_resumes(tmp_path, examples):
     job = Job(tmp_path, examples, "--fault-at-step", str(FAULT_STEP), "--fault-signal", "TERM")
     first = [job.log(i, attempt=1) for i in (0, 1)]
