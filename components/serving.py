@@ -114,7 +114,7 @@ def publish_next(source: str, destination: str, expect_latest: int | None = ANY_
             latest = versions[-1] if versions else None
             retired = latest is not None and str(latest) in _read_retired(destination)
             if latest != expect_latest or retired:
-                storage.delete_tree(claim)  # nothing was written under it: free the number
+                storage.delete_file(claim)  # nothing was written under it: free the number
                 raise ServedModelChanged(expect_latest, latest, retired)
         try:
             storage.publish_dir(source, storage.join(destination, str(version)), ready=READY)
@@ -122,7 +122,7 @@ def publish_next(source: str, destination: str, expect_latest: int | None = ANY_
             # Nothing of ours is left at <N>/ (a gs:// staging that could still be finished
             # keeps the number taken by its name), so the number is free again.
             with contextlib.suppress(Exception):
-                storage.delete_tree(claim)
+                storage.delete_file(claim)
             raise
         return version
     raise RuntimeError(f"could not claim a version under {destination} after {_MAX_RACES} tries")

@@ -20,7 +20,15 @@ log = logging.getLogger("trainer")
 
 
 class TrainMonitor(keras.callbacks.Callback):
-    """Logs every log_every steps, stops at train_steps, and stops (not crashes) on a NaN loss."""
+    """Logs every log_every steps, stops at train_steps, and stops (not crashes) on a NaN loss.
+
+    A loss that becomes NaN or infinite is an outcome, not an error (a learning rate too high
+    for the model, no gradient clipping): training stops at that step and the train step still
+    succeeds, exporting the model with `diverged: true`, `diverged_at_step` and the non-finite
+    `final_loss` in train_metrics.json. Evaluate never blesses such a model and says why, so
+    push publishes nothing (`pushed=0`) and the run's summary shows the reason. The loss Keras
+    logs is already the mean over all workers, so every worker stops at the same step.
+    """
 
     def __init__(
         self,
@@ -55,7 +63,12 @@ class TrainMonitor(keras.callbacks.Callback):
         if not math.isfinite(loss):
             self.diverged_at_step = step
             self.model.stop_training = True
-            log.warning("step %d: loss is %s, training diverged; stopping", step, loss)
+            log.warning(
+                "step %d: loss is %s, training diverged; stopping. Evaluate will not bless this "
+                "model: lower train.learning_rate or set train.grad_clip_norm",
+                step,
+                loss,
+            )
             return
         if step % self.log_every == 0 or step == 1:
             lr = float(self.schedule(step - 1))

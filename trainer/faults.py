@@ -1,9 +1,9 @@
 """Test-only fault injection: a worker sends itself SIGKILL or SIGTERM after a given step, or
 once it has written its export (the chief: the Model) and before the export barrier.
 
-Set by the trainer's `--fault-*` flags; tests/faults/test_worker_faults.py and tests/faults/test_tfjob_faults.py
-use it to check that a job survives losing a worker. It is not part of the config and does not
-change its hash.
+Set by the trainer's `--fault-*` flags; tests/faults/test_worker_faults.py and
+tests/faults/test_tfjob_faults.py use it to check that a job survives losing a worker. It is
+not part of the config and does not change its hash.
 """
 
 from __future__ import annotations

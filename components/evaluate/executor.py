@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 CHUNK_CHARS = 2048  # eval text is scored in line-aligned chunks of about this many characters
 BATCH_CHUNKS = 8  # chunks per call of the `score` signature
 SAMPLE_PROMPTS = ("ROMEO:", "First Citizen:\n", "The king")  # prompts for the report's samples
+# What to do when a SavedModel is missing or damaged: the candidate's, or the one in service.
+_RETRAIN = "run the pipeline again to train it anew"
+_RESERVE = "run evaluate again; if it stays so, serve a healthy version (gptpipe rollback)"
 
 
 @dataclass(frozen=True)
@@ -71,11 +74,15 @@ def run(
     is read, so nothing else of the dataset is downloaded.
 
     The candidate is blessed when its nats/char is at most `max_nats_per_char` and, if a model
-    is in service at `serving_dir`, at most the baseline's times `1 + tolerance`.
+    is in service at `serving_dir`, at most the baseline's times `1 + tolerance`. A model whose
+    training diverged (a NaN or infinite loss) never is.
+
+    The blessing is written last, whole or not at all: a failure before it (a damaged
+    SavedModel, a baseline removed meanwhile) raises a UserError naming the model and leaves no
+    ModelBlessing, which push refuses.
     """
     eval_text = _read_eval_text(examples_uri)
-    candidate_path = Path(model_dir) / SERVING_DIR
-    candidate_model = _load(candidate_path)
+    candidate_model = _load(Path(model_dir) / SERVING_DIR, "the candidate model", _RETRAIN)
     candidate = score_text(candidate_model, eval_text)
     baseline_uri = serving.latest_version_uri(serving_dir)
     baseline = _score_baseline(baseline_uri, eval_text) if baseline_uri else None
@@ -85,8 +92,8 @@ def run(
     # A diverged model's logits are NaN: sampling from them is meaningless, so show none.
     healthy = not diverged and math.isfinite(candidate.nats_per_char)
     samples = generate_samples(candidate_model, num_samples, sample_tokens) if healthy else []
-    _write_blessing(blessing_dir, result, model_dir)
     storage.write_text_atomic(report_path, render_report(result, samples))
+    _write_blessing(blessing_dir, result, model_dir)  # last: push acts on it
     log.info("eval: %s", reason)
     return result
 
@@ -101,7 +108,7 @@ def decide(
     """Return (blessed, reason) from the scores: absolute threshold, then change vs baseline."""
     ours = candidate.nats_per_char
     if diverged:
-        return False, f"training diverged ({diverged})"
+        return False, f"training diverged: {diverged}"
     if not math.isfinite(ours):
         return False, f"eval loss is not finite ({ours})"
     if ours > max_nats_per_char:
@@ -225,16 +232,21 @@ def _score_baseline(uri: str, eval_text: str) -> Scores:
     storage layer works against GCS and the emulator alike and checks crc32c.
     """
     with storage.local_copy(uri) as local:
-        return score_text(_load(local), eval_text)
+        return score_text(_load(local, f"the model in service at {uri}", _RESERVE), eval_text)
 
 
 def _diverged(model_dir: str) -> str:
+    """Why training diverged, from the Model's train_metrics.json, or "" if it did not."""
     metrics_path = Path(model_dir) / TRAIN_METRICS
     if not metrics_path.is_file():
         return ""
-    metrics = json.loads(metrics_path.read_text())
+    metrics = json.loads(metrics_path.read_text())  # Python's json reads NaN and Infinity
     if metrics.get("diverged"):
-        return f"NaN loss at step {metrics.get('diverged_at_step')}"
+        return (
+            f"the loss became {metrics.get('final_loss')} at step "
+            f"{metrics.get('diverged_at_step')}; lower train.learning_rate or set "
+            "train.grad_clip_norm"
+        )
     return ""
 
 
@@ -245,13 +257,28 @@ def _read_eval_text(examples_uri: str) -> str:
     return storage.read_bytes(uri).decode("utf-8")
 
 
-def _load(saved_model_dir: Path):
+def _load(saved_model_dir: Path, what: str, fix: str):
+    """Load a SavedModel; a missing or damaged one is a UserError naming `what` and `fix`."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 -- registers the in-graph SentencePiece ops
 
     if not (saved_model_dir / SAVED_MODEL_FILE).is_file():
-        raise UserError(f"no SavedModel at {saved_model_dir}")
-    return tf.saved_model.load(str(saved_model_dir))
+        raise UserError(f"{what}: no SavedModel at {saved_model_dir}; {fix}")
+    try:
+        return tf.saved_model.load(str(saved_model_dir))
+    except (OSError, ValueError, IndexError, tf.errors.OpError) as err:
+        raise UserError(
+            f"{what}: the SavedModel at {saved_model_dir} is damaged and cannot be loaded "
+            f"({_first_line(err)}); {fix}"
+        ) from None
+
+
+def _first_line(err: BaseException) -> str:
+    """An error's message on one line, without TensorFlow's `{{function_node ...}}` prefix."""
+    text = str(getattr(err, "message", "") or err).strip()
+    if text.startswith("{{function_node"):
+        text = text.split("}}", 1)[-1].strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def _batches(items: list[str], size: int) -> Iterator[list[str]]:

@@ -8,7 +8,8 @@ without touching a step. Steps and tools use this package's names
 - `store`: addressing: `store_address` (the parameter, else the service KFP injects; called
   once at a component's edge), `store_config`, `is_service`, `open_store` (a SQLite path, an
   MLMD gRPC service as `host:port` or `grpc://host:port`, or over TLS as
-  `grpcs://host:port[?ca=CA_FILE]`);
+  `grpcs://host:port[?ca=CA_FILE]`; its calls are retried, for a bounded time, while other
+  writers hold the store's lock);
 - `schema`: the vocabulary: TFX's artifact types (`ARTIFACT_TYPES`), the contexts
   (`PIPELINE_CONTEXT`, `RUN_CONTEXT`, `DATASET_CONTEXT`), `ArtifactRecord`, and how plain
   values and event paths are written in MLMD's protos;

@@ -8,6 +8,7 @@ its cache, a CACHED execution of it is recorded in this run first, so a run's re
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.metadata
@@ -18,6 +19,7 @@ import time
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 
+from ml_metadata import errors
 from ml_metadata.metadata_store import metadata_store
 
 from components.lineage.query import original_producer, run_executions
@@ -31,10 +33,11 @@ from components.lineage.schema import (
     event_index,
     event_key,
     new_event,
+    plain_values,
     set_values,
     to_scalar,
 )
-from components.lineage.store import mlmd, open_store
+from components.lineage.store import failure_reason, mlmd, open_store
 from contracts.errors import UserError, one_line_errors
 
 # Execution custom properties this module writes itself; callers may not pass them.
@@ -107,6 +110,8 @@ def record_execution(
     if state not in _STATES:
         raise ValueError(f"state {state!r} must be one of {', '.join(_STATES)}")
     store = open_store(store_uri)
+    if execution_id is not None:
+        _check_started(store, execution_id, step, run_id)
     execution = mlmd.Execution(
         type_id=_put_execution_type(store, step),
         last_known_state=mlmd.Execution.State.Value(state),
@@ -153,6 +158,23 @@ def record_execution(
         execution, pairs, contexts, reuse_context_if_already_exist=True, force_reuse_context=True
     )
     return int(execution_id)
+
+
+def _check_started(
+    store: metadata_store.MetadataStore, execution_id: int, step: str, run_id: str
+) -> None:
+    """Refuse to complete an execution that is not the one `step` recorded at its start.
+
+    Recording it again would write into whatever the store now holds under that id: after
+    the SQLite file was removed (a new one is created) or replaced, another step's execution.
+    """
+    found = store.get_executions_by_id([execution_id])
+    props = plain_values(found[0].custom_properties) if found else {}
+    if (props.get("step"), props.get("run_id")) != (step, run_id):
+        raise UserError(
+            f"the {step} execution {execution_id} recorded at the step's start is not in the "
+            "store any more: was the store removed or replaced while the step ran?"
+        )
 
 
 def _execution_values(
@@ -215,7 +237,9 @@ def _record_cached(
         if its_run == run_id or step in done or (from_run is not None and its_run != from_run):
             continue
         done.add(step)
-        _put_cached(store, producer, run_id, pipeline_name, at_ms)
+        # Another step of this run recording the same one at the same moment wins the name.
+        with contextlib.suppress(errors.AlreadyExistsError):
+            _put_cached(store, producer, run_id, pipeline_name, at_ms)
         inputs = store.get_events_by_execution_ids([producer.id])
         pending += [
             (e.artifact_id, its_run, at_ms - 1) for e in inputs if e.type == mlmd.Event.INPUT
@@ -230,7 +254,9 @@ def _put_cached(
     at_ms: int,
 ) -> None:
     execution = mlmd.Execution(
-        type_id=original.type_id, last_known_state=mlmd.Execution.State.Value("CACHED")
+        type_id=original.type_id,
+        name=f"{run_id}/cached",  # unique per type, i.e. step: at most one per step and run
+        last_known_state=mlmd.Execution.State.Value("CACHED"),
     )
     execution.custom_properties.MergeFrom(original.custom_properties)
     set_values(
@@ -392,55 +418,140 @@ def step(
 
     A failed execution keeps its inputs but records no outputs, so nothing downstream can
     mistake a half-made artifact for a real one.
+
+    Lineage is part of what a run delivers, so a store that fails (unreachable, locked by
+    other writers past `LOCK_RETRY_S`, removed or replaced, not a store, holding a type that
+    clashes with ours) is never ignored, and never hides what the step itself did:
+
+    - at the start: the step stops before any work, with one line naming the store and exit
+      status 2, so a wrong address costs seconds, not a training run;
+    - when the block raised: its own error propagates unchanged, and the failure that could
+      not be recorded is one warning line; the execution stays RUNNING until the run's exit
+      handler closes it (`close_unfinished`);
+    - when the block succeeded: the step fails, with one line naming the store and every
+      output it published unrecorded, and exit status 2. A store that answered but refused
+      the record (a type clash) gets the execution marked FAILED with that message; an
+      error that is not the store's (a bug in what the step recorded) keeps its traceback,
+      with that line as a note.
     """
     recorder = StepRecorder(parameters)
     recorder.set(**(properties or {}))
-    start = time.time()
+    writes = _StepWrites(store_uri, step_name, pipeline_name, run_id, recorder, time.time())
     # Recorded at once, RUNNING: an unreachable store fails the step before its work, and a
     # step killed outright (SIGKILL, eviction, a cancelled run) still leaves its execution,
     # which the run's exit handler marks (`close_unfinished`).
-    with one_line_errors(f"gptpipe {step_name}"):  # an unreachable store: nothing ran yet
-        execution_id = record_execution(
-            store_uri,
-            step=step_name,
-            pipeline_name=pipeline_name,
-            run_id=run_id,
-            parameters=recorder.parameters,
-            inputs={},
-            outputs={},
-            properties=recorder.properties,
-            state="RUNNING",
-            start_time=start,
-        )
-    state = "FAILED"
+    with one_line_errors(writes.who):
+        writes.started()
     try:
         yield recorder
-        state = "COMPLETE"
-    except UserError as err:
-        # A mistake in the input, not a bug: one clear line in the step's log, no traceback,
-        # and the message on the FAILED execution so a runner can show it (`failure_of`).
-        recorder.set(error=str(err))
-        print(f"gptpipe {step_name}: error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    except Exception as err:
-        recorder.set(error=f"{type(err).__name__}: {err}")
+    except BaseException as err:
+        writes.failed(err)
+        if isinstance(err, UserError):
+            # A mistake in the input, not a bug: one clear line in the step's log, no
+            # traceback, and the message on the FAILED execution (`failure_of`).
+            print(f"{writes.who}: error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
         raise
-    finally:
-        record_execution(
-            store_uri,
-            step=step_name,
-            pipeline_name=pipeline_name,
-            run_id=run_id,
-            parameters=recorder.parameters,
-            inputs=recorder.inputs,
-            outputs=recorder.outputs if state == "COMPLETE" else {},
-            properties=recorder.properties,
+    with one_line_errors(writes.who):
+        writes.completed()
+
+
+@dataclasses.dataclass
+class _StepWrites:
+    """What `step()` writes for one execution, and what it does when the store fails it."""
+
+    store_uri: str
+    step: str
+    pipeline_name: str
+    run_id: str
+    recorder: StepRecorder
+    start_time: float
+    execution_id: int | None = None  # once the start is recorded
+
+    @property
+    def who(self) -> str:
+        return f"gptpipe {self.step}"
+
+    def write(self, state: str) -> None:
+        """Record the execution as the recorder has it now; its outputs only if COMPLETE."""
+        rec = self.recorder
+        self.execution_id = record_execution(
+            self.store_uri,
+            step=self.step,
+            pipeline_name=self.pipeline_name,
+            run_id=self.run_id,
+            parameters=rec.parameters,
+            inputs=rec.inputs,
+            outputs=rec.outputs if state == "COMPLETE" else {},
+            properties=rec.properties,
             state=state,
-            start_time=start,
-            dataset_version=recorder.dataset_version,
-            upstream=recorder.upstream,
-            execution_id=execution_id,
+            start_time=self.start_time,
+            dataset_version=rec.dataset_version,
+            upstream=rec.upstream,
+            execution_id=self.execution_id,
         )
+
+    def started(self) -> None:
+        """Record the execution RUNNING; a store that fails it is a UserError naming it."""
+        try:
+            self.write("RUNNING")
+        except errors.StatusError as err:
+            failure = _store_failure(self.store_uri, err)
+            raise UserError(
+                f"the step's start is not recorded, so it did not run: {failure}"
+            ) from None
+
+    def failed(self, err: BaseException) -> None:
+        """Record the execution FAILED with `err`; if the store fails that, warn and go on."""
+        if isinstance(err, UserError):
+            self.recorder.set(error=str(err))
+        elif isinstance(err, Exception):
+            self.recorder.set(error=f"{type(err).__name__}: {err}")
+        try:
+            self.write("FAILED")
+        except Exception as failure:  # noqa: BLE001 -- whatever it is, the step's own error wins
+            print(
+                f"{self.who}: warning: its failure is not recorded: "
+                f"{_store_failure(self.store_uri, failure)}; execution {self.execution_id} "
+                "stays RUNNING until the run's exit handler closes it",
+                file=sys.stderr,
+            )
+
+    def completed(self) -> None:
+        """Record the execution COMPLETE with its outputs; if that fails, fail the step."""
+        try:
+            self.write("COMPLETE")
+        except Exception as err:
+            published = [
+                f"{key}={record.uri}"
+                for key, records in self.recorder.outputs.items()
+                for record in records
+            ]
+            message = (
+                f"the step succeeded but is not recorded: {_store_failure(self.store_uri, err)}; "
+                f"published and not recorded: {', '.join(published) or 'nothing'}: fix the "
+                "store, then run the step again"
+            )
+            self.recorder.set(error=message)
+            # A store that answered but refused what was recorded (a clashing type, a bug)
+            # still takes the FAILED mark; one locked, gone or unreachable would only fail it
+            # again, after another wait.
+            if not isinstance(err, errors.AbortedError | UserError):
+                with contextlib.suppress(Exception):
+                    self.write("FAILED")
+            if isinstance(err, errors.StatusError | UserError):
+                raise UserError(message) from None
+            err.add_note(message)
+            raise
+
+
+def _store_failure(store_uri: str, err: BaseException) -> str:
+    """Why the store failed a write, on one line that names the store once."""
+    reason = failure_reason(err)
+    if store_uri.strip() in reason:
+        return reason
+    kind = f"{type(err).__name__}: " if isinstance(err, errors.StatusError) else ""
+    return f"metadata store {store_uri.strip()}: {kind}{reason}"
 
 
 def close_unfinished(store_uri: str, run_id: str, reason: str) -> list[str]:

@@ -7,16 +7,19 @@
   `grpcs://host:port?ca=/path/ca.pem` trusting the CA certificates in that PEM file instead.
 
 `store_address` picks the address once, at a component's edge; everything below takes it as a
-plain argument.
+plain argument. `open_store` opens one with a client that retries, for a bounded time, the
+calls that concurrent writers lock out for a moment (`LOCK_RETRY_S`).
 """
 
 from __future__ import annotations
 
+import random
 import re
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ml_metadata import errors
 from ml_metadata.metadata_store import metadata_store
@@ -40,6 +43,20 @@ KFP_PORT_ENV = "METADATA_GRPC_SERVICE_PORT"
 # Every RPC's deadline (MetadataStoreClientConfig.client_timeout_sec), so a service that accepts
 # connections but never answers fails a call instead of hanging it. Lineage calls are small.
 RPC_TIMEOUT_S = 60.0
+
+# How long a call is tried again while other writers hold the store's lock (SQLite allows one
+# writer at a time; a server's database reports deadlocks the same way): no new try starts
+# later than this after the first. A step's writes take milliseconds, so this is only reached
+# when something holds the lock for good.
+LOCK_RETRY_S = 30.0
+_FIRST_BACKOFF_S = 0.02  # the first wait; each later one doubles, up to _MAX_BACKOFF_S
+_MAX_BACKOFF_S = 1.0
+# ml_metadata 1.17's SQLite source turns "database is locked" into ABORTED with this message
+# (sqlite_metadata_source.cc, RunStatement); opening a store raises it as a RuntimeError.
+_LOCKED_MESSAGE = "Concurrent writes aborted"
+# Type registrations, which two writers may race to make; the loser's second try finds the type.
+_TYPE_PUTS = frozenset({"PutArtifactType", "PutExecutionType", "PutContextType"})
+_T = TypeVar("_T")
 
 _SERVICE_RE = re.compile(
     r"(?:(?P<scheme>grpcs?)://)?(?P<host>[A-Za-z0-9.\-]+):(?P<port>\d{1,5})(?:\?(?P<query>.*))?"
@@ -119,28 +136,79 @@ def is_service(uri: str) -> bool:
 def open_store(uri: str, *, timeout_s: float = RPC_TIMEOUT_S) -> metadata_store.MetadataStore:
     """Open the raw MLMD store at an address; for tests and tools that need the MLMD API.
 
-    A SQLite store's parent folder is created. A gRPC store is not contacted until first use;
-    a call the service does not answer within `timeout_s` (down, unreachable, or its TLS
-    certificate not trusted) is then a UserError naming the address.
+    A SQLite store's parent folder is created; a path that cannot hold a store (its folder
+    cannot be made, it is a folder, or it is not a SQLite file) is a UserError naming it. A
+    gRPC store is not contacted until first use; a call the service does not answer within
+    `timeout_s` (down, unreachable, or its TLS certificate not trusted) is then a UserError
+    naming the address. Every call is retried while other writers lock the store, for
+    `LOCK_RETRY_S` at most (`_Store`).
     """
     config = store_config(uri, timeout_s=timeout_s)
     if isinstance(config, mlmd.ConnectionConfig):
-        Path(config.sqlite.filename_uri).parent.mkdir(parents=True, exist_ok=True)
-        return metadata_store.MetadataStore(config)
+        return _open_sqlite(config, uri.strip())
     return _ServiceStore(config, uri.strip())
 
 
-class _ServiceStore(metadata_store.MetadataStore):
-    """An MLMD gRPC client that names its address when the service does not answer.
+def _open_sqlite(config: Any, address: str) -> metadata_store.MetadataStore:
+    """A SQLite store; opening one also creates or checks its schema, a write like any other."""
+    path = Path(config.sqlite.filename_uri)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(
+            f"metadata store {address} cannot be opened: cannot make its folder {path.parent} "
+            f"({err.strerror}): pass a path in a writable folder"
+        ) from None
+    try:
+        return _retry_locked(lambda: _Store(config, address), address, "opening")
+    except errors.AbortedError as err:  # locked past LOCK_RETRY_S: its message names the store
+        raise UserError(str(err)) from None
+    except (RuntimeError, errors.StatusError) as err:
+        raise UserError(
+            f"metadata store {address} cannot be opened ({failure_reason(err)}): pass a writable "
+            "ML Metadata SQLite file, or a path where one can be created"
+        ) from None
 
-    Every public method of ml_metadata 1.17's client goes through `MetadataStore._call` (which
-    also retries ABORTED), so overriding it covers all of record.py's and query.py's calls;
-    tests/test_lineage_grpc.py fails if a new ml_metadata moves that path.
+
+class _Store(metadata_store.MetadataStore):
+    """MLMD's client, retrying what concurrent writers make fail for a moment.
+
+    Every public method of ml_metadata 1.17's client goes through `MetadataStore._call`, and
+    that through `_call_method`, one call to the C++ store or one RPC; overriding `_call`
+    covers all of record.py's and query.py's calls, and tests/faults/test_lineage_faults.py
+    fails if a new ml_metadata moves that path. ml_metadata's own loop here retries ABORTED
+    five times, 2 s apart on average, logging an ERROR each time it gives up; this one instead:
+
+    - retries ABORTED (SQLite's "database is locked"; a server's deadlock) with jittered
+      backoff from 20 ms up to 1 s, for `LOCK_RETRY_S` in all. A call is one transaction that
+      MLMD rolls back when any statement or the commit fails, so a retry never writes twice;
+    - retries a type registration once when it raced another writer's (ALREADY_EXISTS): the
+      second try finds the type, and a real clash of property kinds fails again and is raised.
     """
 
     def __init__(self, config: Any, address: str) -> None:
         super().__init__(config)
         self._address = address
+
+    def _call(
+        self, method_name: str, request: Any, response: Any, extra_options: Any = None
+    ) -> Any:
+        def once() -> Any:
+            try:
+                return self._call_method(method_name, request, response)
+            except errors.AlreadyExistsError:
+                if method_name not in _TYPE_PUTS:
+                    raise
+                return self._call_method(method_name, request, response)
+
+        return _retry_locked(once, self._address, method_name)
+
+
+class _ServiceStore(_Store):
+    """An MLMD gRPC client that names its address when the service does not answer."""
+
+    def __init__(self, config: Any, address: str) -> None:
+        super().__init__(config, address)
         self._client_config = config
 
     def _call(
@@ -150,6 +218,41 @@ class _ServiceStore(metadata_store.MetadataStore):
             return super()._call(method_name, request, response, extra_options)
         except (errors.UnavailableError, errors.DeadlineExceededError) as err:
             raise UserError(_unreachable_message(self._address, self._client_config, err)) from None
+
+
+def _retry_locked(call: Callable[[], _T], address: str, what: str) -> _T:
+    """`call()`, again after a growing, jittered wait while the store is locked.
+
+    After `LOCK_RETRY_S` it raises AbortedError, naming the store and what was locked out.
+    """
+    deadline = time.monotonic() + LOCK_RETRY_S
+    backoff = _FIRST_BACKOFF_S
+    while True:
+        try:
+            return call()
+        except (RuntimeError, errors.AbortedError) as err:
+            if not _is_locked(err):
+                raise
+            if time.monotonic() + backoff > deadline:
+                raise errors.AbortedError(
+                    f"metadata store {address} stayed locked by other writers for "
+                    f"{LOCK_RETRY_S:g} s ({what}): {failure_reason(err)}"
+                ) from None
+        # Full jitter, so writers that collided do not collide again at the same moment.
+        time.sleep(random.uniform(0, backoff))
+        backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+
+def _is_locked(err: BaseException) -> bool:
+    """True for MLMD's report of a lock another writer holds (ABORTED, or at open its text)."""
+    return isinstance(err, errors.AbortedError) or _LOCKED_MESSAGE in str(err)
+
+
+def failure_reason(err: BaseException) -> str:
+    """An MLMD error on one line, without the SQL statement MLMD appends to some."""
+    text = " ".join(str(err).split())
+    # "...Error when executing query: <why> query: <the SQL>": keep the why.
+    return re.sub(r"(executing query: .*?) query: .*", r"\1", text).rstrip(".")
 
 
 def _parse_service(uri: str) -> _Service | None:

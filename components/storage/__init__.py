@@ -9,12 +9,15 @@ names (`from components import storage; storage.join(...)`), never its submodule
 - `files`: what works on either kind of address: listing (`list_files`, `list_tree`,
   `has_content`, `check_folder`, `folders_holding`, `tree_crc32c`, `same_files`), reading
   (`open_read`, `read_bytes`, both checked against a listing), writing, copying and deleting
-  (`write_bytes`, `write_text_atomic`, `copy`, `upload_dir`, `download_dir`, `delete_tree`,
-  `local_copy`), and writes that race safely (`create_exclusive`, `update_bytes`);
+  (`write_bytes`, `write_text_atomic`, `copy`, `upload_dir`, `download_dir`, `delete_file`,
+  `delete_tree`, `local_copy`), and writes that race safely (`create_exclusive`,
+  `update_bytes`);
 - `local`: how those work on local disk (writes through a temporary sibling and a rename);
 - `gcs`: how they work on GCS: the client (`client`, `set_client`), retries, resumable
   uploads, errors a user causes as `UserError`, the crc32c-checked streamed reader,
   single-object `upload_file` and `download_file`, generation preconditions;
+- `lease`: `hold_or_wait`, so one of several concurrent callers does a piece of work (a dataset
+  version's tokenize) while the others wait for it, with a heartbeat to notice a dead holder;
 - `publish`: folders that appear whole: `atomic_dir`, `publish_dir`, and on gs:// the staging
   protocol with `staging_uri`, `names_taken` and `finish_publishes`.
 
@@ -31,6 +34,7 @@ from components.storage.files import (
     check_folder,
     copy,
     create_exclusive,
+    delete_file,
     delete_folder_markers,
     delete_tree,
     download_dir,
@@ -54,6 +58,7 @@ from components.storage.gcs import (
     set_client,
     upload_file,
 )
+from components.storage.lease import hold_or_wait
 from components.storage.publish import (
     atomic_dir,
     finish_publishes,
@@ -82,6 +87,7 @@ __all__ = [
     "copy",
     "crc32c_file",
     "create_exclusive",
+    "delete_file",
     "delete_folder_markers",
     "delete_tree",
     "download_dir",
@@ -89,6 +95,7 @@ __all__ = [
     "finish_publishes",
     "folders_holding",
     "has_content",
+    "hold_or_wait",
     "is_gcs",
     "join",
     "list_files",

@@ -187,14 +187,19 @@ def download_dir(
 
 
 def delete_tree(uri: str, workers: int = gcs.WORKERS) -> None:
-    """Delete a folder and everything under it, or one file; a missing one is fine."""
+    """Delete a folder and everything under it; a missing one is fine."""
     if not is_gcs(uri):
-        if Path(uri).is_dir() and not Path(uri).is_symlink():
-            shutil.rmtree(uri, ignore_errors=True)
-        else:
-            Path(uri).unlink(missing_ok=True)
+        shutil.rmtree(uri, ignore_errors=True)
         return
     gcs.parallel(lambda info: gcs.delete_object(info.uri), list_tree(uri).values(), workers)
+
+
+def delete_file(uri: str) -> None:
+    """Delete one file or object; a missing one is fine."""
+    if is_gcs(uri):
+        gcs.delete_object(uri)
+    else:
+        Path(uri).unlink(missing_ok=True)
 
 
 def delete_folder_markers(uri: str) -> int:

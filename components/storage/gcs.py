@@ -430,6 +430,19 @@ def stat(uri: str) -> FileInfo | None:
     return _info(split_gcs(uri)[0], blob)
 
 
+def delete_if_generation(uri: str, generation: int) -> bool:
+    """Delete an object only if it is still at `generation`; False if it moved or is gone."""
+    try:
+        with _errors(uri):
+            try:
+                _blob(uri).delete(retry=RETRY, if_generation_match=generation)
+            except gexc.NotFound:
+                return False
+        return True
+    except gexc.PreconditionFailed:
+        return False
+
+
 def delete_object(uri: str) -> None:
     """Delete one object; a missing one is fine."""
     with contextlib.suppress(gexc.NotFound), _errors(uri):

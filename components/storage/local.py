@@ -216,15 +216,21 @@ def update_file(final_path: Path, change: Callable[[bytes | None], bytes]) -> by
     Every updater takes the same `flock` on `.<name>.lock`, so none loses another's change;
     the write itself is a temporary sibling and a rename, so readers never see half.
     """
-    final_path.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = final_path.parent / f".{final_path.name}.lock"
-    with open(lock_path, "a+b") as lock:
+    with exclusive_lock(final_path):
+        old = final_path.read_bytes() if final_path.is_file() else None
+        new = change(old)
+        write_bytes(final_path, new)
+        return new
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold the exclusive `flock` every updater of `path` takes (`.<name>.lock` beside it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            old = final_path.read_bytes() if final_path.is_file() else None
-            new = change(old)
-            write_bytes(final_path, new)
-            return new
+            yield
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

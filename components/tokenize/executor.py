@@ -156,7 +156,9 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
     The version is known from the sources' fingerprints before any work, so unchanged data is
     never tokenized twice, and every run on the same data names the same Examples URI: what
     lets KFP's cache key for train follow the data (docs/lineage.md). A folder is complete
-    once its manifest.json exists: atomic_dir writes the manifest last.
+    once its manifest.json exists: atomic_dir writes the manifest last. Runs on the same data
+    at the same time tokenize it once: one holds the version's lease
+    (`<datasets_root>/.<version>.lease`), the others wait for its manifest.
     """
     version, sources = dataset_version_of(
         corpus, **{k: v for k, v in options.items() if k not in ("workers", "progress")}
@@ -173,19 +175,16 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
             )
         return Dataset(uri, {**manifest, "sources": [source_entry(f) for f in sources]}, True)
 
-    if storage.has_content(manifest_uri):
-        return stored()
-    # A run killed while copying this version into place on gs:// left its staging upload;
-    # finish it (or clean up an abandoned one) so the folder is not "taken" for good.
-    storage.finish_publishes(datasets_root, ready=EXAMPLES_MANIFEST)
-    if storage.has_content(manifest_uri):
-        return stored()
-    try:
-        manifest = run(corpus, uri, expected_version=version, **options)
-    except (OSError, UserError):
-        if storage.has_content(manifest_uri):  # a concurrent run on the same data finished first
+    lease = storage.join(datasets_root, f".{version}.lease")
+    with storage.hold_or_wait(lease, done=lambda: storage.has_content(manifest_uri)) as holder:
+        if not holder:  # a concurrent run on the same data tokenized it while we waited
             return stored()
-        raise
+        # A run killed while copying this version into place on gs:// left its staging
+        # upload; finish it (or clean up an abandoned one) so the folder is not "taken".
+        storage.finish_publishes(datasets_root, ready=EXAMPLES_MANIFEST)
+        if storage.has_content(manifest_uri):
+            return stored()
+        manifest = run(corpus, uri, expected_version=version, **options)
     return Dataset(uri, manifest, False)
 
 

@@ -10,7 +10,9 @@ recreates only the failed pod, a retryable exit restarts ALL workers: the collec
 MultiWorkerMirroredStrategy cannot take back one worker, and the survivors would hang or fail.
 The whole group is restarted at most `backoff_limit` times; `active_deadline_seconds` bounds the
 whole job. Worker 0's output goes to our stdout with a prefix; every worker's output is kept in
-`<log_dir>/attempt-<n>/worker-<i>.log`.
+`<log_dir>/attempt-<n>/worker-<i>.log`. A worker that exits 2 stopped on a mistake in its input
+(a bad config, damaged Examples) and said so in one `error: ...` line: the job's error starts
+with that line, so the train step's first line names the input and the fix.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ from components.train.launcher import (
 )
 
 POLL_SECONDS = 0.05  # how often the workers' exit status is checked
+# The trainer's exit code for a mistake in its input (docs/training.md), which it explains in
+# one line on stderr starting with USER_ERROR_PREFIX: that line leads the job's error.
+USER_ERROR_EXIT = 2
+USER_ERROR_PREFIX = "error: "
 
 
 def tf_config(ports: Sequence[int], index: int) -> str:
@@ -78,6 +84,14 @@ def tail_lines(path: Path, count: int) -> list[str]:
         f.seek(max(0, path.stat().st_size - 65536))
         text = f.read().decode("utf-8", errors="replace")
     return text.splitlines()[-count:]
+
+
+def user_error_line(tail: Sequence[str]) -> str:
+    """The last one-line user error (`error: ...`) in a worker's log tail, without the prefix."""
+    for line in reversed(tail):
+        if line.startswith(USER_ERROR_PREFIX):
+            return line.removeprefix(USER_ERROR_PREFIX).strip()
+    return ""
 
 
 def group_alive(pgid: int) -> bool:
@@ -292,6 +306,9 @@ class LocalLauncher:
                 f"job {spec.name} failed: worker-{ended.index} exited with retryable code "
                 f"{ended.code} after {restarts} restarts (backoff_limit={spec.backoff_limit})"
             )
+        elif ended.code == USER_ERROR_EXIT and (told := user_error_line(tail)):
+            reason = "WorkerFailed"
+            head = f"job {spec.name} failed: worker-{ended.index} exited with code 2: {told}"
         else:
             reason = "WorkerFailed"
             head = (

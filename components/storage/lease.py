@@ -1,0 +1,110 @@
+"""A lease: one writer at a time does a piece of work that every concurrent caller wants done.
+
+Two runs started on the same data both need its dataset version tokenized; without a lease both
+would tokenize it and one would throw its work away. `hold_or_wait` makes the first caller the
+holder (a create-only lease file) while the others wait for `done()`. The holder rewrites the
+lease every `heartbeat_s`, so a holder that died (SIGKILL, a lost node) is noticed once its
+heartbeat is `stale_after_s` old, and a waiter takes over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from components.storage import gcs, local
+from components.storage.files import create_exclusive, delete_file, update_bytes
+from components.storage.uris import is_gcs
+
+HEARTBEAT_S = 10.0  # how often a holder says it is alive
+STALE_AFTER_S = 60.0  # a lease whose heartbeat is this old belongs to a dead holder
+POLL_S = 0.5  # how often a waiter looks again
+
+
+@contextlib.contextmanager
+def hold_or_wait(
+    uri: str,
+    done: Callable[[], bool],
+    *,
+    heartbeat_s: float | None = None,
+    stale_after_s: float | None = None,
+    poll_s: float | None = None,
+) -> Iterator[bool]:
+    """Yield True holding the lease at `uri` (do the work), or False once `done()` is true.
+
+    The lease is released when the block ends, whether the work succeeded or not; a waiter
+    whose holder failed then takes the lease and tries the work itself. The timings default
+    to this module's HEARTBEAT_S, STALE_AFTER_S and POLL_S.
+    """
+    heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
+    stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
+    poll_s = POLL_S if poll_s is None else poll_s
+    token = secrets.token_hex(8)
+    while True:
+        if done():
+            yield False
+            return
+        if create_exclusive(uri, _record(token)):
+            break
+        _take_over_if_stale(uri, stale_after_s)
+        time.sleep(poll_s)
+    stop = threading.Event()
+    beat = threading.Thread(target=_heartbeat, args=(uri, token, heartbeat_s, stop), daemon=True)
+    beat.start()
+    try:
+        yield True
+    finally:
+        stop.set()
+        beat.join()
+        with contextlib.suppress(Exception):
+            delete_file(uri)
+
+
+def _record(token: str) -> bytes:
+    return json.dumps({"holder": token, "heartbeat": time.time()}).encode()
+
+
+class _Lost(Exception):
+    """The lease was taken over: its holder missed heartbeats for `stale_after_s`."""
+
+
+def _heartbeat(uri: str, token: str, every_s: float, stop: threading.Event) -> None:
+    def beat(old: bytes | None) -> bytes:
+        if old is None or json.loads(old).get("holder") != token:
+            raise _Lost(uri)
+        return _record(token)
+
+    while not stop.wait(every_s):
+        try:
+            update_bytes(uri, beat)  # under the same lock or precondition as a takeover
+        except _Lost:
+            return
+        except Exception:  # noqa: S112 (a missed beat only risks a takeover later)
+            continue
+
+
+def _take_over_if_stale(uri: str, stale_after_s: float) -> None:
+    """Delete the lease if its holder stopped beating, unless it changed since we read it."""
+    if is_gcs(uri):
+        data, generation = gcs.read_generation(uri)
+        if data is not None and _stale(data, stale_after_s):
+            gcs.delete_if_generation(uri, generation)
+        return
+    with local.exclusive_lock(Path(uri)):  # the heartbeat's rename cannot slip in between
+        path = Path(uri)
+        with contextlib.suppress(FileNotFoundError):
+            if _stale(path.read_bytes(), stale_after_s):
+                path.unlink()
+
+
+def _stale(data: bytes, stale_after_s: float) -> bool:
+    try:
+        beat = float(json.loads(data)["heartbeat"])
+    except (ValueError, KeyError, TypeError):
+        return True  # not a lease we can read: nobody can be keeping it alive
+    return time.time() - beat > stale_after_s

@@ -1,0 +1,120 @@
+"""Fault rows for runs that share a dataset: racing tokenizes, and a lease holder that dies.
+
+Real processes released at one moment (`processes.run_together`); on gs:// through
+`gcs_strict`, the emulator behind a proxy that enforces GCS's preconditions.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from processes import REPO, run_together
+
+from components import storage
+from components.storage import lease
+
+pytest_plugins = ["gcs_emulator"]
+
+CORPUS = REPO / "data" / "tinyshakespeare.txt"
+
+TOKENIZE = """
+import json
+from components.tokenize import executor
+WAIT()
+dataset = executor.run_content_addressed(
+    {corpus!r}, {root!r}, vocab_size=512, seq_len=32, progress=False
+)
+print(json.dumps({{"uri": dataset.uri, "reused": dataset.reused}}))
+"""
+
+
+def child_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore::FutureWarning"}
+
+
+@pytest.mark.fault("three runs tokenize the same data at the same moment")
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_racing_runs_tokenize_a_dataset_once(where, tmp_path, request, ledger):
+    if where == "local":
+        corpus, root = str(tmp_path / "corpus.txt"), str(tmp_path / "datasets")
+    else:
+        gcs = request.getfixturevalue("gcs_strict")
+        corpus, root = gcs.uri("corpus.txt"), gcs.uri("datasets")
+    storage.write_bytes(corpus, CORPUS.read_bytes()[:200_000])
+
+    results = run_together([TOKENIZE.format(corpus=corpus, root=root)] * 3, child_env())
+
+    assert [r.returncode for r in results] == [0, 0, 0], [r.stderr[-2000:] for r in results]
+    outcomes = [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]
+    assert len({o["uri"] for o in outcomes}) == 1
+    assert sorted(o["reused"] for o in outcomes) == [False, True, True]  # one did the work
+    ledger("datasets", 1, len([n for n in storage.names_taken(root) if not n.startswith(".")]))
+    manifest = json.loads(storage.read_bytes(storage.join(outcomes[0]["uri"], "manifest.json")))
+    shards = manifest["splits"]["train"]["shards"] + manifest["splits"]["eval"]["shards"]
+    tree = storage.list_tree(outcomes[0]["uri"])
+    assert all(s in tree for s in shards)
+    leftover = [n for n in storage.list_tree(root) if n.endswith(".lease") or ".staging-" in n]
+    assert not leftover  # (a local lease leaves its zero-byte `.lock`: deleting one is racy)
+
+
+HOLD_THEN_HANG = """
+from components.storage import lease
+with lease.hold_or_wait({uri!r}, done=lambda: False, heartbeat_s=0.2):
+    print("holding", flush=True)
+    import time
+    time.sleep(600)
+"""
+
+
+@pytest.mark.fault("the process holding a dataset's lease is SIGKILLed")
+def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
+    uri = str(tmp_path / "datasets" / ".v1.lease")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_THEN_HANG.format(uri=uri)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        assert wait_briefly(uri) is False  # while the holder beats, a waiter keeps waiting ...
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        # ... and once its heartbeat stops, the waiter takes the lease and does the work.
+        started = time.monotonic()
+        with lease.hold_or_wait(uri, done=lambda: False, stale_after_s=1.5, poll_s=0.05) as held:
+            assert held is True
+            assert json.loads(Path(uri).read_bytes())["holder"]
+        assert time.monotonic() - started < 60  # not a timing test: it just must not hang
+        assert not Path(uri).exists()  # released
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+def wait_briefly(uri: str) -> bool:
+    """Wait on a lease for 2 s (10 of its holder's heartbeats); True if it was taken over."""
+    deadline = time.monotonic() + 2.0
+    with lease.hold_or_wait(
+        uri, done=lambda: time.monotonic() > deadline, stale_after_s=1.5, poll_s=0.05
+    ) as held:
+        return held
+
+
+def test_a_holder_that_fails_releases_the_lease_for_the_next_caller(tmp_path):
+    uri = str(tmp_path / ".v.lease")
+    with (
+        pytest.raises(RuntimeError, match="tokenize failed"),
+        lease.hold_or_wait(uri, done=lambda: False) as held,
+    ):
+        assert held is True
+        raise RuntimeError("tokenize failed")
+    with lease.hold_or_wait(uri, done=lambda: False, poll_s=0.01) as held:
+        assert held is True  # no waiting on a lease nobody holds
