@@ -52,6 +52,11 @@ def step_work_dir(run_id: str, step: str) -> str:
 SERVING_DIR = "Format-Serving"  # the SavedModel inside the Model artifact (TFX Model layout)
 MODEL_CONFIG = "config.json"  # the resolved Config (trainer.config.config_to_dict)
 TRAIN_METRICS = "train_metrics.json"  # steps, final loss, divergence, throughput
+# Inside the SavedModel (so a served version carries it for the next run's report): the curve
+# of training, {"points": [{"step", "tokens", "loss", "learning_rate", "tokens_per_s", ...}],
+# "eval_points": [{"step", "tokens", "val_loss"}], "wall_s", "device", ...}. TF Serving
+# ignores assets.extra/.
+TRAIN_HISTORY = "assets.extra/train_history.json"
 
 # ---- Serving folder (push writes, evaluate reads the baseline, rollback rewrites) ------------
 SAVED_MODEL_FILE = (
