@@ -72,8 +72,8 @@ help:
 	@echo "make upload  PIPELINE_ROOT=gs://... [VERSION=git-<sha>]  compile, then upload a version"
 	@echo "make submit  PARAMS='corpus=gs://... serving_dir=gs://...' [VERSION=...] [CONFIG=tiny]"
 	@echo "             run a version on KFP and wait: exit 0 when it succeeds"
-	@echo "make schedule PARAMS='corpus=... serving_dir=...' [CRON='$(CRON)']"
-	@echo "             create or replace the recurring run $(SCHEDULE_NAME) (newest version)"
+	@echo "make schedule PARAMS='corpus=... serving_dir=...' [CRON='0 0 2 * * 0']"
+	@echo "             create or replace the recurring run SCHEDULE_NAME (gptpipe-weekly)"
 	@echo "  KFP connection for upload/submit/schedule: KFP_HOST=URL TOKEN_FILE=FILE KFP_NAMESPACE=NS"
 
 $(BIN)/python:
@@ -134,9 +134,9 @@ schedule: $(STAMP)
 
 # Needs a docker buildx builder and a registry login; writes the lock `gptpipe compile` reads.
 images:
-	@test -n "$(REGISTRY)" || { echo "usage: make images REGISTRY=ghcr.io/you"; exit 2; }
-	@git diff --quiet HEAD 2>/dev/null || echo "warning: uncommitted changes are built into $(REVISION)"
-	$(PYTHON) images/build.py build --registry $(REGISTRY) --revision $(REVISION)
+	@test -n $(call q,$(REGISTRY)) || { echo "usage: make images REGISTRY=ghcr.io/you"; exit 2; }
+	@git diff --quiet HEAD 2>/dev/null || echo "warning: uncommitted changes are built into" $(call q,$(REVISION))
+	$(PYTHON) images/build.py build --registry $(call q,$(REGISTRY)) --revision $(call q,$(REVISION))
 
 pin-base-images:
 	$(PYTHON) images/build.py pin-base

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from components import serving, storage
 from components.storage import gcs as storage_gcs
+from components.storage import local
 from contracts.errors import UserError
 
 
@@ -95,3 +98,18 @@ def test_files_under_hidden_folders_are_not_corpus(tmp_path):
     assert listed == [Path("books/a.txt")]
     globbed = storage.list_files(str(corpus / "**" / "*"))
     assert [Path(f.uri).name for f in globbed] == ["a.txt"]
+
+
+def test_a_dead_writers_temporary_is_removed_once_stale_and_a_live_ones_kept(tmp_path):
+    final = tmp_path / "datasets" / "v1"
+    final.parent.mkdir()
+    dead, live = final.parent / ".v1.tmp-dead0000", final.parent / ".v1.tmp-live0000"
+    for folder in (dead, live):
+        folder.mkdir()
+        (folder / "shard-0").write_bytes(b"half")
+    old = time.time() - local.STALE_TEMP_S - 60
+    os.utime(dead, (old, old))
+    with storage.atomic_dir(final) as tmp:
+        (tmp / "manifest.json").write_text("{}")
+    assert not dead.exists() and live.is_dir()
+    assert (final / "manifest.json").is_file()

@@ -247,3 +247,20 @@ def test_the_ledger_survives_in_annotations():
     by_hand.observe(pods("x0", "x1"))
     assert by_hand.restarts == 3
     assert RestartLedger.from_annotations(2, {"gptpipe.dev/worker-pods": "garbage"}).restarts == 0
+
+
+def test_a_worker_that_names_its_bad_input_is_one_user_error_line():
+    """Exit 2 after one `error: ...` line (the trainer's user error): that line is the error."""
+    steps = [
+        *scenarios.hang(),
+        lambda c: c.log(1, "error: corrupt TFRecord shard gs://b/d/train-00001.tfrecord.gz"),
+        lambda c: c.exit(1, 2),
+        lambda c: c.condition("Restarting"),
+    ]
+    with FakeKube(steps) as kube, pytest.raises(UserError) as err:
+        run_tfjob(kube)
+    assert isinstance(err.value, LaunchError) and err.value.exit_code == 2
+    assert str(err.value) == (
+        "TFJob ml/train-run-1 failed: worker-1 exited with code 2: corrupt TFRecord shard "
+        "gs://b/d/train-00001.tfrecord.gz"
+    )

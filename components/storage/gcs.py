@@ -70,9 +70,10 @@ def client() -> google_storage.Client:
         if "client" not in _CLIENT:
             try:
                 _CLIENT["client"] = google_storage.Client()
-            except DefaultCredentialsError:
+            except DefaultCredentialsError as e:
+                reason = str(e).split(". ")[0].rstrip(".")
                 raise UserError(
-                    "no Google Cloud credentials to reach gs://: run `gcloud auth "
+                    f"no Google Cloud credentials to reach gs:// ({reason}): run `gcloud auth "
                     "application-default login`, or set GOOGLE_APPLICATION_CREDENTIALS to a key "
                     "file (in a cluster: Workload Identity for the pipeline's service account)"
                 ) from None

@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import hashlib
 import io
 import os
 import secrets
 import shutil
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -32,7 +34,10 @@ def list_files(pattern: str) -> list[FileInfo]:
     elif path.is_file():
         found = [path]
     else:
-        raise UserError(f"corpus not found: {pattern!r} is not a file, folder or matching glob")
+        raise UserError(
+            f"corpus not found: {pattern!r} is not a file, folder or matching glob (relative "
+            f"paths start at {Path.cwd()}); check the path, or give a gs:// URI"
+        )
     base = path.parent if path.is_file() else (path if path.is_dir() else Path(_glob_root(pattern)))
     found = [p for p in found if not _hidden_path(p, base)]
     files = sorted({p.resolve() for p in found})
@@ -156,8 +161,24 @@ def disk_errors(target: Path) -> Iterator[None]:
         ) from None
 
 
+STALE_TEMP_S = 6 * 3600.0  # a temporary sibling untouched this long belongs to a dead writer
+
+
 def _temp_sibling(final: Path) -> Path:
     return final.parent / f".{final.name}.tmp-{secrets.token_hex(4)}"
+
+
+def _clear_stale_temps(final: Path) -> None:
+    """Remove the temporary siblings of `final` that killed writers left (SIGKILL, OOM).
+
+    Listings skip hidden names, so they were never read; this only gives the space back.
+    A folder's mtime moves whenever a file is added to it, so a live writer's stays fresh.
+    """
+    now = time.time()
+    for old in final.parent.glob(f".{glob.escape(final.name)}.tmp-*"):
+        with contextlib.suppress(OSError):
+            if now - old.lstat().st_mtime > STALE_TEMP_S:
+                shutil.rmtree(old) if old.is_dir() else old.unlink()
 
 
 def write_bytes(final_path: Path, data: bytes) -> None:
@@ -179,6 +200,7 @@ def atomic_dir(final_path: Path) -> Iterator[Path]:
     If `final_path` already exists as an empty folder (KFP may create it) it is replaced.
     """
     final_path.parent.mkdir(parents=True, exist_ok=True)
+    _clear_stale_temps(final_path)
     tmp_path = _temp_sibling(final_path)
     tmp_path.mkdir()
     try:

@@ -40,14 +40,11 @@ from components.train.launcher import (
     LaunchTimeout,
     cancel_on_sigterm,
     format_failure,
+    input_error,
     is_retryable_exit_code,
 )
 
 POLL_SECONDS = 0.05  # how often the workers' exit status is checked
-# The trainer's exit code for a mistake in its input (docs/training.md), which it explains in
-# one line on stderr starting with USER_ERROR_PREFIX: that line leads the job's error.
-USER_ERROR_EXIT = 2
-USER_ERROR_PREFIX = "error: "
 
 
 def tf_config(ports: Sequence[int], index: int) -> str:
@@ -84,14 +81,6 @@ def tail_lines(path: Path, count: int) -> list[str]:
         f.seek(max(0, path.stat().st_size - 65536))
         text = f.read().decode("utf-8", errors="replace")
     return text.splitlines()[-count:]
-
-
-def user_error_line(tail: Sequence[str]) -> str:
-    """The last one-line user error (`error: ...`) in a worker's log tail, without the prefix."""
-    for line in reversed(tail):
-        if line.startswith(USER_ERROR_PREFIX):
-            return line.removeprefix(USER_ERROR_PREFIX).strip()
-    return ""
 
 
 def group_alive(pgid: int) -> bool:
@@ -306,9 +295,8 @@ class LocalLauncher:
                 f"job {spec.name} failed: worker-{ended.index} exited with retryable code "
                 f"{ended.code} after {restarts} restarts (backoff_limit={spec.backoff_limit})"
             )
-        elif ended.code == USER_ERROR_EXIT and (told := user_error_line(tail)):
-            reason = "WorkerFailed"
-            head = f"job {spec.name} failed: worker-{ended.index} exited with code 2: {told}"
+        elif told := input_error(spec, f"job {spec.name}", replica, ended.code, tail):
+            return told
         else:
             reason = "WorkerFailed"
             head = (

@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from components.train.launcher import JobSpec, LaunchError, LaunchTimeout, format_failure
+from components.train.launcher import (
+    JobSpec,
+    LaunchError,
+    LaunchTimeout,
+    format_failure,
+    input_error,
+)
 from components.train.tfjob_manifest import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 from components.train.tfjob_restarts import RestartLedger
 
@@ -89,6 +95,8 @@ def failure_error(
     exit_code: int | None = None
     if failed_pod is not None and (ended := terminated_exit(failed_pod)):
         name, exit_code = replica(failed_pod), ended[0]
+    if told := input_error(spec, f"TFJob {spec.namespace}/{spec.name}", name, exit_code, tail):
+        return told
     reason = condition.get("reason", "Failed")
     message = condition.get("message", "")
     head = f"TFJob {spec.namespace}/{spec.name} failed: {reason}: {message}"
@@ -111,6 +119,9 @@ def permanent_error(
     spec: JobSpec, pod: Mapping[str, Any], code: int, why: str, tail: Sequence[str]
 ) -> LaunchError:
     """The error for a worker that exited with a permanent code while the job was Restarting."""
+    job = f"TFJob {spec.namespace}/{spec.name}"
+    if told := input_error(spec, job, replica(pod), code, tail):
+        return told
     return LaunchError(
         format_failure(
             f"TFJob {spec.namespace}/{spec.name}: a worker exited with permanent code {code} "

@@ -706,17 +706,6 @@ def _unquoted_in(
     return found
 
 
-UNQUOTED_IMAGES = (
-    "Makefile:137-139 (target `images`) hands $(REGISTRY) and $(REVISION) to the shell "
-    'unquoted (`test -n "$(REGISTRY)"`, `--registry $(REGISTRY) --revision $(REVISION)`): '
-    "wrap them in $(call q,...)"
-)
-UNQUOTED_HELP = (
-    "Makefile:75-76 (target `help`) echoes $(CRON) and $(SCHEDULE_NAME) inside double quotes, "
-    "so a quote in either breaks out into the shell: use $(call q,...) or print them with $(info)"
-)
-
-
 @pytest.mark.parametrize(
     "target",
     [
@@ -731,8 +720,8 @@ UNQUOTED_HELP = (
         "bench",
         "pin-base-images",
         "clean",
-        pytest.param("images", marks=pytest.mark.xfail(strict=True, reason=UNQUOTED_IMAGES)),
-        pytest.param("help", marks=pytest.mark.xfail(strict=True, reason=UNQUOTED_HELP)),
+        "images",
+        "help",
     ],
 )
 def test_every_variable_a_user_sets_reaches_the_shell_quoted(target):
