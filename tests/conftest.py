@@ -14,6 +14,11 @@ def pytest_addoption(parser):
         action="store_true",
         help="rewrite tests/golden/ from the current compiler output instead of comparing",
     )
+    parser.addoption(
+        "--write-matrix",
+        metavar="PATH",
+        help="write the fault and bad-input matrix of the collected tests as Markdown to PATH",
+    )
 
 
 # ---- the fault and bad-input matrix (docs/reliability.md) ------------------------------------
@@ -61,3 +66,12 @@ def pytest_terminal_summary(terminalreporter):
         f"cleanly, {lost} of {expected} records lost"
         + (f"; {failed} matrix rows FAILED" if failed else "")
     )
+
+
+def pytest_collection_modifyitems(config, items):
+    path = config.getoption("--write-matrix")
+    if path:
+        from matrix_table import render
+
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(render(items))
