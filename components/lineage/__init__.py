@@ -18,6 +18,8 @@ without touching a step. Steps and tools use this package's names
 - `query`: reading back as `ArtifactView` and `ExecutionView`: `find_artifact`, `producer_of`,
   `inputs_of`, `outputs_of`, `parameters_of`, `run_summary`, `failure_of`,
   `models_for_dataset`, `latest_pushed_model`, `latest_run_id`.
+- `runs`: past runs as one `RunRow` each (times, dataset version, nats/char, blessing, push),
+  newest first: `list_runs`, for `gptpipe runs`.
 
 Walking a pushed model back to its data (`gptpipe lineage`) is `pipelines.lineage_cmd.trace`,
 built on `query`.
@@ -44,6 +46,7 @@ from components.lineage.record import (
     record_execution,
     step,
 )
+from components.lineage.runs import RunRow, list_runs
 from components.lineage.schema import (
     ARTIFACT_TYPES,
     DATASET_CONTEXT,
@@ -78,6 +81,8 @@ __all__ = [
     "parameters_of",
     "producer_of",
     "record_execution",
+    "RunRow",
+    "list_runs",
     "run_summary",
     "step",
     "store_address",

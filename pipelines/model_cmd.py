@@ -1,0 +1,275 @@
+"""`gptpipe generate` and `gptpipe score`: try a model through its SavedModel signatures.
+
+`--model` names a TF Serving destination (`runs/serving/gpt`, `gs://bucket/serving/gpt`), whose
+newest complete version is used unless `--version N` picks one, or a SavedModel folder itself.
+A gs:// model is first downloaded to a temporary folder through the storage layer, as evaluate
+does with its baseline: TensorFlow's own GCS file system needs Google credentials and ignores
+STORAGE_EMULATOR_HOST. Both commands call only the signatures of the contract in
+docs/design.md, so they work on every model a run pushed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from contracts.artifacts import SAVED_MODEL_FILE
+from contracts.errors import UserError
+from pipelines.config import DEFAULT_ROOT, RunConfig
+
+if TYPE_CHECKING:
+    from components.evaluate.executor import Scores
+
+# The components (storage, serving, evaluate with TensorFlow) are imported where they are used,
+# as cli.py does, so adding these commands' parsers costs `gptpipe` nothing at start-up.
+
+DEFAULT_MODEL = str(DEFAULT_ROOT / "serving" / RunConfig().model_name)  # where `run --local` pushes
+DEFAULT_MAX_NEW_TOKENS = 64
+DEFAULT_TEMPERATURE = 0.8
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add `generate` and `score` to the `gptpipe` command's subparsers."""
+    gen = subparsers.add_parser("generate", help="continue a prompt with a served model")
+    _model_options(gen)
+    gen.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=DEFAULT_MAX_NEW_TOKENS,
+        help=f"tokens to generate (default {DEFAULT_MAX_NEW_TOKENS})",
+    )
+    gen.add_argument(
+        "--temperature",
+        type=float,
+        default=DEFAULT_TEMPERATURE,
+        help=f"sampling temperature, above 0 (default {DEFAULT_TEMPERATURE})",
+    )
+    gen.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampling seed, for a model whose generate signature takes one; others sample "
+        "with the seed they were exported with",
+    )
+    gen.add_argument("prompt", help="the text to continue")
+    gen.set_defaults(func=cmd_generate)
+
+    sco = subparsers.add_parser("score", help="a served model's nats per character on a file")
+    _model_options(sco)
+    sco.add_argument("file", type=Path, metavar="FILE", help="UTF-8 text to score")
+    sco.add_argument("--json", action="store_true", help="print the scores as JSON")
+    sco.set_defaults(func=cmd_score)
+
+
+def _model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"serving folder or SavedModel folder, local or gs:// (default {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--version", type=int, default=None, help="version to use (default: the newest complete)"
+    )
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Print the model's continuation of the prompt."""
+    check_sampling(args.max_new_tokens, args.temperature)
+    uri = resolve_model(args.model, args.version)
+    with open_model(uri) as model:
+        print(generate(model, args.prompt, args.max_new_tokens, args.temperature, args.seed))
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    """Print the model's nats per character on a text file."""
+    text = read_text(args.file)
+    uri = resolve_model(args.model, args.version)
+    with open_model(uri) as model:
+        scores = score(model, text, args.file)
+    if args.json:
+        found = {"model": uri, "file": str(args.file), **dataclasses.asdict(scores)}
+        print(json.dumps({k: _json_number(v) for k, v in found.items()}, indent=2))
+    else:
+        print(
+            f"{scores.nats_per_char:.4f} nats/char on {args.file} ({scores.chars} chars; "
+            f"{scores.nats_per_token:.4f} nats/token over {scores.tokens} tokens) by {uri}"
+        )
+    return 0
+
+
+# ---- which model ----------------------------------------------------------------------------
+
+
+def resolve_model(model: str, version: int | None) -> str:
+    """The SavedModel folder that --model and --version name (a local path or gs:// URI).
+
+    A folder holding `saved_model.pb` is a SavedModel; otherwise it is a TF Serving destination
+    and the newest complete version (or `version`) is taken. What is not there is a UserError.
+    """
+    from components import serving, storage
+
+    model = serving.normalize(model)
+    if version is None and _is_saved_model(model):
+        return model
+    if not _exists(model):
+        raise UserError(
+            f"no model at {model}: pass --model, a serving folder (such as runs/serving/gpt, "
+            "after `gptpipe run --local`) or a SavedModel folder"
+        )
+    versions = serving.serving_versions(model)
+    if version is not None:
+        if version not in versions:
+            raise UserError(
+                f"version {version} of {model} is not a complete model version; its complete "
+                f"versions are {versions or 'none'}"
+            )
+        return storage.join(model, str(version))
+    if not versions:
+        raise UserError(
+            f"{model} is not a SavedModel folder (no {SAVED_MODEL_FILE}) and has no complete "
+            f"model versions (folders <N>/ holding {SAVED_MODEL_FILE}): push a model there, or "
+            "pass a SavedModel folder"
+        )
+    return storage.join(model, str(versions[-1]))
+
+
+def _is_saved_model(uri: str) -> bool:
+    from components import storage
+
+    return storage.has_content(storage.join(uri, SAVED_MODEL_FILE))
+
+
+def _exists(uri: str) -> bool:
+    """A local path that exists (an empty folder too), or a gs:// prefix with objects under it."""
+    from components import storage
+
+    return storage.has_content(uri) if storage.is_gcs(uri) else Path(uri).exists()
+
+
+@contextlib.contextmanager
+def open_model(uri: str) -> Iterator[Any]:
+    """The loaded SavedModel at `uri`; a gs:// one is read from a temporary local copy.
+
+    One that cannot be loaded, or lacks the `generate` and `score` signatures, is a UserError.
+    """
+    import tensorflow as tf
+    import tensorflow_text  # noqa: F401 -- registers the in-graph SentencePiece ops
+
+    from components import storage
+
+    with storage.local_copy(uri) as local:
+        try:
+            model = tf.saved_model.load(str(local))
+        except (OSError, ValueError, IndexError, tf.errors.OpError) as err:
+            raise UserError(
+                f"{uri} is not a SavedModel that loads ({_first_line(err)}): pass a model "
+                "version a run pushed"
+            ) from None
+        missing = [name for name in ("generate", "score") if name not in model.signatures]
+        if missing:
+            raise UserError(
+                f"the SavedModel at {uri} has no {' or '.join(missing)} signature: it is not a "
+                "gptpipe model (docs/design.md, SavedModel signatures)"
+            )
+        yield model
+
+
+# ---- generate -------------------------------------------------------------------------------
+
+
+def check_sampling(max_new_tokens: int, temperature: float) -> None:
+    """Refuse what the generate signature would misread (a NaN temperature samples garbage)."""
+    if max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens {max_new_tokens}: pass 1 or more")
+    if not (math.isfinite(temperature) and temperature > 0):
+        raise UserError(
+            f"--temperature {temperature}: pass a number above 0 (lower is more conservative; "
+            f"{DEFAULT_TEMPERATURE} by default)"
+        )
+
+
+def generate(
+    model: Any, prompt: str, max_new_tokens: int, temperature: float, seed: int | None
+) -> str:
+    """The model's continuation of `prompt` (the continuation only), as text.
+
+    The exported `generate` samples with seeds fixed when the model was exported (the
+    trainer's `train.seed`), so a freshly loaded model continues a prompt the same way every
+    time. A signature with a `seed` input gets `seed`; with none, a given seed cannot take
+    effect, which a warning says.
+    """
+    import tensorflow as tf
+
+    signature = model.signatures["generate"]
+    inputs = {
+        "prompt": tf.constant([prompt]),
+        "max_new_tokens": tf.constant(max_new_tokens, tf.int32),
+        "temperature": tf.constant(temperature, tf.float32),
+    }
+    _, spec = signature.structured_input_signature
+    if "seed" in spec:
+        inputs["seed"] = tf.constant(0 if seed is None else seed, spec["seed"].dtype)
+    elif seed is not None:
+        print(
+            "gptpipe: warning: this model's generate signature takes no seed, so --seed has no "
+            "effect: it samples with the seed it was exported with",
+            file=sys.stderr,
+        )
+    completion = signature(**inputs)["completion"].numpy()[0]
+    # Sampled byte-fallback pieces need not form whole UTF-8 characters.
+    return bytes(completion).decode("utf-8", errors="replace")
+
+
+# ---- score ----------------------------------------------------------------------------------
+
+
+def read_text(path: Path) -> str:
+    """A text file's content as strict UTF-8; unreadable, non-UTF-8 or empty is a UserError."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}; pass a text file") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise UserError(
+            f"{path} is not UTF-8: byte 0x{data[err.start]:02x} at offset {err.start} "
+            f"(line {line}); convert it to UTF-8 (for example `iconv -f latin1 -t utf-8`)"
+        ) from None
+    if not text.strip():
+        raise UserError(f"{path} has no text to score: pass a file with some text in it")
+    return text
+
+
+def score(model: Any, text: str, source: Path | str) -> Scores:
+    """Score `text` as evaluate scores the eval split: line-aligned chunks through `score`."""
+    from components.evaluate import executor as evaluate
+
+    try:
+        return evaluate.score_text(model, text)
+    except UserError:  # raised only when no token was predicted: a one-token text
+        raise UserError(
+            f"{source} is too short to score: the model predicts no token of it; pass more text"
+        ) from None
+
+
+def _json_number(value: Any) -> Any:
+    """A value for JSON, which has no NaN or infinity: a non-finite float as its string."""
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def _first_line(err: BaseException) -> str:
+    """An error's message on one line, without TensorFlow's `{{function_node ...}}` prefix."""
+    text = str(getattr(err, "message", "") or err).strip()
+    if text.startswith("{{function_node"):
+        text = text.split("}}", 1)[-1].strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,191 @@
+"""`gptpipe runs --local`: past local runs from ML Metadata, newest first.
+
+The e2e tests list the session's two real runs (`local_runs`); the others read stores written
+here through `lineage.record_execution`, as the steps write them, with runs that failed, ran
+no evaluation or were a rollback.
+"""
+
+import argparse
+import json
+
+import pytest
+
+from components import lineage
+from contracts.errors import UserError
+from pipelines import runs_cmd
+
+pytest_plugins = ["local_runs"]
+
+
+def run(argv: list[str]) -> int:
+    """One `gptpipe` command line, through the parser runs_cmd adds, as cli.main runs it."""
+    parser = argparse.ArgumentParser(prog="gptpipe")
+    runs_cmd.add_parser(parser.add_subparsers(required=True))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def output(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    capsys.readouterr()
+    assert run(argv) == 0
+    return capsys.readouterr().out
+
+
+# ---- the two real runs ---------------------------------------------------------------------
+
+
+@pytest.mark.e2e
+def test_json_lists_both_runs_newest_first_with_what_each_did(local_runs, capsys):
+    rows = json.loads(output(capsys, ["runs", "--local", "--root", str(local_runs.root), "--json"]))
+    newest_first = [1, 0]
+    assert [r["run_id"] for r in rows] == [local_runs.run_id(i) for i in newest_first]
+    assert [r["dataset_version"] for r in rows] == [
+        local_runs.dataset_version(i) for i in newest_first
+    ]
+    assert rows[0]["dataset_version"] != rows[1]["dataset_version"]
+    for row, index in zip(rows, newest_first, strict=True):
+        assert row["eval_nats_per_char"] == pytest.approx(local_runs.eval_nats_per_char(index))
+        assert (row["blessed"], row["pushed"]) == (True, True)
+        assert row["pushed_version"] == local_runs.pushed_version(index)
+        assert row["pushed_destination"] == str(local_runs.serving_dir)
+        assert row["state"] == "COMPLETE"
+        assert list(row["steps"]) == ["tokenize", "train", "evaluate", "push"]
+        assert 0 < row["duration_s"] < 600
+        assert row["started"].endswith("Z")
+    # The newer run started after the older one ended.
+    assert rows[0]["start_time_ms"] >= rows[1]["end_time_ms"]
+
+
+@pytest.mark.e2e
+def test_the_table_shows_each_run_on_its_row(local_runs, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # wide enough that rich folds no cell
+    lines = output(capsys, ["runs", "--local", "--root", str(local_runs.root)]).splitlines()
+    rows = [next(line for line in lines if local_runs.run_id(i) in line) for i in (1, 0)]
+    assert lines.index(rows[0]) < lines.index(rows[1])  # newest first
+    for line, index in zip(rows, (1, 0), strict=True):
+        cells = line.split()
+        assert local_runs.dataset_version(index)[:8] in cells
+        assert f"{local_runs.eval_nats_per_char(index):.4f}" in cells
+        assert cells[-2:] == ["yes", str(local_runs.pushed_version(index))]
+        assert "COMPLETE" in cells
+
+
+@pytest.mark.e2e
+def test_limit_keeps_the_newest(local_runs, capsys):
+    argv = ["runs", "--local", "--root", str(local_runs.root), "--json", "--limit", "1"]
+    rows = json.loads(output(capsys, argv))
+    assert [r["run_id"] for r in rows] == [local_runs.run_id(1)]
+
+
+# ---- runs as lineage records them ----------------------------------------------------------
+
+
+def record(store: str, run_id: str, step: str, at: float, **kwargs) -> None:
+    lineage.record_execution(
+        store,
+        step=step,
+        pipeline_name="gptpipe",
+        run_id=run_id,
+        parameters={},
+        inputs={},
+        outputs=kwargs.pop("outputs", {}),
+        start_time=at,
+        end_time=at + 5,
+        **kwargs,
+    )
+
+
+def artifact(type_name: str, uri: str, **properties) -> list[lineage.ArtifactRecord]:
+    return [lineage.ArtifactRecord(type_name, uri, properties)]
+
+
+def test_failed_diverged_and_rollback_runs_read_as_they_ended(tmp_path):
+    store = str(tmp_path / "metadata.sqlite")
+    version = "ab" * 32
+    # A run whose training failed: tokenize done, nothing evaluated or pushed.
+    record(store, "local-failed", "tokenize", 1000.0, dataset_version=version)
+    record(store, "local-failed", "train", 1010.0, state="FAILED", dataset_version=version)
+    # A run that diverged: its loss is stored as the string "nan", not blessed, not pushed.
+    record(store, "local-diverged", "tokenize", 2000.0, dataset_version=version)
+    record(
+        store,
+        "local-diverged",
+        "evaluate",
+        2010.0,
+        dataset_version=version,
+        outputs={
+            "evaluation": artifact("ModelEvaluation", "/e", eval_nats_per_char=float("nan")),
+            "blessing": artifact("ModelBlessing", "/b", blessed=0),
+        },
+    )
+    record(
+        store,
+        "local-diverged",
+        "push",
+        2020.0,
+        outputs={"pushed_model": artifact("PushedModel", "/p", pushed=0, pushed_version="0")},
+    )
+    # A rollback: one push, recorded as its own run, with no data.
+    record(
+        store,
+        "rollback-3000",
+        "push",
+        3000.0,
+        outputs={
+            "pushed_model": artifact(
+                "PushedModel", "/s/3", pushed=1, pushed_version="3", pushed_destination="/s"
+            )
+        },
+    )
+    # A run whose first step is still running.
+    record(store, "local-running", "tokenize", 4000.0, state="RUNNING")
+
+    rows = {row["run_id"]: row for row in lineage.list_runs(store)}
+    assert list(rows) == ["local-running", "rollback-3000", "local-diverged", "local-failed"]
+    failed = rows["local-failed"]
+    assert (failed["state"], failed["dataset_version"]) == ("FAILED", version)
+    assert (failed["eval_nats_per_char"], failed["blessed"], failed["pushed"]) == (None,) * 3
+    assert (failed["start_time_ms"], failed["end_time_ms"]) == (1_000_000, 1_015_000)
+    diverged = rows["local-diverged"]
+    assert (diverged["state"], diverged["eval_nats_per_char"]) == ("COMPLETE", "nan")
+    assert (diverged["blessed"], diverged["pushed"], diverged["pushed_version"]) == (
+        False,
+        False,
+        None,
+    )
+    rollback = rows["rollback-3000"]
+    assert (rollback["dataset_version"], rollback["pushed_version"]) == (None, 3)
+    assert rollback["pushed_destination"] == "/s"
+    running = rows["local-running"]
+    assert (running["state"], running["end_time_ms"]) == ("RUNNING", None)
+    assert runs_cmd.table_cells(running)[2] == "-"  # no duration yet
+    assert runs_cmd.table_cells(diverged)[5:] == ("nan", "no", "no")
+    assert runs_cmd.table_cells(failed)[5:] == ("-", "-", "-")
+    assert json.loads(json.dumps([runs_cmd.json_row(r) for r in rows.values()]))
+
+
+def test_a_store_without_runs_says_so(tmp_path, capsys):
+    lineage.open_store(str(tmp_path / "metadata.sqlite"))  # an empty store
+    assert "no runs recorded in" in output(capsys, ["runs", "--local", "--root", str(tmp_path)])
+    assert json.loads(output(capsys, ["runs", "--local", "--root", str(tmp_path), "--json"])) == []
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["runs"], "use `gptpipe runs --local`"),
+        (["runs", "--local", "--root", "gs://bucket/gptpipe"], "is on GCS"),
+        (["runs", "--local", "--limit", "0"], "--limit 0: pass 1 or more"),
+    ],
+)
+def test_what_cannot_be_listed_is_one_line(argv, expected):
+    with pytest.raises(UserError, match=expected) as err:
+        run(argv)
+    assert "\n" not in str(err.value)
+
+
+def test_a_root_without_a_store_is_named_and_no_store_is_made(tmp_path):
+    with pytest.raises(UserError, match="no metadata store at .*metadata.sqlite") as err:
+        run(["runs", "--local", "--root", str(tmp_path)])
+    assert str(tmp_path) in str(err.value)
+    assert list(tmp_path.iterdir()) == []  # reading never creates a store
