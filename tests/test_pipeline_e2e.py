@@ -2,18 +2,33 @@
 
 The first run has no baseline and is pushed as version 1. The second run diverges on purpose
 (NaN loss): it finds version 1 as its baseline, is not blessed, and pushes nothing.
+
+The first runs as `gptpipe run --local` on a terminal (a pseudo-terminal), so its screen shows
+the live run view; the second through the CLI with `--json`.
 """
 
+import contextlib
+import fcntl
+import io
 import json
+import os
 import re
+import select
 import sqlite3
+import struct
+import subprocess
+import sys
+import termios
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlmd
 
 from components import lineage
-from pipelines import cli, local_runner
+from pipelines import cli
+from pipelines.run_view import STEPS
 from trainer.config import config_to_dict, resolve_config
 
 pytestmark = pytest.mark.e2e
@@ -44,16 +59,98 @@ def corpus(tmp_path_factory):
     return path
 
 
+# `gptpipe run --local` once its options are parsed, with the blessing threshold of these
+# tests (the CLI has no option for it), so that the first model is pushed.
+ON_A_TERMINAL = (
+    "import sys\n"
+    "from pipelines import cli, local_runner\n"
+    "from trainer.config import resolve_config\n"
+    "root, corpus, *overrides = sys.argv[1:]\n"
+    "run = local_runner.LocalRun(root=root, corpus=corpus, workers=2, max_nats_per_char=5.0,\n"
+    "                            config=resolve_config('tiny', overrides))\n"
+    "sys.exit(cli.run_and_report(run, 'auto'))\n"
+)
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+ERASE_LINE = "\x1b[2K"  # rich's Live erases its last frame line by line before drawing the next
+
+
+@dataclass(frozen=True)
+class Runs:
+    root: Path
+    first: dict  # lineage's run summaries
+    second: dict
+    screen: str  # everything the first run wrote to its terminal
+    reported: dict  # what the second run printed with --json
+
+
+def on_a_terminal(argv: list[str], columns: int = 120, timeout: float = 900) -> tuple[int, str]:
+    """Run `argv` with a pseudo-terminal as its stdin, stdout and stderr; its exit status and
+    everything it wrote there."""
+    screen, terminal = os.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTHONWARNINGS": "ignore::FutureWarning",  # as `gptpipe` filters google's
+        "TERM": "xterm-256color",
+    }
+    for name in ("COLUMNS", "LINES", "NO_COLOR", "FORCE_COLOR", "TTY_COMPATIBLE"):
+        env.pop(name, None)
+    proc = subprocess.Popen(argv, stdin=terminal, stdout=terminal, stderr=terminal, env=env)
+    os.close(terminal)
+    written, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([screen], [], [], 0.5)[0]:
+            try:
+                data = os.read(screen, 1 << 16)
+            except OSError:  # EIO: the terminal's last writer closed it
+                break
+            if not data:
+                break
+            written.append(data)
+        elif proc.poll() is not None:
+            break
+    proc.kill()
+    code = proc.wait()
+    os.close(screen)
+    return code, b"".join(written).decode("utf-8", errors="replace").replace("\r", "")
+
+
+def final_frame(screen: str) -> list[str]:
+    """The lines the live view drew last (what the terminal keeps), then what followed."""
+    return ANSI.sub("", screen[screen.rindex(ERASE_LINE) :]).splitlines()
+
+
+def sets(overrides: tuple[str, ...]) -> list[str]:
+    return [arg for override in overrides for arg in ("--set", override)]
+
+
 @pytest.fixture(scope="module")
-def two_runs(tmp_path_factory, corpus):
+def runs(tmp_path_factory, corpus) -> Runs:
     root = tmp_path_factory.mktemp("runs")
-    common = {"root": root, "corpus": str(corpus), "workers": 2, "max_nats_per_char": 5.0}
-    first = local_runner.run_local(
-        local_runner.LocalRun(config=resolve_config("tiny", SMALL), **common)
+    code, screen = on_a_terminal(
+        [sys.executable, "-c", ON_A_TERMINAL, str(root), str(corpus), *SMALL]
     )
-    diverging = resolve_config("tiny", SMALL + ("train.learning_rate=1e9",))
-    second = local_runner.run_local(local_runner.LocalRun(config=diverging, **common))
-    return root, first, second
+    assert code == 0, screen[-3000:]
+    store = str(root / "metadata.sqlite")
+    first = lineage.run_summary(store, lineage.latest_run_id(store, "gptpipe"))
+    diverging = SMALL + ("train.learning_rate=1e9",)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = cli.main(
+            ["run", "--local", "--root", str(root), "--corpus", str(corpus), "--workers", "2"]
+            + sets(diverging)
+            + ["--json"]
+        )
+    assert code == 0, printed.getvalue()
+    reported = json.loads(printed.getvalue())  # stdout holds the one JSON object, nothing else
+    second = lineage.run_summary(store, reported["run_id"])
+    return Runs(root, first, second, screen, reported)
+
+
+@pytest.fixture(scope="module")
+def two_runs(runs):
+    return runs.root, runs.first, runs.second
 
 
 def outputs(summary, step, key):
@@ -93,7 +190,7 @@ def test_second_run_uses_first_as_baseline_and_divergence_is_not_blessed(two_run
     assert blessing["blessed"] == 0 and "diverged" in blessing["reason"]
     assert blessing["baseline_model"] == str(root / "serving" / "gpt" / "1")
     assert outputs(second, "push", "pushed_model")["pushed"] == 0
-    assert sorted(p.name for p in (root / "serving" / "gpt").iterdir()) == ["1"]
+    assert sorted(p.name for p in (root / "serving" / "gpt").iterdir()) == [".claims", "1"]
 
 
 def test_lineage_links_the_pushed_model_to_its_data(two_runs):
@@ -222,3 +319,68 @@ def test_second_run_reuses_the_content_addressed_examples(two_runs):
     assert second["steps"]["tokenize"]["outputs"]["examples"][0]["uri"] == uri
     assert first["steps"]["tokenize"]["properties"]["reused"] == 0
     assert second["steps"]["tokenize"]["properties"]["reused"] == 1
+
+
+# ---- what the runs showed -------------------------------------------------------------------
+
+# What kfp.local prints of each task: its executor input as JSON, its output artifacts.
+DUMP_MARKERS = (
+    "executor_input",
+    "executorInput",
+    '"parameterValues"',
+    "inputs.parameters",
+    '"outputFile"',
+    '"artifacts"',
+    "Streamed logs",
+    "uri='",
+)
+
+
+def test_a_run_on_a_terminal_shows_its_steps_not_kfp_local_output(runs):
+    lines = ANSI.sub("", runs.screen).splitlines()
+    assert [line for line in lines if any(m in line for m in DUMP_MARKERS)] == []
+    assert not [line for line in lines if "[worker-" in line or "tensorflow" in line]
+    frame = final_frame(runs.screen)
+    assert runs.first["run_id"] in frame[0] and "done" in frame[0]
+    for step in STEPS:
+        assert [line for line in frame if re.match(rf"^\S +{step} +done +\d+:\d\d ", line)], frame
+    assert "pushed as version 1" in "\n".join(frame)
+    logs = runs.root / "logs" / runs.first["run_id"]
+    assert f"kfp.local's output: {logs / 'kfp-local.log'}" in lines
+    workers = runs.root / "pipeline_root" / "work" / runs.first["run_id"] / "train" / "worker-logs"
+    assert f"trainer workers' logs: {workers}" in lines
+    assert list(workers.glob("attempt-1/worker-*.log"))
+
+
+def test_the_logs_hold_what_kfp_local_printed(runs):
+    logs = runs.root / "logs" / runs.first["run_id"]
+    kfp_local = ANSI.sub("", (logs / "kfp-local.log").read_text(encoding="utf-8"))
+    for step in STEPS:
+        assert f"Executing task '{step}'" in kfp_local
+        assert f"Task '{step}' finished with status SUCCESS" in kfp_local
+        own = (logs / f"{step}.log").read_text(encoding="utf-8")
+        assert f"Executing task '{step}'" in own and '"pipeline_name": "gptpipe"' in own
+    assert "Got executor_input" in kfp_local  # the dumps the terminal was spared
+    assert "[worker-0]" in (logs / "train.log").read_text(encoding="utf-8")
+    events = [json.loads(line) for line in (logs / "progress.jsonl").read_text().splitlines()]
+    assert {e["step"] for e in events} >= {"tokenize", "push"}
+
+
+def test_json_output_names_each_step_the_results_and_the_logs(runs):
+    reported, second = runs.reported, runs.second
+    assert reported["run_id"] == second["run_id"] and reported["state"] == "succeeded"
+    assert reported["error"] is None
+    assert {step: s["state"] for step, s in reported["steps"].items()} == dict.fromkeys(
+        STEPS, "done"
+    )
+    assert all(s["duration_s"] > 0 for s in reported["steps"].values())
+    assert reported["duration_s"] >= sum(s["duration_s"] for s in reported["steps"].values())
+    assert reported["dataset_version"] == second["dataset_version"]
+    assert reported["blessed"] is False and "diverged" in reported["blessing_reason"]
+    assert reported["pushed_version"] is None and reported["pushed_to"] is None
+    evaluation = outputs(second, "evaluate", "evaluation")
+    assert str(reported["eval_nats_per_char"]) == str(evaluation["eval_nats_per_char"])
+    for step in STEPS:
+        assert Path(reported["steps"][step]["log"]).is_file()
+    assert Path(reported["logs"]["kfp_local"]).is_file()
+    assert Path(reported["logs"]["workers"]).is_dir()

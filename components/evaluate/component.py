@@ -1,7 +1,7 @@
 """KFP component for the evaluate step: a thin shell over `executor.run`."""
 
 from kfp import dsl
-from kfp.dsl import Artifact, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import HTML, Artifact, Input, Markdown, Metrics, Model, Output
 
 
 def evaluate(
@@ -17,11 +17,15 @@ def evaluate(
     metrics: Output[Metrics],
     report: Output[Markdown],
     blessing: Output[Artifact],
+    html_report: Output[HTML],
 ):
     """Compare the candidate with the model in service on the same eval text; bless or not.
 
     The Examples arrive as their content-addressed URI, as train's do: the KFP artifact of
     tokenize holds only their manifest, and evaluate reads only the eval text.
+
+    `html_report` is one self-contained HTML file, which the KFP UI shows as it is; it also
+    tells this run's steps so far, read back from lineage. `metrics` holds its key numbers.
     """
     import os
 
@@ -41,6 +45,11 @@ def evaluate(
         storage.check_shared_root(serving_dir, "serving_dir", in_cluster=edge.in_cluster)
         rec.input("examples", "Examples", examples_uri, upstream=True)
         rec.input("model", "Model", model.uri, upstream=True)
+        facts = executor.RunFacts(
+            dataset_version=dataset_version,
+            code_version=str(edge.provenance.get("code_version", "")),
+            executions=list(lineage.run_summary(edge.store, edge.run_id)["steps"].values()),
+        )
         result = executor.run(
             model.path,
             examples_uri,
@@ -49,11 +58,12 @@ def evaluate(
             report.path,
             max_nats_per_char=max_nats_per_char,
             tolerance=tolerance,
+            html_report_path=html_report.path,
+            run_facts=facts,
         )
         numbers = executor.metrics(result)
-        for name, value in numbers.items():
-            if value == value and abs(value) != float("inf"):  # KFP's JSON has no NaN/inf
-                metrics.log_metric(name, value)
+        for name, value in kfp_metadata.recordable(numbers).items():
+            metrics.log_metric(name, value)
         blessing.metadata.update(
             kfp_metadata.recordable(
                 {
@@ -66,6 +76,7 @@ def evaluate(
         )
         rec.output("evaluation", "ModelEvaluation", metrics.uri, numbers)
         rec.output("blessing", "ModelBlessing", blessing.uri, dict(blessing.metadata))
+        rec.output("html_report", "ModelEvaluation", html_report.uri, {"media_type": "text/html"})
         rec.dataset_version = dataset_version
 
 

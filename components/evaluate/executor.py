@@ -3,6 +3,7 @@
 Both models score the eval split's raw text through their own in-graph tokenizer (the
 SavedModel's `score` signature), so the comparison holds across tokenizers. nats/char is the
 tokenizer-independent number the blessing uses; nats/token and perplexity are reported too.
+The outcome is written as a Markdown report, an HTML report (`report.py`) and the blessing.
 """
 
 from __future__ import annotations
@@ -10,15 +11,19 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from components import serving, storage
+from components import lineage, serving, storage
+from components.evaluate import report
 from contracts.artifacts import (
     EVAL_TEXT,
     SAVED_MODEL_FILE,
     SERVING_DIR,
+    TRAIN_HISTORY,
     TRAIN_METRICS,
     write_blessing,
 )
@@ -29,6 +34,10 @@ log = logging.getLogger(__name__)
 CHUNK_CHARS = 2048  # eval text is scored in line-aligned chunks of about this many characters
 BATCH_CHUNKS = 8  # chunks per call of the `score` signature
 SAMPLE_PROMPTS = ("ROMEO:", "First Citizen:\n", "The king")  # prompts for the report's samples
+# Prompts both models continue, side by side, in the HTML report; greedily, so each model
+# always writes the same continuation and runs compare.
+COMPARE_PROMPTS = ("ROMEO:", "JULIET:\n", "First Citizen:\n", "To be, or not to be", "The king")
+COMPARE_TOKENS = 64  # new tokens per continuation: enough to read, quick on CPU
 # What to do when a SavedModel is missing or damaged: the candidate's, or the one in service.
 _RETRAIN = "run the pipeline again to train it anew"
 _RESERVE = "run evaluate again; if it stays so, serve a healthy version (gptpipe rollback)"
@@ -54,6 +63,18 @@ class EvalResult:
     baseline_model: str  # the baseline SavedModel folder, or "" when there is none
     blessed: bool  # the candidate may be pushed
     reason: str  # why it was or was not blessed
+    # training and run numbers for the Metrics artifact (report.key_numbers): tokens/s, MFU,
+    # each step's wall time and GPU-hours
+    run_numbers: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the HTML report tells about the run besides the models: the step's edge, lineage."""
+
+    dataset_version: str = ""  # the Examples' content-addressed version
+    code_version: str = ""  # the evaluate step's git commit
+    executions: Sequence[lineage.ExecutionView] = ()  # latest per step so far, in start order
 
 
 def run(
@@ -67,6 +88,9 @@ def run(
     tolerance: float,
     num_samples: int = 3,
     sample_tokens: int = 48,
+    html_report_path: str = "",
+    run_facts: RunFacts | None = None,
+    compare_tokens: int = COMPARE_TOKENS,
 ) -> EvalResult:
     """Score candidate and baseline on the eval split, decide the blessing, write the outputs.
 
@@ -80,19 +104,50 @@ def run(
     The blessing is written last, whole or not at all: a failure before it (a damaged
     SavedModel, a baseline removed meanwhile) raises a UserError naming the model and leaves no
     ModelBlessing, which push refuses.
+
+    With `html_report_path`, the HTML report is written there too: both models' training
+    curves, `COMPARE_PROMPTS` continued by each, and this run's steps from `run_facts`.
     """
     eval_text = _read_eval_text(examples_uri)
     candidate_model = _load(Path(model_dir) / SERVING_DIR, "the candidate model", _RETRAIN)
     candidate = score_text(candidate_model, eval_text)
     baseline_uri = serving.latest_version_uri(serving_dir)
-    baseline = _score_baseline(baseline_uri, eval_text) if baseline_uri else None
+    prompts = COMPARE_PROMPTS if html_report_path else ()
+    baseline, baseline_says = (
+        _evaluate_baseline(baseline_uri, eval_text, prompts, compare_tokens)
+        if baseline_uri
+        else (None, None)
+    )
     diverged = _diverged(model_dir)
     blessed, reason = decide(candidate, baseline, max_nats_per_char, tolerance, diverged)
-    result = EvalResult(candidate, baseline, baseline_uri or "", blessed, reason)
+    facts = run_facts or RunFacts()
+    steps = report.step_records(facts.executions, int(time.time() * 1000))
+    histories = {
+        "candidate": read_history(storage.join(model_dir, SERVING_DIR)),
+        "baseline": read_history(baseline_uri) if baseline_uri else None,
+    }
+    numbers = report.key_numbers(histories["candidate"], steps)
+    result = EvalResult(candidate, baseline, baseline_uri or "", blessed, reason, numbers)
     # A diverged model's logits are NaN: sampling from them is meaningless, so show none.
     healthy = not diverged and math.isfinite(candidate.nats_per_char)
     samples = generate_samples(candidate_model, num_samples, sample_tokens) if healthy else []
     storage.write_text_atomic(report_path, render_report(result, samples))
+    if html_report_path:
+        candidate_says = (
+            continue_prompts(candidate_model, prompts, compare_tokens) if healthy else None
+        )
+        page = report.Report(
+            result=result,
+            max_nats_per_char=max_nats_per_char,
+            tolerance=tolerance,
+            histories=histories,
+            comparisons=_comparisons(prompts, candidate_says, baseline_says),
+            max_new_tokens=compare_tokens,
+            steps=steps,
+            dataset_version=facts.dataset_version,
+            code_version=facts.code_version,
+        )
+        storage.write_text_atomic(html_report_path, report.render_html(page))
     _write_blessing(blessing_dir, result, model_dir)  # last: push acts on it
     log.info("eval: %s", reason)
     return result
@@ -162,18 +217,38 @@ def chunk_text(text: str, max_chars: int) -> list[str]:
 
 def generate_samples(model, num_samples: int, max_new_tokens: int) -> list[tuple[str, str]]:
     """Return (prompt, completion) pairs from the model's `generate` signature."""
-    import tensorflow as tf
-
     prompts = [SAMPLE_PROMPTS[i % len(SAMPLE_PROMPTS)] for i in range(num_samples)]
     if not prompts:
         return []
-    out = model.signatures["generate"](
-        prompt=tf.constant(prompts),
-        max_new_tokens=tf.constant(max_new_tokens, tf.int32),
-        temperature=tf.constant(0.8, tf.float32),
-    )
-    completions = [c.decode("utf-8", errors="replace") for c in out["completion"].numpy()]
+    completions = _generate(model, prompts, max_new_tokens, temperature=0.8)
     return list(zip(prompts, completions, strict=True))
+
+
+def continue_prompts(model, prompts: Sequence[str], max_new_tokens: int) -> list[str] | None:
+    """Greedy continuations (temperature 0: the same every time) through `generate`.
+
+    None when there is nothing to ask, or the SavedModel has no `generate` signature.
+    """
+    if not prompts or "generate" not in model.signatures:
+        return None
+    return _generate(model, prompts, max_new_tokens, temperature=0.0)
+
+
+def read_history(saved_model_uri: str) -> dict[str, Any] | None:
+    """A SavedModel's training curve (TRAIN_HISTORY, local or gs://), or None without one.
+
+    Models exported before the trainer wrote it have none; an unreadable one is treated alike,
+    with a warning: it only feeds the report.
+    """
+    uri = storage.join(saved_model_uri, TRAIN_HISTORY)
+    if not storage.has_content(uri):
+        return None
+    try:
+        history = json.loads(storage.read_bytes(uri))  # Python's json reads NaN and Infinity
+    except ValueError as err:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        log.warning("ignoring the unreadable training history %s: %s", uri, err)
+        return None
+    return history if isinstance(history, dict) else None
 
 
 def render_report(result: EvalResult, samples: list[tuple[str, str]]) -> str:
@@ -223,16 +298,47 @@ def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> No
         write_blessing(tmp, result.blessed, info)
 
 
-def _score_baseline(uri: str, eval_text: str) -> Scores:
-    """Score the SavedModel at `uri`; a gs:// one is downloaded to a temporary folder first.
+def _evaluate_baseline(
+    uri: str, eval_text: str, prompts: Sequence[str], max_new_tokens: int
+) -> tuple[Scores, list[str] | None]:
+    """Score the SavedModel at `uri` on `eval_text`, and continue `prompts` with it.
 
-    TensorFlow's built-in GCS file system ignores STORAGE_EMULATOR_HOST (it always calls
-    www.googleapis.com), and the tensorflow-io-gcs-filesystem plugin, which honours
-    CLOUD_STORAGE_EMULATOR_ENDPOINT, crashes TensorFlow 2.19; a local copy through the
-    storage layer works against GCS and the emulator alike and checks crc32c.
+    A gs:// model is downloaded to a temporary folder first. TensorFlow's built-in GCS file
+    system ignores STORAGE_EMULATOR_HOST (it always calls www.googleapis.com), and the
+    tensorflow-io-gcs-filesystem plugin, which honours CLOUD_STORAGE_EMULATOR_ENDPOINT,
+    crashes TensorFlow 2.19; a local copy through the storage layer works against GCS and the
+    emulator alike and checks crc32c.
     """
     with storage.local_copy(uri) as local:
-        return score_text(_load(local, f"the model in service at {uri}", _RESERVE), eval_text)
+        model = _load(local, f"the model in service at {uri}", _RESERVE)
+        return score_text(model, eval_text), continue_prompts(model, prompts, max_new_tokens)
+
+
+def _score_baseline(uri: str, eval_text: str) -> Scores:
+    """Score the SavedModel at `uri` (local or gs://) on `eval_text`, without continuations."""
+    return _evaluate_baseline(uri, eval_text, (), 0)[0]
+
+
+def _generate(model, prompts: Sequence[str], max_new_tokens: int, temperature: float) -> list[str]:
+    import tensorflow as tf
+
+    out = model.signatures["generate"](
+        prompt=tf.constant(list(prompts)),
+        max_new_tokens=tf.constant(max_new_tokens, tf.int32),
+        temperature=tf.constant(temperature, tf.float32),
+    )
+    return [c.decode("utf-8", errors="replace") for c in out["completion"].numpy()]
+
+
+def _comparisons(
+    prompts: Sequence[str], candidate: list[str] | None, baseline: list[str] | None
+) -> list[report.Comparison]:
+    return [
+        report.Comparison(
+            prompt, candidate[i] if candidate else None, baseline[i] if baseline else None
+        )
+        for i, prompt in enumerate(prompts)
+    ]
 
 
 def _diverged(model_dir: str) -> str:
@@ -301,4 +407,5 @@ def metrics(result: EvalResult) -> dict[str, float]:
     if result.baseline:
         numbers["baseline_nats_per_token"] = result.baseline.nats_per_token
         numbers["baseline_nats_per_char"] = result.baseline.nats_per_char
+    numbers.update(result.run_numbers)
     return numbers

@@ -17,7 +17,7 @@ without touching a step. Steps and tools use this package's names
   executions of the upstream steps KFP skipped), `environment_digest`;
 - `query`: reading back as `ArtifactView` and `ExecutionView`: `find_artifact`, `producer_of`,
   `inputs_of`, `outputs_of`, `parameters_of`, `run_summary`, `failure_of`,
-  `models_for_dataset`, `latest_pushed_model`, `latest_run_id`.
+  `models_for_dataset`, `latest_pushed_model`, `latest_run_id`, `run_ids`.
 - `runs`: past runs as one `RunRow` each (times, dataset version, nats/char, blessing, push),
   newest first: `list_runs`, for `gptpipe runs`.
 
@@ -37,6 +37,7 @@ from components.lineage.query import (
     outputs_of,
     parameters_of,
     producer_of,
+    run_ids,
     run_summary,
 )
 from components.lineage.record import (
@@ -75,6 +76,7 @@ __all__ = [
     "is_service",
     "latest_pushed_model",
     "latest_run_id",
+    "run_ids",
     "models_for_dataset",
     "open_store",
     "outputs_of",

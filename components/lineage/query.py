@@ -169,15 +169,22 @@ def latest_pushed_model(store_uri: str) -> str | None:
 
 def latest_run_id(store_uri: str, pipeline_name: str) -> str:
     """Return the id of the most recently created run of `pipeline_name`."""
+    runs = run_ids(store_uri, pipeline_name)
+    if not runs:
+        raise UserError(f"no run of pipeline {pipeline_name!r} in metadata store {store_uri}")
+    return runs[0]
+
+
+def run_ids(store_uri: str, pipeline_name: str) -> list[str]:
+    """The ids of every run of `pipeline_name`, newest first (rollbacks are runs too)."""
     store = open_store(store_uri)
     runs = [
         c
         for c in store.get_contexts_by_type(RUN_CONTEXT)
         if c.custom_properties["pipeline_name"].string_value == pipeline_name
     ]
-    if not runs:
-        raise UserError(f"no run of pipeline {pipeline_name!r} in metadata store {store_uri}")
-    return str(max(runs, key=lambda c: (c.create_time_since_epoch, c.id)).name)
+    runs.sort(key=lambda c: (c.create_time_since_epoch, c.id), reverse=True)
+    return [str(c.name) for c in runs]
 
 
 # ---- on an open store (shared with record.py) -----------------------------------------------
