@@ -7,7 +7,6 @@ Every call goes through `kfp_client.Api.call` (retries, one-line errors). Recurr
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from components.evaluate.thresholds import check_thresholds
 from contracts.errors import UserError
 from pipelines.compiler import check_pipeline_root
 from pipelines.kfp_client import Api, KfpError
@@ -246,20 +246,7 @@ def check_values(params: Mapping[str, Any]) -> None:
     (evaluate compares with them: a NaN threshold would bless every model, and a tolerance
     over 1 is a percentage typed as a fraction), and a `config` given whole, which no
     `--config` resolved and checked."""
-    threshold = params.get("max_nats_per_char")
-    if isinstance(threshold, int | float) and not (math.isfinite(threshold) and threshold > 0):
-        raise UserError(
-            f"--param max_nats_per_char={threshold}: the blessing threshold is a positive, "
-            "finite loss in nats per character; pass one such as 2.2"
-        )
-    tolerance = params.get("tolerance")
-    if isinstance(tolerance, int | float) and not (
-        math.isfinite(tolerance) and 0 <= tolerance <= 1
-    ):
-        raise UserError(
-            f"--param tolerance={tolerance}: the regression allowed against the baseline is a "
-            "fraction in [0, 1]; pass one such as 0.01 (1%)"
-        )
+    check_thresholds(params.get("max_nats_per_char"), params.get("tolerance"), "--param ")
     if isinstance(params.get("config"), dict):
         try:
             config_from_dict(params["config"])

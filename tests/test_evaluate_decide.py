@@ -2,8 +2,11 @@
 
 import math
 
+import pytest
+
 from components.evaluate import executor
 from components.evaluate.executor import Scores
+from contracts.errors import UserError
 
 
 def scores(nats_per_char):
@@ -41,3 +44,20 @@ def test_chunks_are_whole_lines_and_lose_nothing():
     assert "".join(chunks) == text
     assert all(c.endswith("\n") for c in chunks)
     assert all(len(c) <= 256 for c in chunks)
+
+
+@pytest.mark.parametrize(
+    "threshold, tolerance, message",
+    [
+        (float("nan"), 0.01, "max_nats_per_char=nan: the blessing threshold"),
+        (0.0, 0.01, "max_nats_per_char=0.0"),
+        (2.2, 5, "tolerance=5: the regression allowed"),
+        (2.2, float("inf"), "tolerance=inf"),
+    ],
+)
+def test_evaluate_itself_refuses_thresholds_out_of_range(threshold, tolerance, message):
+    """Whatever started the step, a NaN threshold never blesses every model."""
+    from components.evaluate.thresholds import check_thresholds
+
+    with pytest.raises(UserError, match=message):
+        check_thresholds(threshold, tolerance)

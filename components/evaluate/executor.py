@@ -19,6 +19,7 @@ from typing import Any
 
 from components import lineage, serving, storage
 from components.evaluate import report
+from components.evaluate.thresholds import check_thresholds
 from contracts.artifacts import (
     EVAL_TEXT,
     SAVED_MODEL_FILE,
@@ -108,6 +109,7 @@ def run(
     With `html_report_path`, the HTML report is written there too: both models' training
     curves, `COMPARE_PROMPTS` continued by each, and this run's steps from `run_facts`.
     """
+    check_thresholds(max_nats_per_char, tolerance)
     eval_text = _read_eval_text(examples_uri)
     candidate_model = _load(Path(model_dir) / SERVING_DIR, "the candidate model", _RETRAIN)
     candidate = score_text(candidate_model, eval_text)
