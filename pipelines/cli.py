@@ -9,12 +9,17 @@ import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from contracts.errors import UserError
+from pipelines import model_cmd, report_cmd, runs_cmd
 from pipelines.cli_options import config_options, image_pull_secret_option, resolved_config
 from pipelines.config import DEFAULT_ROOT, RunConfig
 from pipelines.kfp_cli import add_kfp
+
+if TYPE_CHECKING:  # imported where used: most commands need neither kfp nor rich
+    from pipelines.local_runner import LocalRun
+    from pipelines.run_watch import Outcome
 
 DEFAULT_CORPUS = Path("data") / "tinyshakespeare.txt"
 
@@ -46,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
         _add_reproduce,
         _add_rollback,
         add_kfp,
+        model_cmd.add_parser,  # generate, score
+        runs_cmd.add_parser,  # runs
+        report_cmd.add_parser,  # report
     ):
         add(sub)
     return parser
@@ -71,7 +79,20 @@ def _add_run(sub: Any) -> None:
     run.add_argument(
         "--tokenizer", default="", help="SentencePiece model to reuse (default: train one)"
     )
-    run.add_argument("--json", action="store_true", help="print the summary as JSON")
+    shown = run.add_mutually_exclusive_group()
+    shown.add_argument(
+        "--verbose",
+        action="store_true",
+        help="stream kfp.local's and the steps' whole output instead of the live view",
+    )
+    shown.add_argument(
+        "--quiet", action="store_true", help="print only the outcome in one line, or the error"
+    )
+    shown.add_argument(
+        "--json",
+        action="store_true",
+        help="print only one JSON object: states, durations, results and log paths",
+    )
     run.set_defaults(func=_cmd_run)
 
 
@@ -186,7 +207,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pipelines import local_runner
+    from pipelines import local_runner, run_watch
 
     if not args.local:
         raise UserError("only local runs exist so far: use `gptpipe run --local`")
@@ -199,16 +220,52 @@ def _cmd_run(args: argparse.Namespace) -> int:
         workers=defaults.workers if args.workers is None else args.workers,
         tokenizer=args.tokenizer,
     )
-    try:
-        summary = local_runner.run_local(run)
-    except local_runner.PipelineFailed as err:
-        print(f"gptpipe: the pipeline failed: {err}", file=sys.stderr)
-        return 1
-    if args.json:
-        print(json.dumps(summary, indent=2, default=str))
-    else:
-        _print_summary(summary)
-    return 0
+    flags = (
+        (args.verbose, run_watch.VERBOSE),
+        (args.quiet, run_watch.QUIET),
+        (args.json, run_watch.JSON),
+    )
+    return run_and_report(run, next((mode for given, mode in flags if given), run_watch.AUTO))
+
+
+def run_and_report(run: "LocalRun", mode: str) -> int:
+    """Run `run` as `gptpipe run --local` does, shown in `mode`
+    (`run_watch.AUTO`, `VERBOSE`, `QUIET` or `JSON`), and report how it ended; the exit status.
+
+    A failure ends with the failed step, its one-line error and its log, never a traceback.
+    """
+    from pipelines import run_watch
+
+    outcome = run_watch.watch(run, mode)
+    failed = outcome.failure is not None
+    if mode == run_watch.JSON:
+        print(json.dumps(run_watch.outcome_json(outcome), indent=2, default=str))
+    where = outcome.log_of(outcome.failed_step)
+    if failed and mode == run_watch.QUIET:
+        print(f"gptpipe: {_failure_words(outcome)} (log: {where})", file=sys.stderr)
+    elif failed:
+        print(f"gptpipe: {_failure_words(outcome)}", file=sys.stderr)
+        print(f"gptpipe: its log: {where}", file=sys.stderr)
+    elif mode == run_watch.QUIET:
+        print(run_watch.outcome_line(outcome))
+    elif mode != run_watch.JSON:
+        _print_summary(outcome.summary or {})
+    if mode in (run_watch.AUTO, run_watch.VERBOSE):
+        for what, path in run_watch.log_paths(outcome).items():
+            print(f"{_LOG_NAMES.get(what, what)}: {path}")
+    return 1 if failed else 0
+
+
+_LOG_NAMES = {
+    "kfp_local": "kfp.local's output",
+    "folder": "each step's log",
+    "workers": "trainer workers' logs",
+}
+
+
+def _failure_words(outcome: "Outcome") -> str:
+    step = outcome.failed_step
+    return f"step {step!r} failed: {outcome.error}" if step else f"the run failed: {outcome.error}"
 
 
 def _cmd_compile(args: argparse.Namespace) -> int:
@@ -292,15 +349,11 @@ def _print_summary(summary: dict) -> None:
 
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
     """The run summary as (label, value) rows: data, losses, baseline, blessing, push."""
-    steps = summary.get("steps", {})
+    from pipelines.run_watch import step_output
 
-    def output(step: str, key: str) -> dict:
-        found = steps.get(step, {}).get("outputs", {}).get(key, [])
-        return found[0]["properties"] if found else {}
-
-    numbers = output("evaluate", "evaluation")
-    blessing = output("evaluate", "blessing")
-    pushed = output("push", "pushed_model")
+    numbers = step_output(summary, "evaluate", "evaluation")
+    blessing = step_output(summary, "evaluate", "blessing")
+    pushed = step_output(summary, "push", "pushed_model")
     baseline = blessing.get("baseline_model") or "none (first model: change check skipped)"
     if numbers.get("baseline_nats_per_char") is not None:
         baseline += f" ({_number(numbers['baseline_nats_per_char'], '.4f')} nats/char)"

@@ -1,17 +1,28 @@
-"""Run the pipeline on this machine with `kfp.local`: subprocesses, SQLite metadata, local disk."""
+"""Run the pipeline on this machine with `kfp.local`: subprocesses, SQLite metadata, local disk.
+
+What a run prints (kfp.local's own lines, every step's streamed output) can be sent to a file
+under the state folder while it runs (`captured_output`, `RunLogs`), so that the terminal shows
+only the run view (pipelines/run_view.py).
+"""
 
 import contextlib
+import io
 import os
+import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from kfp import local
 
 from components import lineage, provenance, storage
+from components.evaluate.thresholds import check_thresholds
 from components.provenance import LOCAL_IMAGE
+from contracts.artifacts import WORKER_LOGS_DIR, step_work_dir
 from contracts.errors import UserError
+from contracts.progress import PROGRESS_ENV
 from pipelines.config import RunConfig
 from pipelines.pipeline import Images, Target, build
 from trainer.config import Config
@@ -60,20 +71,66 @@ class LocalRun:
         root = str(self.root) if storage.is_gcs(self.root) else str(Path(self.root).resolve())
         return storage.join(root, "serving", self.model_name)
 
+    @property
+    def pipeline_root(self) -> Path:
+        """kfp.local's pipeline root: each run's step artifacts, datasets/ and work/."""
+        return self.state / "pipeline_root"
+
+
+LOGS_DIR = "logs"  # under the state folder: one folder of logs per local run
+
+
+@dataclass(frozen=True)
+class RunLogs:
+    """Where one local run's output goes: `<state>/logs/<run id>/`, and its workers' logs."""
+
+    folder: Path  # <state>/logs/<run id>/
+    workers: Path  # the local launcher's worker logs: <pipeline root>/work/<run id>/train/...
+
+    @property
+    def kfp_local(self) -> Path:
+        """Everything kfp.local printed: its own lines and every step's streamed output."""
+        return self.folder / "kfp-local.log"
+
+    @property
+    def events(self) -> Path:
+        """The steps' progress events (contracts.progress)."""
+        return self.folder / "progress.jsonl"
+
+    def step(self, name: str) -> Path:
+        """One step's part of `kfp_local`."""
+        return self.folder / f"{name}.log"
+
+
+def new_run_id() -> str:
+    """A fresh id for a local run (KFP's pods get theirs from the run's label)."""
+    return f"local-{uuid.uuid4().hex[:12]}"
+
+
+def run_logs(run: LocalRun, run_id: str) -> RunLogs:
+    """The log locations of run `run_id` of `run` (nothing is created)."""
+    work = run.pipeline_root / step_work_dir(run_id, "train") / WORKER_LOGS_DIR
+    return RunLogs(run.state / LOGS_DIR / run_id, work)
+
 
 def preflight(run: LocalRun) -> None:
     """Check what can be checked before any step starts, so mistakes fail fast and clearly."""
     if not storage.list_files(run.corpus):
         raise UserError(f"corpus {run.corpus!r} has no files (give a text file, folder or glob)")
+    check_thresholds(run.max_nats_per_char, run.tolerance)
     if run.workers < 1:
         raise UserError(f"--workers must be at least 1, got {run.workers}")
 
 
-def run_local(run: LocalRun) -> dict:
-    """Run the whole pipeline through kfp.local and return the run's summary from lineage."""
+def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = None) -> dict:
+    """Run the whole pipeline through kfp.local and return the run's summary from lineage.
+
+    `run_id` names the run (default: a new one); `progress_file` is where the steps append
+    their progress events (contracts.progress; default: they report none).
+    """
     preflight(run)
     run.state.mkdir(parents=True, exist_ok=True)
-    pipeline_root = str(run.state / "pipeline_root")
+    pipeline_root = str(run.pipeline_root)
     local.init(
         runner=local.SubprocessRunner(use_venv=False),
         pipeline_root=pipeline_root,
@@ -81,9 +138,12 @@ def run_local(run: LocalRun) -> dict:
     )
     corpus = run.corpus if any(ch in run.corpus for ch in "*?[") else _absolute(run.corpus)
     pipeline = build(LOCAL_TARGET, run.config)
-    run_id = f"local-{uuid.uuid4().hex[:12]}"
+    run_id = run_id or new_run_id()
+    environment = {provenance.RUN_ID_ENV: run_id}
+    if progress_file is not None:
+        environment[PROGRESS_ENV] = str(progress_file)
     try:
-        with _run_id_in_environment(run_id):
+        with _in_environment(environment):
             pipeline(
                 corpus=corpus,
                 serving_dir=run.serving_dir,
@@ -100,8 +160,9 @@ def run_local(run: LocalRun) -> dict:
             )
     except RuntimeError as err:
         failure = lineage.failure_of(run.metadata, run_id)
-        message = f"step {failure[0]!r} failed: {failure[1]}" if failure else str(err)
-        raise PipelineFailed(message) from None
+        if failure:
+            raise PipelineFailed(f"step {failure[0]!r} failed: {failure[1]}", *failure) from None
+        raise PipelineFailed(str(err)) from None
     return lineage.run_summary(run.metadata, run_id)
 
 
@@ -111,21 +172,71 @@ def _absolute(uri: str) -> str:
 
 
 @contextlib.contextmanager
-def _run_id_in_environment(run_id: str) -> Iterator[None]:
-    """Give every step the run id as KFP gives it in a cluster: an environment variable.
+def _in_environment(values: Mapping[str, str]) -> Iterator[None]:
+    """Give every step the run id (and where to report progress) as KFP gives it in a
+    cluster: environment variables.
 
-    kfp.local starts each step as a subprocess of this one, so the steps inherit it.
+    kfp.local starts each step as a subprocess of this one, so the steps inherit them.
     """
-    previous = os.environ.get(provenance.RUN_ID_ENV)
-    os.environ[provenance.RUN_ID_ENV] = run_id
+    previous = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(provenance.RUN_ID_ENV, None)
-        else:
-            os.environ[provenance.RUN_ID_ENV] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextlib.contextmanager
+def captured_output(log: Path) -> Iterator[TextIO]:
+    """Send everything this process prints to `log` while the block runs; yield the terminal.
+
+    kfp.local streams each step's output through `print` and logs through `logging` to
+    `sys.stdout`, and C libraries write to file descriptors 1 and 2: both descriptors and
+    `sys.stdout`/`sys.stderr` are pointed at `log`. The block gets a text stream to what
+    stdout was (the terminal) for the run view; everything is put back afterwards.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    old_stdout, old_stderr = sys.stdout, sys.stderr
+    saved = os.dup(1), os.dup(2)
+    terminal = (
+        open(os.dup(saved[0]), "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+        if _writes_to_fd(old_stdout, 1)
+        else old_stdout
+    )
+    with open(log, "ab") as target:
+        os.dup2(target.fileno(), 1)
+        os.dup2(target.fileno(), 2)
+    into_log = open(1, "w", encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
+    sys.stdout = sys.stderr = into_log
+    try:
+        yield terminal
+    finally:
+        into_log.close()  # flushes; fd 1 stays open (closefd=False)
+        sys.stdout, sys.stderr = old_stdout, old_stderr
+        if terminal is not old_stdout:
+            terminal.close()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in saved:
+            os.close(fd)
+
+
+def _writes_to_fd(stream: TextIO, fd: int) -> bool:
+    try:
+        return stream.fileno() == fd
+    except (OSError, ValueError, io.UnsupportedOperation):
+        return False
 
 
 class PipelineFailed(RuntimeError):
-    """A step failed; its own log above says why."""
+    """A step failed: `step` (None when none is known) and its one-line `error`."""
+
+    def __init__(self, message: str, step: str | None = None, error: str = "") -> None:
+        super().__init__(message)
+        self.step = step
+        self.error = error or message

@@ -18,9 +18,11 @@ def push(
 
     from components import kfp_metadata, lineage, step_edge, storage
     from components.push import executor
+    from contracts.progress import Progress
 
     params = {"serving_dir": serving_dir}
     edge = step_edge.read("push", image, metadata, os.environ)
+    reporter = Progress.from_env(os.environ, "push")  # the run view's events, if watched
     with lineage.step(
         edge.store, "push", pipeline_name, edge.run_id, params, edge.provenance
     ) as rec:
@@ -36,6 +38,7 @@ def push(
             already_pushed=lambda uri: (
                 lineage.find_artifact(edge.store, uri, "PushedModel") is not None
             ),
+            reporter=reporter,
         )
         props = {
             "pushed": result.pushed,

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from components import serving, storage
+from contracts import progress as events
 from contracts.artifacts import (
     SAVED_MODEL_FILE,
     SERVING_DIR,
@@ -51,6 +52,7 @@ def run(
     destination: str,
     pushed_dir: str,
     already_pushed: Callable[[str], bool] = lambda version_uri: False,
+    reporter: events.Progress | None = None,
 ) -> PushResult:
     """Publish the Model's SavedModel as `<destination>/<version>/` if the model is blessed.
 
@@ -63,7 +65,9 @@ def run(
     the destination and renamed into place (gs://: staged and copied with the SavedModel graph
     last), so TF Serving never sees a half-written version.
     The outcome is written to `pushed_dir` (TFX PushedModel, `contracts.artifacts.write_pushed`).
+    `reporter` (default: none) gets the SavedModel's objects published, and the outcome as a note.
     """
+    reporter = reporter or events.Progress(None, "push")
     destination = serving.normalize(destination)
     blessed, reason = read_blessing(blessing_dir)
     saved_model = Path(model_dir) / SERVING_DIR
@@ -76,6 +80,8 @@ def run(
         why = f"rolled back from version {retired}; a rollback retired this model"
         result = _not_pushed(destination, f"not pushed: {why}")
     else:
+        objects = len(storage.list_tree(str(saved_model)))
+        reporter.update(0, objects, "objects", final=True)
         try:
             version, new = _publish(str(saved_model), destination, _baseline(blessing_dir))
         except serving.ServedModelChanged as e:
@@ -87,7 +93,10 @@ def run(
             else:
                 why = "blessed" if new else f"blessed; already served as version {version}"
                 result = PushResult(1, destination, str(version), why)
+            if new:
+                reporter.update(objects, objects, "objects", final=True)
     log.info("push of %s under %s: %s", model_dir, destination, result.reason)
+    reporter.note(f"pushed as version {result.pushed_version}" if result.pushed else result.reason)
     _write_outcome(pushed_dir, result)
     return result
 

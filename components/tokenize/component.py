@@ -34,6 +34,7 @@ def tokenize(
     from components import kfp_metadata, lineage, step_edge, storage
     from components.tokenize import executor
     from contracts.artifacts import DATASETS_DIR
+    from contracts.progress import Progress
     from trainer.config import config_from_dict
 
     params = {
@@ -44,6 +45,7 @@ def tokenize(
         "artifact_root": artifact_root,
     }
     edge = step_edge.read("tokenize", image, metadata, os.environ)
+    reporter = Progress.from_env(os.environ, "tokenize")  # the run view's events, if watched
     with lineage.step(
         edge.store, "tokenize", pipeline_name, edge.run_id, params, edge.provenance
     ) as rec:
@@ -58,6 +60,7 @@ def tokenize(
             seq_len=cfg.model.seq_len,
             eval_fraction=eval_fraction,
             tokenizer=tokenizer or None,
+            reporter=reporter,
         )
         manifest = dataset.manifest
         rec.set(reused=int(dataset.reused))

@@ -10,6 +10,7 @@ for corpora of up to a few hundred MB; a larger one would stream files through t
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -32,6 +33,7 @@ from components.tokenize.corpus import (
     split_corpus,
 )
 from components.tokenize.progress import Report
+from contracts import progress as events
 from contracts.artifacts import (
     EVAL_TEXT,
     EXAMPLES_MANIFEST,
@@ -56,6 +58,7 @@ def run(
     workers: int | None = None,
     progress: bool = True,
     expected_version: str | None = None,
+    reporter: events.Progress | None = None,
 ) -> dict[str, Any]:
     """Tokenize `corpus` (a UTF-8 text file, folder or glob) into `output_dir`; return the manifest.
 
@@ -82,19 +85,23 @@ def run(
     to the corpus root (the folder given, a file's folder or a glob's fixed part, so moving or
     renaming that folder does not change it) and every parameter that changes the output
     (`parameters` in the manifest). Same inputs give the same version and byte-identical
-    shards; `workers` and `progress` change neither. The fingerprint is the sha256 of a local
-    file, and for a `gs://` object its crc32c, md5 and size as GCS lists them (nothing is
-    downloaded to compute it). The version follows the bytes, not the object generation:
-    re-uploading the same bytes makes a new generation but the same dataset, so it keeps its
-    version (the manifest's `sources` still record each generation that was read, for lineage).
+    shards; `workers`, `progress` and `reporter` (where progress events go, counted in bytes
+    of the corpus per stage: read, encode, write) change neither. The fingerprint is the
+    sha256 of a local file, and for a `gs://` object its crc32c, md5 and size as GCS lists
+    them (nothing is downloaded to compute it). The version follows the bytes, not the object
+    generation: re-uploading the same bytes makes a new generation but the same dataset, so it
+    keeps its version (the manifest's `sources` still record each generation that was read,
+    for lineage).
 
     Manifest counts per split: `tokens` and `chars` of the whole split, and the `windows`
     written (`windows * seq_len + 1 <= tokens`: the incomplete tail is dropped).
     """
     _check_arguments(output_dir, vocab_size, seq_len, eval_fraction, shard_windows, workers)
-    report = Report(progress)
+    report = Report(progress, reporter)
     sources = list_sources(corpus)
-    splits = split_corpus([read_utf8(f) for f in sources], eval_fraction, corpus)
+    total = sum(f.size for f in sources)
+    splits = split_corpus(_read_all(sources, report, total), eval_fraction, corpus)
+    shares = _byte_shares(splits, total)
     given = bpe.read_given(tokenizer, vocab_size) if tokenizer else None
     parameters = dataset_parameters(vocab_size, seq_len, eval_fraction, shard_windows, given)
     if expected_version and dataset_version(corpus, sources, parameters) != expected_version:
@@ -108,11 +115,13 @@ def run(
         ids = {}
         for split, text in splits.items():
             with report.task(f"encode {split}") as advance:
+                advance = _in_bytes(advance, report, "encode", shares[split], total)
                 ids[split] = bpe.encode(model, text, workers or os.cpu_count() or 1, advance)
             _check_one_window(corpus, split, len(ids[split]), seq_len)
         stats = {}
         for split, text in splits.items():
             with report.task(f"write {split}") as advance:
+                advance = _in_bytes(advance, report, "write", shares[split], total)
                 shards = _write_shards(tmp, split, ids[split], seq_len, shard_windows, advance)
             stats[split] = {**shards, "tokens": len(ids[split]), "chars": len(text)}
         (tmp / EVAL_TEXT).parent.mkdir()
@@ -161,13 +170,19 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
     (`<datasets_root>/.<version>.lease`), the others wait for its manifest.
     """
     version, sources = dataset_version_of(
-        corpus, **{k: v for k, v in options.items() if k not in ("workers", "progress")}
+        corpus,
+        **{k: v for k, v in options.items() if k not in ("workers", "progress", "reporter")},
     )
     uri = storage.join(datasets_root, version)
     manifest_uri = storage.join(uri, EXAMPLES_MANIFEST)
 
     def stored() -> Dataset:
         manifest = json.loads(storage.read_bytes(manifest_uri))
+        reporter = options.get("reporter")
+        if reporter is not None:
+            reporter.note(f"reusing dataset {version[:12]}: nothing to tokenize")
+            total = sum(f.size for f in sources)
+            reporter.update(total, total, "bytes", final=True, stage="reused")
         if manifest.get("dataset_version") != version:
             raise UserError(
                 f"dataset folder {uri} holds version {manifest.get('dataset_version')!r}, not "
@@ -222,6 +237,51 @@ def artifact_properties(manifest: dict[str, Any]) -> dict[str, Any]:
     # crc32c and md5 on GCS), so `gptpipe reproduce` can tell whether the data is still there.
     props["sources"] = json.dumps(manifest["sources"], sort_keys=True)
     return props
+
+
+# ---- progress in bytes of the corpus ----------------------------------------------------
+
+
+def _read_all(sources: list[storage.FileInfo], report: Report, total: int) -> list[str]:
+    """Each source's text, in order, reporting the bytes read so far."""
+    texts, done = [], 0
+    for i, source in enumerate(sources):
+        texts.append(read_utf8(source))
+        done += source.size
+        report.corpus_bytes(done, total, "read", final=i == len(sources) - 1)
+    return texts
+
+
+def _byte_shares(splits: dict[str, str], total: int) -> dict[str, tuple[float, float]]:
+    """Per split, (bytes of the splits before it, its own bytes), in corpus bytes.
+
+    A split's share of the corpus's bytes is taken as its share of the characters, which is
+    exact for ASCII text and close for any, without encoding the text again to count.
+    """
+    chars = sum(len(text) for text in splits.values()) or 1
+    shares, before = {}, 0.0
+    for split, text in splits.items():
+        size = total * len(text) / chars
+        shares[split] = (before, size)
+        before += size
+    return shares
+
+
+def _in_bytes(
+    advance: Callable[[int, int], None],
+    report: Report,
+    stage: str,
+    share: tuple[float, float],
+    total: int,
+) -> Callable[[int, int], None]:
+    """`advance(done, count)` of one split's units, also reported as corpus bytes of `stage`."""
+    before, size = share
+
+    def both(done: int, count: int) -> None:
+        advance(done, count)
+        report.corpus_bytes(before + size * done / max(count, 1), total, stage, final=done >= count)
+
+    return both
 
 
 # ---- checks and shards --------------------------------------------------------------------
@@ -279,13 +339,33 @@ def _write_shards(
     names = [shard_file(split, shard, n_shards) for shard in range(n_shards)]
     (out / names[0]).parent.mkdir()
     for shard, name in enumerate(names):
-        with tf.io.TFRecordWriter(str(out / name), options="GZIP") as writer:
-            for w in range(shard * shard_windows, min((shard + 1) * shard_windows, windows)):
-                window = ids[w * seq_len : w * seq_len + seq_len + 1].tolist()  # seq_len + 1 ids
-                feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
-                example = tf.train.Example(
-                    features=tf.train.Features(feature={"input_ids": feature})
-                )
-                writer.write(example.SerializeToString())
+        try:
+            with tf.io.TFRecordWriter(str(out / name), options="GZIP") as writer:
+                for w in range(shard * shard_windows, min((shard + 1) * shard_windows, windows)):
+                    window = ids[w * seq_len : w * seq_len + seq_len + 1].tolist()  # seq_len + 1
+                    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
+                    example = tf.train.Example(
+                        features=tf.train.Features(feature={"input_ids": feature})
+                    )
+                    writer.write(example.SerializeToString())
+        except tf.errors.OpError as e:
+            raise _as_os_error(e) from None
         advance(shard + 1, n_shards)
     return {"shards": names, "windows": windows}
+
+
+_DISK_FULL = {  # TensorFlow's words for them: its writers raise OpErrors, not OSError
+    "No space left on device": errno.ENOSPC,
+    "File too large": errno.EFBIG,
+    "Disk quota exceeded": errno.EDQUOT,
+}
+
+
+def _as_os_error(error: Exception) -> Exception:
+    """A TF writer's disk-full error as the OSError the storage layer names the folder for
+    (`storage.atomic_dir`: one line, nothing half-written); any other error as it is."""
+    message = str(getattr(error, "message", error))
+    for words, code in _DISK_FULL.items():
+        if words in message:
+            return OSError(code, words)
+    return error

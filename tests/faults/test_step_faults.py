@@ -443,11 +443,6 @@ def test_a_full_disk_leaves_no_dataset_and_a_rerun_succeeds(full_disk):
 
 @pytest.mark.slow
 @pytest.mark.fault("a disk that fills while tokenize writes shards: the message")
-@pytest.mark.xfail(
-    strict=True,
-    reason="tokenize lets TensorFlow's OutOfRangeError ('...; File too large') out as a "
-    "traceback (components/tokenize/executor.py:283, _write_shards)",
-)
 def test_a_full_disk_is_one_line_naming_the_folder(full_disk):
     _, datasets, ran = full_disk
     said = [line for line in ran.stderr.splitlines() if "error: " in line]
