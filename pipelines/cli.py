@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contracts.errors import UserError
-from pipelines import model_cmd, report_cmd, runs_cmd
+from pipelines import model_cmd, report_cmd, runs_cmd, tensorboard_cmd
 from pipelines.cli_options import config_options, image_pull_secret_option, resolved_config
 from pipelines.config import DEFAULT_ROOT, RunConfig
 from pipelines.kfp_cli import add_kfp
@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
         model_cmd.add_parser,  # generate, score
         runs_cmd.add_parser,  # runs
         report_cmd.add_parser,  # report
+        tensorboard_cmd.add_parser,  # tensorboard
     ):
         add(sub)
     return parser

@@ -93,6 +93,41 @@ def test_extra_volumes_keep_their_place_beside_dev_shm():
     assert [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]] == ["/data", "/dev/shm"]
 
 
+def test_a_trainer_serving_metrics_gets_a_named_port_and_scrape_annotations():
+    command = [*make_spec().command, "--metrics-port", "9090"]
+    manifest = tfjob_manifest.build_manifest(make_spec(command=command))
+    template = worker_template(manifest)
+    (container,) = template["spec"]["containers"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 9090, "protocol": "TCP"}]
+    assert template["metadata"]["annotations"] == {
+        "sidecar.istio.io/inject": "false",  # JobSpec's own annotations stay
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "9090",
+        "prometheus.io/path": "/metrics",
+    }
+    assert schema_errors(manifest, SCHEMA) == []
+    assert restricted_violations(template["spec"], template["metadata"]["annotations"]) == []
+    # No flag (or port 0): nothing to scrape, no port and no annotation.
+    for quiet in (make_spec().command, [*make_spec().command, "--metrics-port=0"]):
+        template = worker_template(tfjob_manifest.build_manifest(make_spec(command=quiet)))
+        assert "ports" not in template["spec"]["containers"][0]
+        assert not any(k.startswith("prometheus.io/") for k in template["metadata"]["annotations"])
+
+
+def test_the_train_step_turns_metrics_on_for_tfjobs_only():
+    from components.train.executor import job_spec
+    from trainer.config import resolve_config
+
+    cfg = resolve_config("tiny")
+    tfjob = job_spec(
+        "gs://b/ex", "gs://b/m", "gs://b/w", cfg, launcher="tfjob", run_id="r", image=IMAGE
+    )
+    assert tfjob_manifest.metrics_port(tfjob.command) == tfjob_manifest.METRICS_PORT == 9090
+    assert tfjob.command[-2:] == ("--metrics-port", "9090")
+    local = job_spec("ex", "m", "w", cfg, launcher="local", run_id="r")
+    assert tfjob_manifest.metrics_port(local.command) is None
+
+
 def test_worker_pods_meet_the_restricted_pod_security_standard():
     template = worker_template(tfjob_manifest.build_manifest(make_spec()))
     assert restricted_violations(template["spec"], template["metadata"].get("annotations")) == []

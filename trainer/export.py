@@ -6,7 +6,9 @@ Signatures (the contract in docs/design.md):
   serving_default = generate
 The Model artifact holds the SavedModel, the resolved config and the train metrics
 (contracts.artifacts: SERVING_DIR, MODEL_CONFIG, TRAIN_METRICS), written to a temp sibling and
-renamed into place.
+renamed into place. The SavedModel also carries the training curve (TRAIN_HISTORY, under
+assets.extra/, which TF Serving ignores), so that a served model brings it to the next run's
+evaluation as its baseline.
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 import tf_keras as keras
 
-from contracts.artifacts import MODEL_CONFIG, SERVING_DIR, TRAIN_METRICS
+from contracts.artifacts import MODEL_CONFIG, SERVING_DIR, TRAIN_HISTORY, TRAIN_METRICS
 from trainer import config as config_lib
 from trainer import model
 from trainer.config import Config
+from trainer.history import TrainHistory
 
 SCORE_CHUNK = 8  # windows per forward pass in score(), bounding its memory
 
@@ -154,9 +157,14 @@ class ExportFailed(Exception):
 
 
 def export_model(
-    keras_model: keras.Model, cfg: Config, tokenizer_model_path: str, export_dir: str
+    keras_model: keras.Model,
+    cfg: Config,
+    tokenizer_model_path: str,
+    export_dir: str,
+    history: TrainHistory | None = None,
 ) -> str:
-    """Write the serving SavedModel to export_dir atomically (temp sibling, then rename)."""
+    """Write the serving SavedModel to export_dir atomically (temp sibling, then rename), with
+    the training curve at TRAIN_HISTORY when there is one."""
     module = GPTServing(keras_model, cfg.model.seq_len, tokenizer_model_path)
     generate = module.generate.get_concrete_function()
     signatures = {
@@ -168,10 +176,19 @@ def export_model(
     tmp = _temp_sibling(export_dir)
     try:
         tf.saved_model.save(module, tmp, signatures=signatures)
+        if history is not None:
+            _write_history(history, tmp)
         _move_into_place(tmp, export_dir)
     finally:
         _remove_if_present(tmp)  # only left when the save failed
     return export_dir
+
+
+def _write_history(history: TrainHistory, saved_model_dir: str) -> None:
+    path = posixpath.join(saved_model_dir, TRAIN_HISTORY)
+    tf.io.gfile.makedirs(posixpath.dirname(path))
+    with tf.io.gfile.GFile(path, "w") as f:
+        f.write(history.to_json())
 
 
 def write_model_artifact(
@@ -183,6 +200,7 @@ def write_model_artifact(
     model_dir: str,
     work_dir: str,
     is_chief: bool,
+    history: TrainHistory | None = None,
 ) -> None:
     """Every worker exports the trained `gpt` (saving may need collectives); the chief writes
     the Model artifact to `model_dir`, the others into scratch space in `work_dir` they remove.
@@ -198,6 +216,7 @@ def write_model_artifact(
             model_dir,
             work_dir,
             is_chief,
+            history,
         )
     except tf.errors.OpError as err:
         raise ExportFailed(str(err)) from err
@@ -225,19 +244,25 @@ def _write_for_role(
     model_dir: str,
     work_dir: str,
     is_chief: bool,
+    history: TrainHistory | None,
 ) -> None:
     """The chief writes `model_dir`; the others write scratch space in `work_dir` and remove it."""
     scratch = posixpath.join(work_dir, f"scratch-model-{uuid.uuid4().hex[:8]}")
     target = model_dir if is_chief else scratch
     try:
-        write_model_dir(gpt, cfg, tokenizer_path, metrics, target)
+        write_model_dir(gpt, cfg, tokenizer_path, metrics, target, history)
     finally:
         if not is_chief:
             _remove_if_present(target)
 
 
 def write_model_dir(
-    gpt: keras.Model, cfg: Config, tokenizer_path: str, metrics: Mapping[str, Any], model_dir: str
+    gpt: keras.Model,
+    cfg: Config,
+    tokenizer_path: str,
+    metrics: Mapping[str, Any],
+    model_dir: str,
+    history: TrainHistory | None = None,
 ) -> None:
     """Assemble the Model artifact in a temp sibling, then move it into place."""
     model_dir = model_dir.rstrip("/")
@@ -245,7 +270,7 @@ def write_model_dir(
     tmp = _temp_sibling(model_dir)
     tf.io.gfile.makedirs(tmp)
     try:
-        export_model(gpt, cfg, tokenizer_path, posixpath.join(tmp, SERVING_DIR))
+        export_model(gpt, cfg, tokenizer_path, posixpath.join(tmp, SERVING_DIR), history)
         for fname, payload in (
             (MODEL_CONFIG, config_lib.config_to_dict(cfg)),
             (TRAIN_METRICS, metrics),

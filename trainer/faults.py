@@ -14,7 +14,7 @@ import signal
 from dataclasses import dataclass
 from typing import Any
 
-import tf_keras as keras
+from trainer.callbacks import StepCallback
 
 log = logging.getLogger("trainer")
 
@@ -32,7 +32,7 @@ class Fault:
     at_export: bool = False  # signal once the export is written, before the export barrier
 
 
-class InjectFault(keras.callbacks.Callback):
+class InjectFault(StepCallback):
     """Signals this process after `fault.step` when training started from step 0."""
 
     def __init__(self, fault: Fault, task_index: int) -> None:
@@ -43,11 +43,13 @@ class InjectFault(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if not self._checked:  # after every on_train_begin, so after the backup's restore
+            super().on_train_batch_begin(batch, logs)
             self._checked = True
-            self.armed = self.armed and int(self.model.optimizer.iterations.numpy()) == 0
+            self.armed = self.armed and self.first_step == 0
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.armed and int(self.model.optimizer.iterations.numpy()) == self.fault.step:
+        super().on_train_batch_end(batch, logs)
+        if self.armed and self.step == self.fault.step:
             self._signal(f"at step {self.fault.step}")
 
     def after_export(self) -> None:

@@ -22,6 +22,15 @@ def device_kind() -> tuple[str, tuple[int, int] | None]:
     return "gpu", details.get("compute_capability")
 
 
+def device_name() -> str:
+    """What trains on this host, for the record: the first GPU's name (e.g. "NVIDIA H200"),
+    else "CPU"."""
+    gpus = tf.config.list_physical_devices("GPU")
+    if not gpus:
+        return "CPU"
+    return str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU"))
+
+
 def set_precision_and_choose_xla(cfg: Config, workers: int, replicas: int) -> tuple[str, bool]:
     """The mixed-precision policy, set globally before any layer exists, and whether to use XLA."""
     kind, capability = device_kind()

@@ -27,16 +27,18 @@ from contracts.artifacts import (
     BACKUP_DIR,
     CHECKPOINT_DIR,
     EXAMPLES_MANIFEST,
-    TENSORBOARD_DIR,
     TOKENIZER_FILE,
     TRAIN_METRICS,
 )
 from contracts.errors import UserError
-from trainer import cluster, data, export, model, precision
+from contracts.progress import Progress
+from trainer import cluster, data, export, flops, model, precision, train_step
 from trainer import config as config_lib
-from trainer.callbacks import PeriodicCheckpoint, TrainMonitor
+from trainer.callbacks import Measured, PeriodicCheckpoint, TrainMonitor
 from trainer.config import Config, ConfigError
 from trainer.faults import FAULT_SIGNALS, Fault, InjectFault
+from trainer.history import TrainHistory
+from trainer.metrics_server import MetricsServer
 from trainer.optimization import WarmupCosine, build_optimizer
 from trainer.preemption import (
     EXIT_PREEMPTED,
@@ -46,8 +48,13 @@ from trainer.preemption import (
     PreemptionWatch,
     preemption_agreement,
 )
+from trainer.telemetry import Telemetry
 
 log = logging.getLogger("trainer")
+
+# The default of --metrics-port, so that `GPTPIPE_METRICS_PORT=9100 gptpipe run --local` can
+# turn metrics on for local workers, which inherit the environment (only the chief serves).
+METRICS_PORT_ENV = "GPTPIPE_METRICS_PORT"
 
 
 class TrainMetrics(TypedDict):
@@ -57,7 +64,7 @@ class TrainMetrics(TypedDict):
     final_loss: float  # the training loss Keras logged at the last step (the epoch's running mean)
     diverged: bool  # the loss became NaN or infinite and training stopped there
     diverged_at_step: int | None  # the step it did, or None
-    tokens_per_second: float  # throughput over this worker's timed (post-compile) steps
+    tokens_per_second: float  # this worker's clock, after its first step, pauses left out
     global_batch_size: int  # sequences per step across all replicas
     replicas: int  # replicas in sync
     workers: int  # worker processes
@@ -72,11 +79,14 @@ def train(
     tf_config: str | None = None,
     watch: PreemptionWatch | None = None,
     fault: Fault | None = None,
+    progress: Progress | None = None,
+    metrics_port: int = 0,
 ) -> TrainMetrics:
     """Train on the Examples artifact and write the Model artifact; returns train_metrics.
 
     Raises `Preempted` after backing up when `watch` saw SIGTERM (on any worker), and
     `export.ExportFailed` when writing the Model fails. `fault` is a test-only fault injection.
+    The chief reports to `progress` and, with a `metrics_port`, serves Prometheus metrics there.
     """
     strategy = strategy or cluster.choose_strategy(tf_config)
     manifest = data.read_manifest(examples_dir)
@@ -87,7 +97,7 @@ def train(
     policy, jit = precision.set_precision_and_choose_xla(cfg, workers, replicas)
     global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
     datasets = data.distributed_datasets(strategy, examples_dir, manifest, cfg)
-    gpt, optimizer, schedule = _compiled_model(strategy, cfg, global_batch, policy, jit)
+    gpt, trainee, optimizer, schedule = _compiled_model(strategy, cfg, global_batch, policy, jit)
     log.info(
         "training %d params, policy %s, jit_compile %s, %d replicas, global batch %d",
         gpt.count_params(),
@@ -96,24 +106,26 @@ def train(
         replicas,
         global_batch,
     )
-    monitor = TrainMonitor(
-        cfg.train.train_steps, cfg.train.log_every, global_batch * cfg.model.seq_len, schedule
-    )
     is_chief = cluster.is_chief(tf_config)
+    telemetry = _telemetry(is_chief, work_dir, progress, metrics_port)
+    monitor = _monitor(cfg, work_dir, schedule, telemetry, jit, workers, replicas)
     agree = preemption_agreement(strategy, workers)
     backup = PreemptibleBackup(
         _backup_dir(work_dir), cfg.train.checkpoint_every, watch or PreemptionWatch(), agree
     )
     fault_cb = InjectFault(fault, cluster.task_index(tf_config)) if fault else None
     callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb)
-    _fit(gpt, cfg, datasets, callbacks)
+    try:
+        _fit(trainee, cfg, datasets, callbacks)
+    finally:
+        telemetry.close()
     metrics = _attempt_metrics(
         _metrics(optimizer, monitor, global_batch, replicas, workers), monitor, work_dir, is_chief
     )
     tokenizer_file = manifest.get("tokenizer", {}).get("file", TOKENIZER_FILE)
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
     export.write_model_artifact(
-        gpt, cfg, policy, tokenizer_path, metrics, model_dir, work_dir, is_chief
+        gpt, cfg, policy, tokenizer_path, metrics, model_dir, work_dir, is_chief, monitor.history
     )
     if fault_cb:
         fault_cb.after_export()
@@ -123,6 +135,45 @@ def train(
     # alone (ExitCode never recreates a Succeeded pod) and wait for them until the deadline.
     log.info("done: %s", json.dumps(metrics))
     return metrics
+
+
+def _telemetry(
+    is_chief: bool, work_dir: str, progress: Progress | None, metrics_port: int
+) -> Telemetry:
+    """The chief's publishers (TensorBoard, Prometheus, progress); nothing on other workers."""
+    if not is_chief:
+        return Telemetry.off()
+    gpus = bool(tf.config.list_physical_devices("GPU"))
+    metrics = MetricsServer(metrics_port, gpus) if metrics_port > 0 else None
+    return Telemetry(work_dir, metrics, progress)
+
+
+def _monitor(
+    cfg: Config,
+    work_dir: str,
+    schedule: WarmupCosine,
+    telemetry: Telemetry,
+    jit: bool,
+    workers: int,
+    replicas: int,
+) -> TrainMonitor:
+    """The monitor, continuing the curve an earlier attempt kept in the work folder, measuring
+    what this host can (trainer/train_step.py says why the rest is left out)."""
+    global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
+    history = TrainHistory(precision.device_name(), replicas, global_batch)
+    history.load(work_dir)
+    peak = flops.peak_flops(history.device)
+    measured = Measured(
+        input_wait=not jit,
+        allreduce=not jit and workers > 1 and precision.device_kind()[0] == "cpu",
+        flops_per_token=flops.flops_per_token(cfg.model),
+        peak_flops=peak * replicas if peak else None,
+    )
+    tokens_per_step = global_batch * cfg.model.seq_len
+    t = cfg.train
+    return TrainMonitor(
+        t.train_steps, t.log_every, tokens_per_step, schedule, history, telemetry, measured
+    )
 
 
 def _export_barrier(agree: Agreement) -> None:
@@ -146,20 +197,22 @@ def _backup_dir(work_dir: str) -> str:
 
 def _compiled_model(
     strategy: tf.distribute.Strategy, cfg: Config, global_batch: int, policy: str, jit: bool
-) -> tuple[keras.Model, keras.optimizers.Optimizer, WarmupCosine]:
-    """(model, optimizer, schedule), created under the strategy's scope and compiled."""
+) -> tuple[keras.Model, train_step.InstrumentedGPT, keras.optimizers.Optimizer, WarmupCosine]:
+    """(gpt, the gpt with the measuring train step, optimizer, schedule), created under the
+    strategy's scope; the second, which shares the first's weights, is compiled for `fit`."""
     with strategy.scope():
         gpt = model.build_gpt(cfg.model)
+        trainee = train_step.instrumented(gpt, timed=not jit)
         optimizer, schedule = build_optimizer(cfg, global_batch, policy)
-        gpt.compile(
+        trainee.compile(
             optimizer=optimizer,
             jit_compile=jit,
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         )
         # Logged metrics are already global means; the default "sum" would add them up again
         # across MultiWorkerMirrored workers (loss x workers).
-        gpt.distribute_reduction_method = "first"
-    return gpt, optimizer, schedule
+        trainee.distribute_reduction_method = "first"
+    return gpt, trainee, optimizer, schedule
 
 
 def _callbacks(
@@ -172,19 +225,16 @@ def _callbacks(
 ) -> list[keras.callbacks.Callback]:
     """The callbacks in the order they must run.
 
-    `backup` restores in on_train_begin, before the callbacks after it start.
+    `backup` restores in on_train_begin; the callbacks read the restored step at their first
+    batch. The monitor runs before the saves, so that their time at an epoch's end stays out
+    of its throughput. It writes TensorBoard's logs itself (trainer/telemetry.py).
     """
     t = cfg.train
     return [
         *([fault_cb] if fault_cb else []),  # first: the backup sees its signal in the same step
-        backup,
         monitor,
+        backup,
         PeriodicCheckpoint(posixpath.join(work_dir, CHECKPOINT_DIR), t.checkpoint_every, is_chief),
-        keras.callbacks.TensorBoard(
-            log_dir=posixpath.join(work_dir, TENSORBOARD_DIR),
-            update_freq=t.log_every,
-            profile_batch=0,
-        ),
     ]
 
 
@@ -285,6 +335,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--intra-op-threads", type=int, default=0, help="TF intra-op threads (0: TF's)")
     p.add_argument("--inter-op-threads", type=int, default=0, help="TF inter-op threads (0: TF's)")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help=f"the chief serves Prometheus metrics on this port at /metrics (0: off; default "
+        f"${METRICS_PORT_ENV}, else 0)",
+    )
     testing = p.add_argument_group("testing only: fault injection")
     testing.add_argument(
         "--fault-at-step", type=int, default=0, help="send the fault signal after this step"
@@ -299,7 +357,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def _run(args: argparse.Namespace, tf_config: str | None, watch: PreemptionWatch) -> None:
+def metrics_port(flag: int | None, env_value: str | None) -> int:
+    """The port to serve metrics on: --metrics-port, else $GPTPIPE_METRICS_PORT, else 0 (off)."""
+    text = str(flag) if flag is not None else env_value or "0"
+    if not text.isdigit() or int(text) > 65535:
+        raise UserError(
+            f"metrics port {text!r} (--metrics-port or ${METRICS_PORT_ENV}) is not a port: "
+            "give 1-65535, or 0 for none"
+        )
+    return int(text)
+
+
+def _run(
+    args: argparse.Namespace,
+    tf_config: str | None,
+    watch: PreemptionWatch,
+    progress: Progress,
+    port_env: str | None,
+) -> None:
     """Set TensorFlow up in the order it needs, read the config and the Examples, and train."""
     # Thread pools and collectives are configured before anything initializes TensorFlow.
     if args.intra_op_threads:
@@ -318,7 +393,18 @@ def _run(args: argparse.Namespace, tf_config: str | None, watch: PreemptionWatch
         if args.fault_at_step > 0 or args.fault_at_export
         else None
     )
-    train(args.examples, args.model_dir, args.work_dir, cfg, strategy, tf_config, watch, fault)
+    train(
+        args.examples,
+        args.model_dir,
+        args.work_dir,
+        cfg,
+        strategy,
+        tf_config,
+        watch,
+        fault,
+        progress,
+        metrics_port(args.metrics_port, port_env),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -326,10 +412,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     tf_config = os.environ.get("TF_CONFIG")  # the process edge: read the environment once
+    progress = Progress.from_env(os.environ, "train")
+    port_env = os.environ.get(METRICS_PORT_ENV)
     watch = PreemptionWatch()
     watch.install()
     try:
-        _run(args, tf_config, watch)
+        _run(args, tf_config, watch, progress, port_env)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from typing import Any
 
 from components import kube, storage
 from components.train.launcher import JobSpec, Launcher, OwnerPod, job_name, run_label
+from components.train.tfjob_manifest import METRICS_FLAG, METRICS_PORT
 from contracts.artifacts import BACKUP_DIR, EXAMPLES_MANIFEST, TRAIN_METRICS, WORKER_LOGS_DIR
 from contracts.errors import UserError
 from trainer.config import Config, config_hash, config_to_dict
@@ -47,14 +48,16 @@ def job_spec(
     service_account, image_pull_secrets, ...; `cluster_placement` gives the last four);
     the name, command and run label are derived here. `work_dir` holds checkpoints and the
     BackupAndRestore state; it is derived from the run, so a restarted job (or a retried step)
-    resumes instead of starting over.
+    resumes instead of starting over. A TFJob's chief serves Prometheus metrics on
+    `METRICS_PORT`; local workers serve none (docs/monitoring.md).
     """
     local = launcher == "local"
     python = sys.executable if local else CONTAINER_PYTHON
+    port = 0 if local else METRICS_PORT
     fields: dict[str, Any] = {"allow_unpinned": local, **options}
     return JobSpec(
         name=job_name(run_id, "train"),  # one train task per run: a retry re-attaches
-        command=trainer_command(python, examples_uri, model_uri, work_dir, cfg),
+        command=trainer_command(python, examples_uri, model_uri, work_dir, cfg, port),
         run_id=run_label(run_id),
         **fields,
     )
@@ -169,14 +172,21 @@ def _own_pod_spec(api_client: Any, pod: kube.PodIdentity) -> dict[str, Any]:
 
 
 def trainer_command(
-    python: str, examples_uri: str, model_uri: str, work_dir: str, cfg: Config
+    python: str,
+    examples_uri: str,
+    model_uri: str,
+    work_dir: str,
+    cfg: Config,
+    metrics_port: int = 0,
 ) -> list[str]:
     """The command line every worker runs: `python -m trainer.task ...` with the resolved config.
 
     The config travels as canonical JSON on the command line, so no worker resolves a preset or
-    opens a YAML file again.
+    opens a YAML file again. `metrics_port` > 0 makes the chief serve Prometheus metrics there;
+    it is a flag, not a config field: where a run is watched from does not change its model.
     """
     config_json = json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":"))
+    metrics = [METRICS_FLAG, str(metrics_port)] if metrics_port > 0 else []
     return [
         python,
         "-m",
@@ -189,6 +199,7 @@ def trainer_command(
         work_dir,
         "--config-json",
         config_json,
+        *metrics,
     ]
 
 

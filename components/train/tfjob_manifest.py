@@ -15,11 +15,18 @@ Every worker pod meets the "restricted" Pod Security Standard (runs as the image
 no privilege escalation, no capabilities, the runtime's seccomp profile), so the job runs in a
 namespace that enforces it; CPU and memory are requests and limits alike (a guaranteed pod,
 and a ResourceQuota that counts limits can admit it); /dev/shm is a memory-backed emptyDir.
+
+When the trainer's command serves Prometheus metrics (`--metrics-port N`, which the train
+executor adds for TFJobs), the container exposes that port as `metrics` and every worker pod
+carries the `prometheus.io/scrape`, `/port` and `/path` annotations that annotation-based scrape
+configs look for; deploy/podmonitor.yaml is the Prometheus Operator's way (docs/monitoring.md).
+Only the chief (worker 0) serves, but a TFJob's workers share one pod template.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 import yaml
@@ -38,6 +45,31 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 TRAINER_UID = 1000  # images/Dockerfile: USER 1000:1000
 SHM_VOLUME = "dshm"  # the memory-backed emptyDir mounted at /dev/shm
+METRICS_FLAG = "--metrics-port"  # the trainer's flag (trainer/task.py) for its /metrics port
+METRICS_PORT = 9090  # the port TFJob trainers serve /metrics on (prometheus-client's server)
+METRICS_PORT_NAME = "metrics"  # the container port's name, which deploy/podmonitor.yaml scrapes
+METRICS_PATH = "/metrics"
+
+
+def metrics_port(command: Sequence[str]) -> int | None:
+    """The port a trainer command serves Prometheus metrics on (`--metrics-port N`), or None."""
+    args = list(command)
+    for i, arg in enumerate(args):
+        value = args[i + 1] if arg == METRICS_FLAG and i + 1 < len(args) else None
+        if arg.startswith(METRICS_FLAG + "="):
+            value = arg.split("=", 1)[1]
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return None
+
+
+def _scrape_annotations(port: int) -> dict[str, str]:
+    """Annotation-based Prometheus discovery (the `kubernetes-pods` job of many setups)."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(port),
+        "prometheus.io/path": METRICS_PATH,
+    }
 
 
 def _labels(spec: JobSpec) -> dict[str, str]:
@@ -65,6 +97,9 @@ def _container(spec: JobSpec) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
         },
     }
+    port = metrics_port(spec.command)
+    if port is not None:
+        container["ports"] = [{"name": METRICS_PORT_NAME, "containerPort": port, "protocol": "TCP"}]
     mounts = [dict(m) for m in spec.volume_mounts]
     if spec.shm_size:
         mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
@@ -76,6 +111,10 @@ def _container(spec: JobSpec) -> dict[str, Any]:
 def _pod_template(spec: JobSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "containers": [_container(spec)],
+        # The trainer never calls the Kubernetes API, and the step's service account holds the
+        # launcher's Role: no token in the workers (Workload Identity, IRSA and Azure WI get
+        # cloud credentials from the metadata server or their own projected token instead).
+        "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": TRAINER_UID,
@@ -99,8 +138,10 @@ def _pod_template(spec: JobSpec) -> dict[str, Any]:
     if spec.image_pull_secrets:
         pod_spec["imagePullSecrets"] = [{"name": s} for s in spec.image_pull_secrets]
     metadata: dict[str, Any] = {"labels": _labels(spec)}
-    if spec.pod_annotations:
-        metadata["annotations"] = dict(spec.pod_annotations)
+    port = metrics_port(spec.command)
+    annotations = {**spec.pod_annotations, **(_scrape_annotations(port) if port else {})}
+    if annotations:
+        metadata["annotations"] = annotations
     return {"metadata": metadata, "spec": pod_spec}
 
 

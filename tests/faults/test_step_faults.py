@@ -170,7 +170,7 @@ def test_the_train_step_fails_with_the_damaged_shard_as_its_first_line(dataset, 
     assert first.startswith(f"job {spec.name} failed: worker-1 exited with code 2: "), first
     assert f"corrupt TFRecord shard {shard}: " in first and "while decompressing data" in first
     assert f"delete the folder {examples} and run again" in first
-    assert (failed.reason, failed.replica, failed.exit_code) == ("WorkerFailed", "worker-1", 2)
+    assert (failed.reason, failed.replica, failed.exit_code) == ("WorkerInputError", "worker-1", 2)
     assert not any("Traceback" in line for line in failed.log_tail), failed.log_tail
     assert not model.exists()
 
