@@ -55,8 +55,8 @@ def add_parser(subparsers: Any) -> None:
         "--seed",
         type=int,
         default=None,
-        help="sampling seed, for a model whose generate signature takes one; others sample "
-        "with the seed they were exported with",
+        help="sample from this seed (the same seed, the same continuation); without it, "
+        "from the model's own random state",
     )
     gen.add_argument("prompt", help="the text to continue")
     gen.set_defaults(func=cmd_generate)
@@ -201,26 +201,26 @@ def generate(
 ) -> str:
     """The model's continuation of `prompt` (the continuation only), as text.
 
-    The exported `generate` samples with seeds fixed when the model was exported (the
-    trainer's `train.seed`), so a freshly loaded model continues a prompt the same way every
-    time. A signature with a `seed` input gets `seed`; with none, a given seed cannot take
-    effect, which a warning says.
+    With `seed`, the model's `generate_seeded` signature samples statelessly from it (the same
+    seed, the same text); without, `generate` samples from the SavedModel's own random state,
+    which a freshly loaded model starts where the export left it. A model exported before
+    `generate_seeded` existed cannot take a seed, which a warning says.
     """
     import tensorflow as tf
 
-    signature = model.signatures["generate"]
     inputs = {
         "prompt": tf.constant([prompt]),
         "max_new_tokens": tf.constant(max_new_tokens, tf.int32),
         "temperature": tf.constant(temperature, tf.float32),
     }
-    _, spec = signature.structured_input_signature
-    if "seed" in spec:
-        inputs["seed"] = tf.constant(0 if seed is None else seed, spec["seed"].dtype)
+    signature = model.signatures["generate"]
+    if seed is not None and "generate_seeded" in model.signatures:
+        signature = model.signatures["generate_seeded"]
+        inputs["seed"] = tf.constant(seed, tf.int64)
     elif seed is not None:
         print(
-            "gptpipe: warning: this model's generate signature takes no seed, so --seed has no "
-            "effect: it samples with the seed it was exported with",
+            "gptpipe: warning: this model has no generate_seeded signature (exported before "
+            "it existed), so --seed has no effect",
             file=sys.stderr,
         )
     completion = signature(**inputs)["completion"].numpy()[0]

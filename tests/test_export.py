@@ -64,7 +64,7 @@ def test_export_layout_and_signatures(exported):
     assert (export_dir / "saved_model.pb").exists()
     assert (export_dir / "assets" / "tokenizer.model").exists()
     assert not list(export_dir.parent.glob(".Format-Serving.tmp-*"))
-    assert set(loaded.signatures) == {"serving_default", "generate", "score"}
+    assert set(loaded.signatures) == {"serving_default", "generate", "generate_seeded", "score"}
     gen = loaded.signatures["generate"]
     assert set(gen.structured_outputs) == {"completion"}
     assert set(loaded.signatures["serving_default"].structured_outputs) == {"completion"}

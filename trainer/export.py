@@ -53,11 +53,38 @@ class GPTServing(tf.Module):
     def generate(
         self, prompt: tf.Tensor, max_new_tokens: tf.Tensor, temperature: tf.Tensor
     ) -> dict[str, tf.Tensor]:
-        """Continue each prompt by max_new_tokens tokens; returns the continuation only."""
+        """Continue each prompt by max_new_tokens tokens; returns the continuation only.
+
+        Sampling draws from the SavedModel's own random state: a freshly loaded model starts
+        it where the export left it. `generate_seeded` samples from a seed instead.
+        """
+        return self._generate(prompt, max_new_tokens, temperature, None)
+
+    @tf.function(
+        input_signature=[
+            tf.TensorSpec([None], tf.string, name="prompt"),
+            tf.TensorSpec([], tf.int32, name="max_new_tokens"),
+            tf.TensorSpec([], tf.float32, name="temperature"),
+            tf.TensorSpec([], tf.int64, name="seed"),
+        ]
+    )
+    def generate_seeded(
+        self, prompt: tf.Tensor, max_new_tokens: tf.Tensor, temperature: tf.Tensor, seed: tf.Tensor
+    ) -> dict[str, tf.Tensor]:
+        """`generate` with stateless sampling: the same seed gives the same continuation."""
+        return self._generate(prompt, max_new_tokens, temperature, seed)
+
+    def _generate(
+        self,
+        prompt: tf.Tensor,
+        max_new_tokens: tf.Tensor,
+        temperature: tf.Tensor,
+        seed: tf.Tensor | None,
+    ) -> dict[str, tf.Tensor]:
         ids = self.tokenizer.tokenize(prompt)  # ragged (B, None)
         newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)  # seeds an empty prompt
         completion = tf.map_fn(
-            lambda row: self._generate_row(row, newline, max_new_tokens, temperature),
+            lambda row: self._generate_row(row, newline, max_new_tokens, temperature, seed),
             tf.cast(ids, tf.int32),
             fn_output_signature=tf.TensorSpec([], tf.string),
         )
@@ -69,10 +96,18 @@ class GPTServing(tf.Module):
         newline: tf.Tensor,
         max_new_tokens: tf.Tensor,
         temperature: tf.Tensor,
+        seed: tf.Tensor | None,
     ) -> tf.Tensor:
         """Sample max_new_tokens ids after prompt_ids (1-D), detokenized to one string."""
         prompt_ids = tf.cond(tf.size(prompt_ids) > 0, lambda: prompt_ids, lambda: newline)
         n_prompt = tf.size(prompt_ids)
+
+        def sample(logits: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
+            scaled = logits[tf.newaxis] / tf.maximum(temperature, 1e-6)  # (1, V)
+            if seed is None:
+                return tf.cast(tf.random.categorical(scaled, 1)[0, 0], tf.int32)
+            pair = tf.stack([seed, tf.cast(i, tf.int64)])  # one stream per position
+            return tf.cast(tf.random.stateless_categorical(scaled, 1, pair)[0, 0], tf.int32)
 
         def step(i: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             context = tokens[-self.seq_len :][tf.newaxis]  # (1, T<=seq_len)
@@ -80,12 +115,7 @@ class GPTServing(tf.Module):
             next_id = tf.cond(
                 temperature <= 0.0,
                 lambda: tf.argmax(logits, output_type=tf.int32),
-                lambda: tf.cast(
-                    tf.random.categorical(logits[tf.newaxis] / tf.maximum(temperature, 1e-6), 1)[
-                        0, 0
-                    ],
-                    tf.int32,
-                ),
+                lambda: sample(logits, i),
             )
             return i + 1, tf.concat([tokens, next_id[tf.newaxis]], axis=0)
 
@@ -170,6 +200,7 @@ def export_model(
     signatures = {
         "serving_default": generate,
         "generate": generate,
+        "generate_seeded": module.generate_seeded.get_concrete_function(),
         "score": module.score.get_concrete_function(),
     }
     export_dir = export_dir.rstrip("/")
