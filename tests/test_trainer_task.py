@@ -300,3 +300,12 @@ def test_the_export_barrier_turns_a_lost_peer_into_a_failed_export():
     with pytest.raises(export.ExportFailed, match="task 0 is gone"):
         _export_barrier(lost_peer)
     _export_barrier(lambda flag: 0.0)  # everyone arrived
+
+
+def test_the_preemption_check_runs_every_k_steps_counted_from_step_0():
+    """Workers must all-reduce their SIGTERM flags at the same steps, resumed or not."""
+    from trainer.preemption import PreemptibleBackup, PreemptionWatch
+
+    backup = PreemptibleBackup("/unused", 100, PreemptionWatch(), float, check_every=4)
+    backup.initial_step = 6  # resumed from a backup at step 6: checks after 8, 12 and 16
+    assert [step for step in range(7, 17) if backup.check_due()] == [8, 12, 16]

@@ -35,6 +35,7 @@ TINY_OVERRIDES = (
     "train.reference_batch_size=8",
     "train.checkpoint_every=20",
     "train.log_every=10",
+    "train.preemption_check_every=5",  # the fault tests' SIGTERM at step 25 stops at 25
     "train.eval_batches=2",
     "train.shuffle_buffer=64",
 )

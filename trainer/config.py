@@ -61,6 +61,9 @@ class TrainConfig:
     seed: int = 1337  # seed for weights, dropout and data shuffling
     checkpoint_every: int = 100  # steps between checkpoints (and validation runs)
     log_every: int = 25  # steps between log lines
+    # steps between the workers' check for a SIGTERM (one scalar all-reduce and a host sync):
+    # a preempted job backs up at the next multiple, well within the pod's grace period
+    preemption_check_every: int = 10
     eval_batches: int = 8  # batches of the eval split per validation run
     shuffle_buffer: int = 2048  # examples in the training shuffle buffer
     precision: str = "auto"  # auto | float32 | mixed_float16 | mixed_bfloat16
@@ -286,6 +289,7 @@ def _train_errors(t: TrainConfig) -> list[str]:
         "reference_batch_size",
         "checkpoint_every",
         "log_every",
+        "preemption_check_every",
         "eval_batches",
         "shuffle_buffer",
     )

@@ -73,20 +73,29 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
     """BackupAndRestore every `save_freq` steps that also backs up and stops when preempted.
 
     A SIGTERM reaches one worker; the others must stop at the same step, because the backup is
-    a collective save under MultiWorkerMirroredStrategy. So at every step end all workers sum
+    a collective save under MultiWorkerMirroredStrategy. So every `check_every` steps (counted
+    from step 0, so every worker checks at the same steps, resumed or not) all workers sum
     their preemption flags (`agree`, one scalar all-reduce); when the sum is non-zero each takes
-    the backup and raises `Preempted`.
+    the backup and raises `Preempted`. Checking every step would cost an all-reduce and a host
+    sync per step, which stalls a GPU.
     """
 
     def __init__(
-        self, backup_dir: str, save_freq: int, watch: PreemptionWatch, agree: Agreement
+        self,
+        backup_dir: str,
+        save_freq: int,
+        watch: PreemptionWatch,
+        agree: Agreement,
+        check_every: int = 1,
     ) -> None:
         # The backup outlives fit: it is removed only once the Model is exported, so a job that
         # fails while exporting resumes at its last step instead of training again from 0.
         super().__init__(backup_dir=backup_dir, save_freq=save_freq, delete_checkpoint=False)
         self.watch = watch
         self.agree = agree
+        self.check_every = check_every
         self.initial_step = 0
+        self._steps = 0  # steps this attempt trained
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         super().on_train_begin(logs)  # restores the backup, if any
@@ -96,11 +105,16 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_train_batch_end(batch, logs)
-        if self.agree(1.0 if self.watch.requested else 0.0) > 0:
+        if self.check_due() and self.agree(1.0 if self.watch.requested else 0.0) > 0:
             step = int(self.model.optimizer.iterations.numpy())
             self._backup(epoch=self._current_epoch, batch=batch)
             log.warning("preempted: backed up at step %d; exiting %d", step, EXIT_PREEMPTED)
             raise Preempted(step)
+
+    def check_due(self) -> bool:
+        """Count one trained step; True if the workers check their flags after it."""
+        self._steps += 1
+        return (self.initial_step + self._steps) % self.check_every == 0
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         # A non-chief worker's write folder (backup/workertemp_<i>) is made when training starts

@@ -111,7 +111,11 @@ def train(
     monitor = _monitor(cfg, work_dir, schedule, telemetry, jit, workers, replicas)
     agree = preemption_agreement(strategy, workers)
     backup = PreemptibleBackup(
-        _backup_dir(work_dir), cfg.train.checkpoint_every, watch or PreemptionWatch(), agree
+        _backup_dir(work_dir),
+        cfg.train.checkpoint_every,
+        watch or PreemptionWatch(),
+        agree,
+        check_every=cfg.train.preemption_check_every,
     )
     fault_cb = InjectFault(fault, cluster.task_index(tf_config)) if fault else None
     callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb)
