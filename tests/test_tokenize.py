@@ -11,7 +11,7 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from components.tokenize import bpe, executor
+from components.tokenize import encode, executor
 from contracts.errors import UserError
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
@@ -133,12 +133,17 @@ def test_tokenizer_round_trips_newlines_and_spaces(built):
     assert sp.encode("a\nb").count(sp.piece_to_id("\n")) == 1
 
 
-def test_encoding_in_chunks_on_threads_equals_encoding_whole(built):
+def test_encoding_line_by_line_in_worker_processes_equals_encoding_whole(built):
     model = (built[1] / "tokenizer.model").read_bytes()
-    text = built[0].read_text(encoding="utf-8")
-    whole = spm.SentencePieceProcessor(model_proto=model).encode(text)
-    chunked = bpe.encode(model, text, 2, lambda done, total: None, chunk_chars=500)
-    assert chunked.tolist() == whole
+    text = built[0].read_text(encoding="utf-8") + "Écoute, 漢字\n\n  spaces  \tand no newline"
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    whole = processor.encode(text)
+    assert encode.encode_text(processor, text).tolist() == whole
+    pieces = [text[i : i + 500] for i in range(0, len(text), 500)]  # cut anywhere, even mid-line
+    with encode.Encoder(model, 2) as encoder:
+        ids = [ids for _, ids in encoder.map(pieces, lambda piece: piece)]
+    assert ids[0].dtype == np.int32
+    assert [i.tolist() for i in ids] == [processor.encode(piece) for piece in pieces]
 
 
 def test_reuses_a_given_tokenizer(built, tmp_path):
@@ -158,7 +163,7 @@ def test_folder_and_glob_inputs(tmp_path, capsys):
     _write(tmp_path / "docs" / "sub" / "b.txt", text[half:])
     _write(tmp_path / "docs" / ".hidden.txt", "never read\n")
     folder = _run(tmp_path / "docs", tmp_path / "from_folder", progress=True)
-    assert "tokenize: encode train" in capsys.readouterr().err
+    assert re.search(r"tokenize: encode: 100% of \d+\.\d kB\n", capsys.readouterr().err)
     assert [Path(s["uri"]).name for s in folder["sources"]] == ["a.txt", "b.txt"]
 
     glob = _run(f"{tmp_path}/docs/*.txt", tmp_path / "from_glob")

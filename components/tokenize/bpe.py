@@ -1,4 +1,5 @@
-"""SentencePiece BPE: train the tokenizer on the train split, check a given one, encode text.
+"""SentencePiece BPE: train the tokenizer on a bounded sample of the train split, or check a
+given one. (Encoding is `encode.py`, which worker processes import without this module.)
 
 The options make the model reproduce text exactly (newlines and runs of spaces included), never
 emit <unk> (unseen characters become UTF-8 byte pieces), and train deterministically; the
@@ -8,11 +9,11 @@ exported SavedModel's in-graph `tensorflow_text.SentencepieceTokenizer` reads th
 from __future__ import annotations
 
 import io
+import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
 import sentencepiece as spm
 
 from components import storage
@@ -22,7 +23,8 @@ from contracts.errors import UserError
 # (a) reproduce text exactly: decode(encode(text)) == text, newlines and runs of spaces included
 # (identity normalization, no dummy prefix, no whitespace folding, "\n" a symbol of its own);
 # (b) never emit <unk>: unseen characters become UTF-8 byte pieces;
-# (c) deterministic: one thread, every sentence used in order, no sampling.
+# (c) deterministic: one thread, every sentence it is given used in order, no sampling of its
+#     own (the sample is chosen by `Sample`, from the bytes alone).
 # tensorflow_text.SentencepieceTokenizer(model, add_bos=False, add_eos=False) reads the same model.
 SENTENCEPIECE_TRAINER_OPTIONS: dict[str, Any] = {
     "model_type": "bpe",
@@ -44,20 +46,45 @@ SENTENCEPIECE_TRAINER_OPTIONS: dict[str, Any] = {
     "pad_id": -1,
 }
 
-ENCODE_CHUNK_CHARS = 1 << 16  # one unit of work for an encode thread, cut after a newline
+SAMPLE_BYTES = 16 << 20  # what the tokenizer learns from, at most: ~0.3 GB to train on
 ROUND_TRIP_PROBE = "First line\n\n  two  spaces,\ttab.\nlast"
 
 
-def train(train_text: str, vocab_size: int, corpus: str, say: Callable[[str], None]) -> bytes:
-    """Train the BPE model on the train split's lines; return the serialized model."""
+class Sample:
+    """A bounded sample of the train split, spread evenly over it, for the tokenizer to learn.
+
+    Of each train chunk it keeps the first whole lines holding `budget / train_bytes` of the
+    chunk's characters: all of the train split when it fits the budget, else a run of lines
+    from every part of the corpus (not only its first files). `train_bytes` is the split's
+    size as the listing tells it, so the sample, like the chunks, depends on the bytes alone.
+    """
+
+    def __init__(self, budget: int, train_bytes: int) -> None:
+        self.fraction = min(1.0, budget / max(train_bytes, 1))  # of each chunk, kept
+        self.pieces: list[str] = []  # runs of whole lines, each ending in "\n"
+
+    def add(self, text: str) -> None:
+        """Take the share of one train chunk (whole lines, ending in "\n")."""
+        if self.fraction < 1.0:
+            keep = math.ceil(len(text) * self.fraction)
+            text = text[: text.find("\n", keep - 1) + 1 or len(text)]
+        self.pieces.append(text)
+
+
+def train(
+    sample: str | Sequence[str], vocab_size: int, corpus: str, say: Callable[[str], None]
+) -> bytes:
+    """Train the BPE model on the lines of `sample` (text, or runs of whole lines); return the
+    serialized model."""
+    pieces = [sample] if isinstance(sample, str) else sample
     say(
         f"training SentencePiece BPE, vocab_size {vocab_size}, "
-        f"on {len(train_text):,} train characters"
+        f"on {sum(len(p) for p in pieces):,} train characters"
     )
     model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(train_text.split("\n")),
+            sentence_iterator=_lines(pieces),
             model_writer=model,
             vocab_size=vocab_size,
             minloglevel=2,
@@ -69,6 +96,13 @@ def train(train_text: str, vocab_size: int, corpus: str, say: Callable[[str], No
             f"{corpus!r}: {_explain_trainer_error(str(e))}"
         ) from None
     return model.getvalue()
+
+
+def _lines(pieces: Sequence[str]) -> Iterator[str]:
+    """The sentences SentencePiece learns from: lines, without their newline (it skips empty
+    ones), one piece split at a time."""
+    for piece in pieces:
+        yield from piece.split("\n")
 
 
 def _explain_trainer_error(message: str) -> str:
@@ -114,40 +148,3 @@ def read_given(path: str, vocab_size: int) -> bytes:
             "train it with SENTENCEPIECE_TRAINER_OPTIONS or omit it"
         )
     return model
-
-
-def _line_chunks(text: str, chunk_chars: int) -> list[str]:
-    """Cut text after a newline every ~chunk_chars; the cut points depend on the text only."""
-    chunks, start = [], 0
-    while start < len(text):
-        newline = text.find("\n", min(start + chunk_chars, len(text)) - 1)
-        end = len(text) if newline == -1 else newline + 1
-        chunks.append(text[start:end])
-        start = end
-    return chunks
-
-
-def encode(
-    model: bytes,
-    text: str,
-    workers: int,
-    advance: Callable[[int, int], None],
-    chunk_chars: int = ENCODE_CHUNK_CHARS,
-) -> np.ndarray:
-    """Encode text to int64 ids on `workers` threads, chunk order kept.
-
-    SentencePiece's batch encode runs C++ threads without the GIL, so it uses every core with no
-    process pool: spawned workers would cost more than the encode (about 0.2 s per MB on one core)
-    and need a `__main__` guard in every caller, and forking after TensorFlow started its threads
-    is unsafe. "\\n" is a piece of its own, so no piece spans a chunk boundary and the ids equal
-    those of encoding the text whole, whatever `workers` is.
-    """
-    processor = spm.SentencePieceProcessor(model_proto=model)
-    chunks = _line_chunks(text, chunk_chars)
-    batch = 8 * workers  # chunks per progress report
-    encoded = [np.zeros(0, np.int64)]
-    for start in range(0, len(chunks), batch):
-        for ids in processor.encode(chunks[start : start + batch], num_threads=workers):
-            encoded.append(np.asarray(ids, dtype=np.int64))
-        advance(min(start + batch, len(chunks)), len(chunks))
-    return np.concatenate(encoded)

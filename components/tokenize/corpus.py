@@ -1,35 +1,36 @@
-"""The corpus side of tokenize: list the sources, read them as strict UTF-8 text, split each
-file's tail off for eval, and name the dataset version from the sources' fingerprints and the
-parameters.
+"""The corpus side of tokenize: list the sources, and stream each one as checked chunks of
+strict UTF-8 text, cut after newlines, from its train head and then its eval tail.
+
+Nothing here holds a whole file: a source is read in READ_CHUNK_BYTES blocks and handed on in
+chunks of whole lines, so memory stays flat however large the corpus is. Where a chunk ends
+depends on the bytes alone (never on block sizes or on how many processes encode them), so the
+same bytes always give the same chunks.
 """
 
 from __future__ import annotations
 
 import errno
-import hashlib
-import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import sentencepiece as spm
+from typing import IO
 
 from components import storage
-from components.tokenize.bpe import ENCODE_CHUNK_CHARS, SENTENCEPIECE_TRAINER_OPTIONS
-from contracts.artifacts import SPLITS, TOKENIZER_FILE
+from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
+from contracts.artifacts import SPLITS
 from contracts.errors import UserError
 
-FORMAT_VERSION = 1  # bump when the artifact layout or any encoding rule changes
-SPLIT_METHOD = "file-tail-v1"  # see split_file; bump the suffix if the rule changes
+SPLIT_METHOD = "file-tail-bytes-v2"  # see _Chunker; bump the suffix if the rule changes
+CHUNK_BYTES = 1 << 20  # a chunk: whole lines, from the first that reaches this many bytes on
 
-# SentencePiece skips training lines longer than its max_sentence_length (64 KiB), and encoding
-# holds a line's ids whole, so a longer line is refused while it is read, before the file is
-# decoded: one huge line (a minified dump, a file with no newlines) would otherwise be held
-# several times over. 16 times the training limit leaves room for long paragraphs.
+# SentencePiece skips training lines longer than its max_sentence_length (64 KiB), and a chunk
+# holds whole lines, so a longer line is refused while it is read, before it is decoded: one
+# huge line (a minified dump, a file with no newlines) would otherwise be held whole. 16 times
+# the training limit leaves room for long paragraphs.
 MAX_LINE_BYTES = 16 * SENTENCEPIECE_TRAINER_OPTIONS["max_sentence_length"]
 # Bytes read at a time. No larger than MAX_LINE_BYTES: a line that starts and ends inside one
-# chunk is then within the limit, and only lines that cross a chunk boundary are measured.
+# block is then within the limit, and only lines that cross a block boundary are measured.
 READ_CHUNK_BYTES = min(1 << 20, MAX_LINE_BYTES)
 # Files that land in a text folder by mistake, by their first bytes: what they are, the fix.
 _NOT_TEXT = (
@@ -97,35 +98,161 @@ def _loops(link: Path) -> bool:
     return target.is_dir() and link.parent.resolve().is_relative_to(target)
 
 
-def read_utf8(source: storage.FileInfo) -> str:
-    """Read one source as text: streamed, checked against its listing, decoded strictly.
+# ---- streamed, checked reading --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Whole lines of one source, all of one split."""
+
+    split: str  # "train" or "eval"
+    text: str  # the lines; the last chunk of a file's train or eval part always ends in "\n"
+    size: int  # the source bytes it covers (a "\n" added at a part's end is not counted)
+
+
+def read_chunks(
+    source: storage.FileInfo, eval_fraction: float, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[Chunk]:
+    """Stream one source as chunks: its train part's, then its eval part's (see _Chunker).
 
     While the bytes arrive, refuse a binary file (a known header, a NUL byte) and a line over
-    MAX_LINE_BYTES, so neither is held whole first. Storage checks the bytes read against the
-    fingerprint listed (`expect`): a file edited meanwhile is refused, never tokenized under
-    the version of its old bytes.
+    MAX_LINE_BYTES, and decode each chunk strictly, naming the byte offset and line of the
+    first byte that is not UTF-8 (replacing it would silently train on U+FFFD and change the
+    eval text's character count). Storage checks the bytes read against the fingerprint
+    listed (`expect`): a file edited meanwhile is refused, never tokenized under the version
+    of its old bytes. The check runs at the end of the file, so chunks already handed on are
+    from a run that then fails.
     """
     uri = source.uri
-    data = bytearray()
-    lines = _LineLimit(uri)
     try:
         with storage.open_read(uri, expect=source) as f:
-            for chunk in iter(lambda: f.read(READ_CHUNK_BYTES), b""):
-                _check_text(uri, chunk, len(data))
-                lines.feed(chunk, len(data))
-                data += chunk
+            chunker = _Chunker(uri, source.size, eval_fraction, chunk_bytes)
+            yield from chunker.chunks(_checked_blocks(uri, f))
     except storage.ObjectChangedError:
         raise UserError(
             f"corpus file {uri!r} changed while it was read; run again when it is stable"
         ) from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data.count(b"\n", 0, e.start) + 1
-        raise UserError(
-            f"corpus file {uri!r} is not UTF-8: byte 0x{data[e.start]:02x} at offset {e.start} "
-            f"(line {line}); convert it to UTF-8 (for example `iconv -f latin1 -t utf-8`)"
-        ) from None
+
+
+def train_bytes(sources: Sequence[storage.FileInfo], eval_fraction: float) -> int:
+    """About how many bytes the train split has, known from the listed sizes alone."""
+    return sum(_eval_target(f.size, eval_fraction) for f in sources)
+
+
+def _eval_target(size: int, eval_fraction: float) -> int:
+    return round(size * (1.0 - eval_fraction))
+
+
+def _checked_blocks(uri: str, f: IO[bytes]) -> Iterator[bytes]:
+    """The file's bytes in blocks, each checked for binary content and over-long lines."""
+    lines = _LineLimit(uri)
+    offset = 0
+    for block in iter(lambda: f.read(READ_CHUNK_BYTES), b""):
+        _check_text(uri, block, offset)
+        lines.feed(block, offset)
+        yield block
+        offset += len(block)
+
+
+class _Chunker:
+    """Cuts one file, arriving in blocks of any size, into chunks that depend on its bytes only.
+
+    Split: the eval part starts at the first line start at or after byte
+    round(size * (1 - eval_fraction)) of the file, so every file gives text to both splits
+    and eval text stays contiguous (nanoGPT's tail split, counted in bytes so that it is known
+    before the file is decoded). A file with no line start there is cut at that byte (moved
+    back to a character's first byte). Chunks: each part is cut after the first newline at or
+    after every `chunk_bytes` bytes from where the last chunk ended, and at the part's end;
+    a part that does not end in a newline gets one, as the windows of a split run on across
+    files. The bytes held are at most a chunk and a block, plus one line (MAX_LINE_BYTES).
+    """
+
+    def __init__(self, uri: str, size: int, eval_fraction: float, chunk_bytes: int) -> None:
+        self.uri = uri
+        self.size = size
+        self.chunk_bytes = chunk_bytes
+        self.target = _eval_target(size, eval_fraction)
+        self.cut: int | None = None  # where the eval part starts, once known
+        self.split = SPLITS[0]  # the part being cut: train, then eval
+        self.buf = bytearray()  # bytes read and not yet handed on, from self.buf[self.pos]
+        self.pos = 0
+        self.start = 0  # the file offset of self.buf[self.pos]
+        self.lines = 0  # newlines before self.start, to name a line in an error
+
+    def chunks(self, blocks: Iterable[bytes]) -> Iterator[Chunk]:
+        for block in blocks:
+            del self.buf[: self.pos]
+            self.pos = 0
+            self.buf += block
+            yield from self._ready(final=False)
+        yield from self._ready(final=True)
+
+    def _ready(self, final: bool) -> Iterator[Chunk]:
+        """Every chunk whose end the bytes so far decide (at the end of the file: the rest)."""
+        while True:
+            if self.split == SPLITS[0]:
+                if self.cut is None:
+                    self._find_cut(final)
+                if self.cut == self.start:
+                    self.split = SPLITS[1]
+            end = self._chunk_end(final)
+            if end is None or end == self.start:
+                return
+            yield self._take(end)
+
+    def _find_cut(self, final: bool) -> None:
+        # Train chunks so far end before the target, so the byte before it is still held.
+        held = len(self.buf) - self.pos
+        newline = self.buf.find(b"\n", self.pos + max(self.target - 1 - self.start, 0))
+        if newline != -1 and self.start + newline - self.pos + 1 < self.size:
+            self.cut = self.start + newline - self.pos + 1
+        elif newline != -1 or final:  # no line start at or after the target inside the file
+            cut = self.target
+            while self.start < cut < self.start + held and self._byte(cut) & 0xC0 == 0x80:
+                cut -= 1  # a UTF-8 continuation byte: cut before its character instead
+            self.cut = cut
+
+    def _byte(self, offset: int) -> int:
+        return self.buf[self.pos + offset - self.start]
+
+    def _chunk_end(self, final: bool) -> int | None:
+        """Where the next chunk ends in the file, or None until more bytes decide it."""
+        newline = self.buf.find(b"\n", self.pos + self.chunk_bytes - 1)
+        if newline != -1:
+            end: int | None = self.start + newline - self.pos + 1
+        else:
+            end = self.start + len(self.buf) - self.pos if final else None
+        if self.split == SPLITS[1]:
+            return end
+        if self.cut is None:  # safe only before the target: the eval part cannot start there
+            return end if end is not None and end < self.target else None
+        return self.cut if end is None else min(end, self.cut)
+
+    def _take(self, end: int) -> Chunk:
+        data = bytes(self.buf[self.pos : self.pos + end - self.start])
+        text = self._decode(data)
+        part_ends = end == (self.cut if self.split == SPLITS[0] else self.size)
+        if part_ends and not text.endswith("\n"):
+            text += "\n"
+        chunk = Chunk(self.split, text, len(data))
+        self.pos += len(data)
+        self.start = end
+        self.lines += data.count(b"\n")
+        if self.split == SPLITS[0] and end == self.cut:
+            self.split = SPLITS[1]
+        return chunk
+
+    def _decode(self, data: bytes) -> str:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            offset = self.start + e.start
+            line = self.lines + data.count(b"\n", 0, e.start) + 1
+            raise UserError(
+                f"corpus file {self.uri!r} is not UTF-8: byte 0x{data[e.start]:02x} at offset "
+                f"{offset} (line {line}); convert it to UTF-8 (for example `iconv -f latin1 "
+                "-t utf-8`)"
+            ) from None
 
 
 def _check_text(uri: str, chunk: bytes, offset: int) -> None:
@@ -143,7 +270,7 @@ def _check_text(uri: str, chunk: bytes, offset: int) -> None:
 
 
 class _LineLimit:
-    """Follows line boundaries across chunks; refuses a line once it passes MAX_LINE_BYTES."""
+    """Follows line boundaries across blocks; refuses a line once it passes MAX_LINE_BYTES."""
 
     def __init__(self, uri: str) -> None:
         self.uri = uri
@@ -151,7 +278,7 @@ class _LineLimit:
         self.number = 1  # its 1-based line number
 
     def feed(self, chunk: bytes, offset: int) -> None:
-        """Take the next chunk, read at byte `offset` of the file."""
+        """Take the next block, read at byte `offset` of the file."""
         first = chunk.find(b"\n")
         end = offset + (len(chunk) if first == -1 else first)  # the current line reaches here
         if end - self.start > MAX_LINE_BYTES:
@@ -162,135 +289,31 @@ class _LineLimit:
                 f"{SENTENCEPIECE_TRAINER_OPTIONS['max_sentence_length'] >> 10} KiB)"
             )
         if first != -1:
-            # Lines wholly inside the chunk are shorter than the chunk, so within the limit.
+            # Lines wholly inside the block are shorter than the block, so within the limit.
             self.number += chunk.count(b"\n")
             self.start = offset + chunk.rfind(b"\n") + 1
 
 
-def _corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
-    """The folder sources are named relative to: the folder given, a file's, or a glob's fixed part.
-
-    So a file and a folder holding only that file give the same dataset version.
-    """
-    if storage.is_gcs(corpus):
-        return _gcs_corpus_root(corpus, sources)
-    parts = Path(corpus).parts
-    wild = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
-    if wild is not None:
-        return str(Path(*parts[:wild]).resolve() if wild else Path.cwd())
-    path = Path(corpus).resolve()
-    return str(path.parent if path.is_file() else path)
+# ---- whole texts ----------------------------------------------------------------------------
 
 
-def _gcs_corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
-    bucket, key = storage.split_gcs(corpus)
-    wild = next((i for i, c in enumerate(key) if c in "*?["), None)
-    if wild is not None:
-        key = key[:wild]
-        key = key[: key.rfind("/") + 1]
-    elif [s.uri for s in sources] == [corpus]:  # one object, named exactly
-        key = key[: key.rfind("/") + 1]
-    return f"gs://{bucket}/{key.rstrip('/')}"
-
-
-# ---- split ----------------------------------------------------------------------------------
-
-
-def split_file(text: str, eval_fraction: float) -> tuple[str, str]:
-    """Cut one file into (train, eval) at the line start nearest to (1 - eval_fraction)."""
-    target = round(len(text) * (1.0 - eval_fraction))
-    before = text.rfind("\n", 0, target) + 1  # 0 when there is no line start before
-    after = text.find("\n", target) + 1  # 0 when there is no line start after
-    inside = [cut for cut in (before, after) if 0 < cut < len(text)]
-    cut = min(inside, key=lambda c: abs(c - target)) if inside else target
-    return text[:cut], text[cut:]
+def check_not_blank(has_text: bool, corpus: str) -> None:
+    """Refuse a corpus that holds only whitespace."""
+    if not has_text:
+        raise UserError(f"corpus {corpus!r} holds only whitespace; give a text file with content")
 
 
 def split_corpus(texts: Sequence[str], eval_fraction: float, corpus: str) -> dict[str, str]:
-    """Split each file, then join the parts of each split (newline-terminated) in file order."""
-    if not any(t.strip() for t in texts):
-        raise UserError(f"corpus {corpus!r} holds only whitespace; give a text file with content")
-    parts = [split_file(t, eval_fraction) for t in texts if t]
-    return {split: "".join(_terminated(p[i]) for p in parts) for i, split in enumerate(SPLITS)}
+    """Each split's text for files held in memory, by the rule `read_chunks` streams.
 
-
-def _terminated(text: str) -> str:
-    return text if not text or text.endswith("\n") else text + "\n"
-
-
-# ---- version and manifest ------------------------------------------------------------------
-
-
-def dataset_parameters(
-    vocab_size: int, seq_len: int, eval_fraction: float, shard_windows: int, given: bytes | None
-) -> dict[str, Any]:
-    """Every value that changes the output bytes; the dataset version hashes them."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "split_method": SPLIT_METHOD,
-        "vocab_size": vocab_size,
-        "seq_len": seq_len,
-        "eval_fraction": eval_fraction,
-        "shard_windows": shard_windows,
-        "encode_chunk_chars": ENCODE_CHUNK_CHARS,
-        "sentencepiece_version": spm.__version__,
-        "tokenizer_options": None if given else SENTENCEPIECE_TRAINER_OPTIONS,
-        "given_tokenizer_sha256": hashlib.sha256(given).hexdigest() if given else None,
-    }
-
-
-def dataset_version(
-    corpus: str, sources: Sequence[storage.FileInfo], parameters: dict[str, Any]
-) -> str:
-    root = _corpus_root(corpus, sources)
-    fingerprints = [[_relative(f.uri, root), f.fingerprint] for f in sources]
-    canonical = json.dumps(
-        {"sources": fingerprints, "parameters": parameters}, sort_keys=True, separators=(",", ":")
-    )
-    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def _relative(uri: str, root: str) -> str:
-    if storage.is_gcs(uri):
-        folder = root.rstrip("/") + "/"
-        return uri[len(folder) :] if uri.startswith(folder) else uri.rsplit("/", 1)[-1]
-    path = Path(uri)
-    return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name
-
-
-def source_entry(source: storage.FileInfo) -> dict[str, Any]:
-    """A manifest `sources` entry: the sha256 locally; GCS's fingerprints and generation."""
-    if not storage.is_gcs(source.uri):
-        return {"uri": source.uri, "size": source.size, "sha256": source.sha256}
-    return {
-        "uri": source.uri,
-        "size": source.size,
-        "crc32c": source.crc32c,
-        "md5": source.md5,
-        "generation": source.generation,
-    }
-
-
-def build_manifest(
-    corpus: str,
-    sources: Sequence[storage.FileInfo],
-    parameters: dict[str, Any],
-    stats: dict[str, dict[str, Any]],
-    model: bytes,
-    trained: bool,
-) -> dict[str, Any]:
-    return {
-        "dataset_version": dataset_version(corpus, sources, parameters),
-        "seq_len": parameters["seq_len"],
-        "vocab_size": parameters["vocab_size"],
-        "eval_fraction": parameters["eval_fraction"],
-        "splits": stats,
-        "tokenizer": {
-            "file": TOKENIZER_FILE,
-            "sha256": hashlib.sha256(model).hexdigest(),
-            "vocab_size": parameters["vocab_size"],
-            "trained": trained,
-        },
-        "sources": [source_entry(f) for f in sources],
-        "parameters": parameters,
-    }
+    The parts of each split are joined in file order, each ending in a newline.
+    """
+    check_not_blank(any(t.strip() for t in texts), corpus)
+    parts: dict[str, list[str]] = {split: [] for split in SPLITS}
+    for i, text in enumerate(texts):
+        data = text.encode("utf-8")
+        for chunk in _Chunker(f"{corpus}[{i}]", len(data), eval_fraction, CHUNK_BYTES).chunks(
+            [data]
+        ):
+            parts[chunk.split].append(chunk.text)
+    return {split: "".join(pieces) for split, pieces in parts.items()}

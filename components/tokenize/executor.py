@@ -1,49 +1,58 @@
 """Tokenize: turn a UTF-8 text corpus into the Examples artifact (docs/design.md).
 
-    corpus ─ read (strict UTF-8) ─ split (tail of each file) ─ SentencePiece BPE (train split)
-           ─ encode (threads) ─ windows of seq_len+1, stride seq_len ─ GZIP TFRecord shards
+    corpus ─ read (checks, tokenizer sample) ─ SentencePiece BPE (on the sample)
+           ─ read again, in chunks ─ encode (worker processes) ─ windows ─ GZIP TFRecord shards
 
-The whole output is written in a temporary sibling folder and renamed into place at the end,
-so a failure leaves nothing at `output_dir`. The corpus is held in memory: this step is sized
-for corpora of up to a few hundred MB; a larger one would stream files through the same steps.
+Both reads stream the corpus in chunks of whole lines (corpus.py), and shards are written as
+they fill (shards.py), so memory stays flat whatever the corpus's size; the first read checks
+every byte before any work, and gives the tokenizer a bounded sample (bpe.Sample). The whole
+output is written in a temporary sibling folder and renamed into place at the end, so a
+failure leaves nothing at `output_dir`.
 """
 
 from __future__ import annotations
 
-import errno
 import json
-import math
-import os
-from collections.abc import Callable
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from components import storage
 from components.tokenize import bpe
 from components.tokenize.corpus import (
+    CHUNK_BYTES,
+    Chunk,
+    check_not_blank,
+    list_sources,
+    read_chunks,
+    train_bytes,
+)
+from components.tokenize.dataset import (
     build_manifest,
     dataset_parameters,
     dataset_version,
-    list_sources,
-    read_utf8,
     source_entry,
-    split_corpus,
 )
+from components.tokenize.encode import Encoder, default_workers
 from components.tokenize.progress import Report
+from components.tokenize.shards import SplitWriter
 from contracts import progress as events
 from contracts.artifacts import (
     EVAL_TEXT,
     EXAMPLES_MANIFEST,
     EXAMPLES_REF,
+    SPLITS,
     TOKENIZER_FILE,
-    shard_file,
 )
 from contracts.errors import UserError
 
 DEFAULT_SHARD_WINDOWS = 4096  # about 0.25 MB of GZIP per shard at seq_len 64, vocab 512
+# A worker process costs about as much to start as encoding 2 MB, so a corpus gets one for
+# every CHUNKS_PER_WORKER chunks at most; a corpus of fewer is encoded in this process.
+CHUNKS_PER_WORKER = 2
+# Options of `run` that change nothing in the output, so not the dataset version.
+NOT_VERSIONED = ("workers", "progress", "reporter")
 
 
 def run(
@@ -55,6 +64,8 @@ def run(
     eval_fraction: float = 0.1,
     tokenizer: str | None = None,
     shard_windows: int = DEFAULT_SHARD_WINDOWS,
+    chunk_bytes: int = CHUNK_BYTES,
+    tokenizer_sample_bytes: int = bpe.SAMPLE_BYTES,
     workers: int | None = None,
     progress: bool = True,
     expected_version: str | None = None,
@@ -62,16 +73,18 @@ def run(
 ) -> dict[str, Any]:
     """Tokenize `corpus` (a UTF-8 text file, folder or glob) into `output_dir`; return the manifest.
 
-    Split: the last `eval_fraction` of each file (cut at the nearest line start) is eval, the
-    rest train, as nanoGPT does. Tail splits keep eval text contiguous, so eval windows span
-    real context, the demo split matches nanoGPT's Shakespeare split, and every file
-    contributes to both splits however small it is (a hashed-block split can leave a small
-    corpus with no eval text). Appending text to a file moves its cut;
-    the dataset version changes with any byte anyway.
+    Split: each file's eval part starts at the first line start at or after its byte
+    round(size * (1 - eval_fraction)); the rest is train, as nanoGPT splits. Tail splits
+    keep eval text contiguous, so eval windows span real context, the demo split matches
+    nanoGPT's Shakespeare split, and every file contributes to both splits however small it
+    is (a hashed-block split can leave a small corpus with no eval text). Appending text to a
+    file moves its cut; the dataset version changes with any byte anyway.
 
     Tokenizer: a SentencePiece BPE model trained on the train split only (so eval text is
-    unseen), with SENTENCEPIECE_TRAINER_OPTIONS; or the model at `tokenizer`, whose vocabulary
-    must have `vocab_size` pieces and must reproduce text with newlines exactly.
+    unseen), with SENTENCEPIECE_TRAINER_OPTIONS, on at most `tokenizer_sample_bytes` of it
+    taken evenly from every `chunk_bytes` chunk (all of it when it fits: bpe.Sample); or the
+    model at `tokenizer`, whose vocabulary must have `vocab_size` pieces and must reproduce
+    text with newlines exactly.
 
     Bytes that are not UTF-8 raise UserError naming the file and byte offset: replacing them
     would silently train on U+FFFD and change the eval text's character count. A binary file
@@ -80,6 +93,10 @@ def run(
     `corpus` and `output_dir` may be local or `gs://` (a prefix, an object or a glob such as
     `gs://bucket/texts/*.txt`). Objects are listed with GCS's own fingerprints, then streamed;
     an object replaced between the listing and the read raises a UserError naming it.
+
+    Encoding runs on `workers` processes (default: every CPU this process may use; a small
+    corpus is encoded in this process, see CHUNKS_PER_WORKER), at most one chunk each in
+    flight, the ids taken back in the corpus's order.
 
     `dataset_version` is a sha256 over each source's content fingerprint and its path relative
     to the corpus root (the folder given, a file's folder or a glob's fixed part, so moving or
@@ -96,36 +113,53 @@ def run(
     Manifest counts per split: `tokens` and `chars` of the whole split, and the `windows`
     written (`windows * seq_len + 1 <= tokens`: the incomplete tail is dropped).
     """
-    _check_arguments(output_dir, vocab_size, seq_len, eval_fraction, shard_windows, workers)
+    _check_arguments(
+        output_dir,
+        eval_fraction,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        shard_windows=shard_windows,
+        chunk_bytes=chunk_bytes,
+        tokenizer_sample_bytes=tokenizer_sample_bytes,
+        workers=workers,
+    )
     report = Report(progress, reporter)
     sources = list_sources(corpus)
     total = sum(f.size for f in sources)
-    splits = split_corpus(_read_all(sources, report, total), eval_fraction, corpus)
-    shares = _byte_shares(splits, total)
+    sample = (
+        None
+        if tokenizer
+        else bpe.Sample(tokenizer_sample_bytes, train_bytes(sources, eval_fraction))
+    )
+    chunks = _check_and_sample(corpus, sources, eval_fraction, chunk_bytes, sample, report, total)
     given = bpe.read_given(tokenizer, vocab_size) if tokenizer else None
-    parameters = dataset_parameters(vocab_size, seq_len, eval_fraction, shard_windows, given)
+    parameters = dataset_parameters(
+        vocab_size,
+        seq_len,
+        eval_fraction,
+        shard_windows,
+        chunk_bytes,
+        tokenizer_sample_bytes,
+        given,
+    )
     if expected_version and dataset_version(corpus, sources, parameters) != expected_version:
         # Checked before writing: a folder named for one version must never hold another.
         raise UserError(
             f"corpus {corpus!r} changed while the run was reading it; run again when it is stable"
         )
     with storage.atomic_dir(output_dir, ready=EXAMPLES_MANIFEST) as tmp:
-        model = given or bpe.train(splits["train"], vocab_size, corpus, report.line)
+        model = given or _train(sample, vocab_size, corpus, report)
+        sample = None  # the sample's memory is free again before encoding starts
         (tmp / TOKENIZER_FILE).write_bytes(model)
-        ids = {}
-        for split, text in splits.items():
-            with report.task(f"encode {split}") as advance:
-                advance = _in_bytes(advance, report, "encode", shares[split], total)
-                ids[split] = bpe.encode(model, text, workers or os.cpu_count() or 1, advance)
-            _check_one_window(corpus, split, len(ids[split]), seq_len)
-        stats = {}
-        for split, text in splits.items():
-            with report.task(f"write {split}") as advance:
-                advance = _in_bytes(advance, report, "write", shares[split], total)
-                shards = _write_shards(tmp, split, ids[split], seq_len, shard_windows, advance)
-            stats[split] = {**shards, "tokens": len(ids[split]), "chars": len(text)}
-        (tmp / EVAL_TEXT).parent.mkdir()
-        (tmp / EVAL_TEXT).write_text(splits["eval"], encoding="utf-8", newline="")
+        processes = _processes(workers, chunks)
+        report.line(
+            f"encoding {chunks} chunks "
+            + (f"on {processes} worker processes" if processes > 1 else "in this process")
+        )
+        stream = (c for source in sources for c in read_chunks(source, eval_fraction, chunk_bytes))
+        stats = _Splits(tmp, seq_len, shard_windows).write(
+            stream, Encoder(model, processes), report, total, corpus
+        )
         manifest = build_manifest(corpus, sources, parameters, stats, model, trained=given is None)
         (tmp / EXAMPLES_MANIFEST).write_text(
             json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
@@ -151,11 +185,21 @@ def dataset_version_of(
     eval_fraction: float = 0.1,
     tokenizer: str | None = None,
     shard_windows: int = DEFAULT_SHARD_WINDOWS,
+    chunk_bytes: int = CHUNK_BYTES,
+    tokenizer_sample_bytes: int = bpe.SAMPLE_BYTES,
 ) -> tuple[str, list[storage.FileInfo]]:
     """The dataset version `run` would produce, from fingerprints alone (nothing is tokenized)."""
     sources = list_sources(corpus)
     given = bpe.read_given(tokenizer, vocab_size) if tokenizer else None
-    parameters = dataset_parameters(vocab_size, seq_len, eval_fraction, shard_windows, given)
+    parameters = dataset_parameters(
+        vocab_size,
+        seq_len,
+        eval_fraction,
+        shard_windows,
+        chunk_bytes,
+        tokenizer_sample_bytes,
+        given,
+    )
     return dataset_version(corpus, sources, parameters), sources
 
 
@@ -170,8 +214,7 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
     (`<datasets_root>/.<version>.lease`), the others wait for its manifest.
     """
     version, sources = dataset_version_of(
-        corpus,
-        **{k: v for k, v in options.items() if k not in ("workers", "progress", "reporter")},
+        corpus, **{k: v for k, v in options.items() if k not in NOT_VERSIONED}
     )
     uri = storage.join(datasets_root, version)
     manifest_uri = storage.join(uri, EXAMPLES_MANIFEST)
@@ -239,71 +282,98 @@ def artifact_properties(manifest: dict[str, Any]) -> dict[str, Any]:
     return props
 
 
-# ---- progress in bytes of the corpus ----------------------------------------------------
+# ---- the two reads ------------------------------------------------------------------------
 
 
-def _read_all(sources: list[storage.FileInfo], report: Report, total: int) -> list[str]:
-    """Each source's text, in order, reporting the bytes read so far."""
-    texts, done = [], 0
-    for i, source in enumerate(sources):
-        texts.append(read_utf8(source))
-        done += source.size
-        report.corpus_bytes(done, total, "read", final=i == len(sources) - 1)
-    return texts
-
-
-def _byte_shares(splits: dict[str, str], total: int) -> dict[str, tuple[float, float]]:
-    """Per split, (bytes of the splits before it, its own bytes), in corpus bytes.
-
-    A split's share of the corpus's bytes is taken as its share of the characters, which is
-    exact for ASCII text and close for any, without encoding the text again to count.
-    """
-    chars = sum(len(text) for text in splits.values()) or 1
-    shares, before = {}, 0.0
-    for split, text in splits.items():
-        size = total * len(text) / chars
-        shares[split] = (before, size)
-        before += size
-    return shares
-
-
-def _in_bytes(
-    advance: Callable[[int, int], None],
-    report: Report,
-    stage: str,
-    share: tuple[float, float],
-    total: int,
-) -> Callable[[int, int], None]:
-    """`advance(done, count)` of one split's units, also reported as corpus bytes of `stage`."""
-    before, size = share
-
-    def both(done: int, count: int) -> None:
-        advance(done, count)
-        report.corpus_bytes(before + size * done / max(count, 1), total, stage, final=done >= count)
-
-    return both
-
-
-# ---- checks and shards --------------------------------------------------------------------
-
-
-def _check_arguments(
-    output_dir: str,
-    vocab_size: int,
-    seq_len: int,
+def _check_and_sample(
+    corpus: str,
+    sources: Sequence[storage.FileInfo],
     eval_fraction: float,
-    shard_windows: int,
-    workers: int | None,
-) -> None:
+    chunk_bytes: int,
+    sample: bpe.Sample | None,
+    report: Report,
+    total: int,
+) -> int:
+    """Read every byte once before any work, so that every check (binary, long lines, UTF-8,
+    edits, blank) fails fast; take the tokenizer's sample. Returns how many chunks there are."""
+    chunks, done, has_text = 0, 0, False
+    with report.stage("read", total) as advance:
+        for source in sources:
+            for chunk in read_chunks(source, eval_fraction, chunk_bytes):
+                chunks += 1
+                has_text = has_text or not chunk.text.isspace()
+                if sample is not None and chunk.split == SPLITS[0]:
+                    sample.add(chunk.text)
+                done += chunk.size
+                advance(done)
+        check_not_blank(has_text, corpus)
+    return chunks
+
+
+def _train(sample: bpe.Sample | None, vocab_size: int, corpus: str, report: Report) -> bytes:
+    assert sample is not None  # taken whenever no tokenizer is given
+    if sample.fraction < 1.0:
+        report.line(f"the tokenizer learns from {sample.fraction:.1%} of each train chunk")
+    return bpe.train(sample.pieces, vocab_size, corpus, report.line)
+
+
+def _processes(workers: int | None, chunks: int) -> int:
+    """How many processes encode: `workers` (default: every CPU), at most one for every
+    CHUNKS_PER_WORKER chunks; 1 means this process."""
+    return max(1, min(workers or default_workers(), chunks // CHUNKS_PER_WORKER))
+
+
+class _Splits:
+    """Both splits' writers, and the eval text, fed by the encoded chunks in corpus order."""
+
+    def __init__(self, folder: Path, seq_len: int, shard_windows: int) -> None:
+        self.folder = folder
+        self.seq_len = seq_len
+        self.writers = {s: SplitWriter(folder, s, seq_len, shard_windows) for s in SPLITS}
+        self.chars = dict.fromkeys(SPLITS, 0)
+
+    def write(
+        self, chunks: Iterator[Chunk], encoder: Encoder, report: Report, total: int, corpus: str
+    ) -> dict[str, dict[str, Any]]:
+        """Encode and write every chunk; the manifest's counts per split."""
+        (self.folder / EVAL_TEXT).parent.mkdir()
+        try:
+            with (
+                (self.folder / EVAL_TEXT).open("w", encoding="utf-8", newline="") as eval_text,
+                report.stage("encode", total) as advance,
+                encoder,  # its workers' start is part of the stage
+            ):
+                done = 0
+                for chunk, ids in encoder.map(chunks, lambda c: c.text):
+                    self.writers[chunk.split].add(ids)
+                    self.chars[chunk.split] += len(chunk.text)
+                    if chunk.split == SPLITS[1]:
+                        eval_text.write(chunk.text)
+                    done += chunk.size
+                    advance(done)
+            for split, writer in self.writers.items():
+                _check_one_window(corpus, split, writer.tokens, self.seq_len)
+            with report.stage("write", total):
+                return {
+                    split: {**writer.finish(), "chars": self.chars[split]}
+                    for split, writer in self.writers.items()
+                }
+        except BaseException:
+            for writer in self.writers.values():
+                writer.abort()
+            raise
+
+
+# ---- checks ------------------------------------------------------------------------------
+
+
+def _check_arguments(output_dir: str, eval_fraction: float, **positive: int | None) -> None:
+    """Refuse an eval_fraction out of range, a `positive` value below 1 (None: its default),
+    and an output folder that holds something."""
     if not 0.0 < eval_fraction <= 0.5:
         raise UserError(f"eval_fraction must be in (0, 0.5], got {eval_fraction}; 0.1 is usual")
-    for name, value in (
-        ("vocab_size", vocab_size),
-        ("seq_len", seq_len),
-        ("shard_windows", shard_windows),
-        ("workers", 1 if workers is None else workers),
-    ):
-        if value < 1:
+    for name, value in positive.items():
+        if value is not None and value < 1:
             raise UserError(f"{name} must be a positive integer, got {value}")
     if storage.has_content(output_dir):
         raise UserError(
@@ -320,52 +390,3 @@ def _check_one_window(corpus: str, split: str, tokens: int, seq_len: int) -> Non
             f"corpus {corpus!r}: the {split} split has {tokens} tokens, fewer than one window of "
             f"seq_len + 1 = {seq_len + 1}; use {fits}, more data{larger_split}"
         )
-
-
-def _write_shards(
-    out: Path,
-    split: str,
-    ids: np.ndarray,
-    seq_len: int,
-    shard_windows: int,
-    advance: Callable[[int, int], None],
-) -> dict[str, Any]:
-    """Write windows of seq_len+1 ids, stride seq_len, as GZIP TFRecords of tf.train.Example."""
-    # Imported here, not at the top: reading the config or the manifest needs no TensorFlow.
-    import tensorflow as tf
-
-    windows = (len(ids) - 1) // seq_len
-    n_shards = math.ceil(windows / shard_windows)
-    names = [shard_file(split, shard, n_shards) for shard in range(n_shards)]
-    (out / names[0]).parent.mkdir()
-    for shard, name in enumerate(names):
-        try:
-            with tf.io.TFRecordWriter(str(out / name), options="GZIP") as writer:
-                for w in range(shard * shard_windows, min((shard + 1) * shard_windows, windows)):
-                    window = ids[w * seq_len : w * seq_len + seq_len + 1].tolist()  # seq_len + 1
-                    feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
-                    example = tf.train.Example(
-                        features=tf.train.Features(feature={"input_ids": feature})
-                    )
-                    writer.write(example.SerializeToString())
-        except tf.errors.OpError as e:
-            raise _as_os_error(e) from None
-        advance(shard + 1, n_shards)
-    return {"shards": names, "windows": windows}
-
-
-_DISK_FULL = {  # TensorFlow's words for them: its writers raise OpErrors, not OSError
-    "No space left on device": errno.ENOSPC,
-    "File too large": errno.EFBIG,
-    "Disk quota exceeded": errno.EDQUOT,
-}
-
-
-def _as_os_error(error: Exception) -> Exception:
-    """A TF writer's disk-full error as the OSError the storage layer names the folder for
-    (`storage.atomic_dir`: one line, nothing half-written); any other error as it is."""
-    message = str(getattr(error, "message", error))
-    for words, code in _DISK_FULL.items():
-        if words in message:
-            return OSError(code, words)
-    return error

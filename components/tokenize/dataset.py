@@ -1,0 +1,138 @@
+"""The dataset's identity: the parameters that change the output, the version they and the
+sources' fingerprints name, and the manifest that records both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+
+from components import storage
+from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
+from components.tokenize.corpus import SPLIT_METHOD
+from contracts.artifacts import TOKENIZER_FILE
+
+# Bump when the artifact layout or any encoding rule changes. 2: streamed (chunks of whole
+# lines in bytes, the tokenizer trained on a bounded sample, the split counted in bytes).
+FORMAT_VERSION = 2
+
+
+def dataset_parameters(
+    vocab_size: int,
+    seq_len: int,
+    eval_fraction: float,
+    shard_windows: int,
+    chunk_bytes: int,
+    tokenizer_sample_bytes: int,
+    given: bytes | None,
+) -> dict[str, Any]:
+    """Every value that changes the output bytes; the dataset version hashes them.
+
+    `chunk_bytes` places the chunks the tokenizer's sample is taken from (the ids do not
+    depend on it); neither it nor the sample's size matters with a given tokenizer, but both
+    are kept so that the parameters always have the same keys.
+    """
+    return {
+        "format_version": FORMAT_VERSION,
+        "split_method": SPLIT_METHOD,
+        "vocab_size": vocab_size,
+        "seq_len": seq_len,
+        "eval_fraction": eval_fraction,
+        "shard_windows": shard_windows,
+        "chunk_bytes": chunk_bytes,
+        "tokenizer_sample_bytes": tokenizer_sample_bytes,
+        "sentencepiece_version": spm.__version__,
+        "tokenizer_options": None if given else SENTENCEPIECE_TRAINER_OPTIONS,
+        "given_tokenizer_sha256": hashlib.sha256(given).hexdigest() if given else None,
+    }
+
+
+def dataset_version(
+    corpus: str, sources: Sequence[storage.FileInfo], parameters: dict[str, Any]
+) -> str:
+    """sha256 over each source's path relative to the corpus root, its fingerprint, and the
+    parameters."""
+    root = _corpus_root(corpus, sources)
+    fingerprints = [[_relative(f.uri, root), f.fingerprint] for f in sources]
+    canonical = json.dumps(
+        {"sources": fingerprints, "parameters": parameters}, sort_keys=True, separators=(",", ":")
+    )
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def source_entry(source: storage.FileInfo) -> dict[str, Any]:
+    """A manifest `sources` entry: the sha256 locally; GCS's fingerprints and generation."""
+    if not storage.is_gcs(source.uri):
+        return {"uri": source.uri, "size": source.size, "sha256": source.sha256}
+    return {
+        "uri": source.uri,
+        "size": source.size,
+        "crc32c": source.crc32c,
+        "md5": source.md5,
+        "generation": source.generation,
+    }
+
+
+def build_manifest(
+    corpus: str,
+    sources: Sequence[storage.FileInfo],
+    parameters: dict[str, Any],
+    stats: dict[str, dict[str, Any]],
+    model: bytes,
+    trained: bool,
+) -> dict[str, Any]:
+    """manifest.json's document (docs/design.md)."""
+    return {
+        "dataset_version": dataset_version(corpus, sources, parameters),
+        "seq_len": parameters["seq_len"],
+        "vocab_size": parameters["vocab_size"],
+        "eval_fraction": parameters["eval_fraction"],
+        "splits": stats,
+        "tokenizer": {
+            "file": TOKENIZER_FILE,
+            "sha256": hashlib.sha256(model).hexdigest(),
+            "vocab_size": parameters["vocab_size"],
+            "trained": trained,
+        },
+        "sources": [source_entry(f) for f in sources],
+        "parameters": parameters,
+    }
+
+
+def _corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
+    """The folder sources are named relative to: the folder given, a file's, or a glob's fixed part.
+
+    So a file and a folder holding only that file give the same dataset version.
+    """
+    if storage.is_gcs(corpus):
+        return _gcs_corpus_root(corpus, sources)
+    parts = Path(corpus).parts
+    wild = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), None)
+    if wild is not None:
+        return str(Path(*parts[:wild]).resolve() if wild else Path.cwd())
+    path = Path(corpus).resolve()
+    return str(path.parent if path.is_file() else path)
+
+
+def _gcs_corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
+    bucket, key = storage.split_gcs(corpus)
+    wild = next((i for i, c in enumerate(key) if c in "*?["), None)
+    if wild is not None:
+        key = key[:wild]
+        key = key[: key.rfind("/") + 1]
+    elif [s.uri for s in sources] == [corpus]:  # one object, named exactly
+        key = key[: key.rfind("/") + 1]
+    return f"gs://{bucket}/{key.rstrip('/')}"
+
+
+def _relative(uri: str, root: str) -> str:
+    if storage.is_gcs(uri):
+        folder = root.rstrip("/") + "/"
+        return uri[len(folder) :] if uri.startswith(folder) else uri.rsplit("/", 1)[-1]
+    path = Path(uri)
+    return path.relative_to(root).as_posix() if path.is_relative_to(root) else path.name

@@ -1,0 +1,182 @@
+"""Windows and shards: one split's token stream, cut into windows of seq_len + 1 ids with stride
+seq_len (consecutive windows share one token), written as GZIP TFRecords of tf.train.Example
+as the shards fill (docs/design.md, the Examples artifact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from contracts.artifacts import shard_file, split_dir
+
+# zlib's fastest level: a fifth of the default level's time (the step's largest cost after
+# encoding) for shards about 15% larger.
+GZIP_LEVEL = 1
+
+
+class SplitWriter:
+    """Takes one split's ids in order, chunk by chunk; writes each shard once it is full.
+
+    Memory holds one chunk's windows and the open shard's writer, whatever the split's size.
+    A shard is named for its count (`-of-0000N`) when `finish` renames it: until then it has
+    a name without it (in the step's temporary folder, which nothing reads).
+    """
+
+    def __init__(self, folder: Path, split: str, seq_len: int, shard_windows: int) -> None:
+        self.folder = folder
+        self.split = split
+        self.seq_len = seq_len
+        self.shard_windows = shard_windows
+        self.tokens = 0  # ids taken
+        self.windows = 0  # windows written
+        self._carry = np.zeros(0, np.int64)  # ids from the next window's first one
+        self._shards: list[Path] = []  # shard files, written or being written
+        self._open: contextlib.ExitStack | None = None  # the shard being written
+        self._writer: Any = None
+        self._in_shard = 0  # windows in it
+
+    def add(self, ids: np.ndarray) -> None:
+        """Append the next ids of the split; write every window they complete."""
+        self.tokens += len(ids)
+        stream = np.concatenate([self._carry, ids.astype(np.int64)])
+        count = max(0, (len(stream) - 1) // self.seq_len)
+        if count:
+            view = np.lib.stride_tricks.sliding_window_view(stream, self.seq_len + 1)
+            self._write(serialize(view[:: self.seq_len][:count]))  # (count, seq_len + 1)
+        self._carry = stream[count * self.seq_len :]
+
+    def finish(self) -> dict[str, Any]:
+        """Close the last shard and give every shard its final name; the split's counts."""
+        self._close_shard()
+        names = [shard_file(self.split, i, len(self._shards)) for i in range(len(self._shards))]
+        for path, name in zip(self._shards, names, strict=True):
+            os.replace(path, self.folder / name)
+        return {"shards": names, "windows": self.windows, "tokens": self.tokens}
+
+    def abort(self) -> None:
+        """Close the open shard, if any, after a failure (its error is not this one's to tell)."""
+        with contextlib.suppress(Exception):
+            self._close_shard()
+
+    def _write(self, records: list[bytes]) -> None:
+        done = 0
+        while done < len(records):
+            if self._writer is None:
+                self._open_shard()
+            take = min(len(records) - done, self.shard_windows - self._in_shard)
+            with _tf_errors():
+                for record in records[done : done + take]:
+                    self._writer.write(record)
+            done += take
+            self._in_shard += take
+            self.windows += take
+            if self._in_shard == self.shard_windows:
+                self._close_shard()
+
+    def _open_shard(self) -> None:
+        # Imported here, not at the top: reading the config or the manifest needs no TensorFlow.
+        import tensorflow as tf
+
+        path = self.folder / split_dir(self.split) / f"data_tfrecord-{len(self._shards):05d}.gz"
+        path.parent.mkdir(exist_ok=True)
+        self._open = contextlib.ExitStack()
+        with _tf_errors():
+            options = tf.io.TFRecordOptions(compression_type="GZIP", compression_level=GZIP_LEVEL)
+            self._writer = self._open.enter_context(tf.io.TFRecordWriter(str(path), options))
+        self._shards.append(path)
+        self._in_shard = 0
+
+    def _close_shard(self) -> None:
+        opened, self._open, self._writer = self._open, None, None
+        if opened is not None:
+            with _tf_errors():
+                opened.close()  # the writer's __exit__: the shard is whole once it returns
+
+
+# ---- tf.train.Example, serialized with numpy ------------------------------------------------
+
+# tf.train.Example{features{feature{key: "input_ids", value{int64_list{value: [...]}}}}}: each
+# message is a tag, a length and its fields, and every field but the ids is a prefix. So a
+# record is a header that depends only on the packed ids' byte count, then the ids as packed
+# varints, which numpy writes for a whole chunk at once. tests/test_tokenize_stream.py checks
+# that the bytes equal tf.train.Example's own serialization.
+_KEY = b"\x0a\x09input_ids"  # map entry field 1 (key), length 9, the feature's name
+
+
+def serialize(windows: np.ndarray) -> list[bytes]:
+    """Each row of `windows` (ids in [0, 2**32)) as a serialized tf.train.Example."""
+    values = windows.astype(np.uint32)  # (n, seq_len + 1)
+    width = _varint_size(int(values.max()))  # the most bytes one id takes
+    sizes = np.ones(values.shape, np.uint8)  # the bytes each id takes
+    for k in range(1, width):
+        sizes += values >= 1 << (7 * k)
+    varints = np.empty((*values.shape, width), np.uint8)  # each id's 7-bit groups, low first
+    for k in range(width):
+        more = (sizes > k + 1).astype(np.uint8) << 7  # the continuation bit
+        varints[..., k] = ((values >> 7 * k) & 0x7F).astype(np.uint8) | more
+    packed = varints[np.arange(width) < sizes[..., None]].tobytes()  # all windows, in order
+    records: list[bytes] = []
+    start, headers = 0, {}
+    for length in sizes.sum(axis=1, dtype=np.int64).tolist():
+        if length not in headers:
+            headers[length] = _header(length)
+        records.append(headers[length] + packed[start : start + length])
+        start += length
+    return records
+
+
+def _header(packed: int) -> bytes:
+    """Everything of one serialized Example before its `packed` bytes of ids."""
+    int64_list = b"\x0a" + _varint(packed)  # Int64List.value (field 1), packed
+    feature = b"\x1a" + _varint(len(int64_list) + packed)  # Feature.int64_list (field 3)
+    value = b"\x12" + _varint(len(feature) + len(int64_list) + packed)  # map entry's value
+    entry = _KEY + value
+    entry_size = len(entry) + len(feature) + len(int64_list) + packed
+    features = b"\x0a" + _varint(entry_size)  # Features.feature (field 1), one entry
+    example = b"\x0a" + _varint(len(features) + entry_size)  # Example.features (field 1)
+    return example + features + entry + feature + int64_list
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint_size(n: int) -> int:
+    return max(1, -(-n.bit_length() // 7))
+
+
+# ---- disk-full errors -------------------------------------------------------------------------
+
+_DISK_FULL = {  # TensorFlow's words for them: its writers raise OpErrors, not OSError
+    "No space left on device": errno.ENOSPC,
+    "File too large": errno.EFBIG,
+    "Disk quota exceeded": errno.EDQUOT,
+}
+
+
+@contextlib.contextmanager
+def _tf_errors() -> Iterator[None]:
+    """A TF writer's disk-full error as the OSError the storage layer names the folder for
+    (`storage.atomic_dir`: one line, nothing half-written); any other error as it is."""
+    import tensorflow as tf
+
+    try:
+        yield
+    except tf.errors.OpError as e:
+        message = str(getattr(e, "message", e))
+        for words, code in _DISK_FULL.items():
+            if words in message:
+                raise OSError(code, words) from None
+        raise
