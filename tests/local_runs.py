@@ -5,7 +5,7 @@ module that does shares the same two runs.
 
 - `local_runs` (session): a `LocalRuns`. The whole pipeline runs twice through
   `pipelines.local_runner.run_local` (kfp.local, real subprocess steps, ML Metadata on SQLite)
-  into one run root, with the e2e tests' smallest config (`test_pipeline_e2e.SMALL`) and one
+  into one run root, with the e2e tests' smallest config (`trainer_fixtures.PIPELINE_SMALL`) and one
   trainer worker. Each run reads its own slice of the bundled corpus, so the two have different
   dataset versions. Both are blessed and pushed: the first as version 1 (no baseline), the
   second as version 2 (version 1 its baseline). The blessing threshold is loose
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from test_pipeline_e2e import SMALL
+from trainer_fixtures import PIPELINE_SMALL as SMALL
 
 from contracts.artifacts import EVAL_TEXT
 from pipelines import local_runner

@@ -5,10 +5,10 @@ folder, locally and, copied with the storage layer, on the GCS emulator. The oth
 one-line errors on folders made in tmp_path, and load no trained model.
 """
 
-import argparse
 import json
 import math
 
+import commands
 import pytest
 
 from components import serving, storage
@@ -21,17 +21,11 @@ PROMPT = "ROMEO:"
 
 
 def run(argv: list[str]) -> int:
-    """One `gptpipe` command line, through the parser model_cmd adds, as cli.main runs it."""
-    parser = argparse.ArgumentParser(prog="gptpipe")
-    model_cmd.add_parser(parser.add_subparsers(required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return commands.run(model_cmd.add_parser, argv)
 
 
 def output(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    capsys.readouterr()
-    assert run(argv) == 0
-    return capsys.readouterr().out
+    return commands.output(capsys, model_cmd.add_parser, argv)
 
 
 def generate_argv(model: str, *extra: str) -> list[str]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from ml_metadata.proto import metadata_store_pb2 as mlmd
+from trainer_fixtures import PIPELINE_SMALL
 
 from components import lineage
 from pipelines import cli
@@ -34,21 +35,7 @@ from trainer.config import config_to_dict, resolve_config
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parent.parent
-SMALL = (
-    "model.vocab_size=400",
-    "model.seq_len=32",
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "train.batch_size=8",
-    "train.train_steps=30",
-    "train.warmup_steps=5",
-    "train.checkpoint_every=15",
-    "train.log_every=10",
-    "train.eval_batches=2",
-    "train.shuffle_buffer=64",
-)
+SMALL = PIPELINE_SMALL
 
 
 @pytest.fixture(scope="module")

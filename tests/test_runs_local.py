@@ -5,9 +5,9 @@ here through `lineage.record_execution`, as the steps write them, with runs that
 no evaluation or were a rollback.
 """
 
-import argparse
 import json
 
+import commands
 import pytest
 
 from components import lineage
@@ -18,17 +18,11 @@ pytest_plugins = ["local_runs"]
 
 
 def run(argv: list[str]) -> int:
-    """One `gptpipe` command line, through the parser runs_cmd adds, as cli.main runs it."""
-    parser = argparse.ArgumentParser(prog="gptpipe")
-    runs_cmd.add_parser(parser.add_subparsers(required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
+    return commands.run(runs_cmd.add_parser, argv)
 
 
 def output(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    capsys.readouterr()
-    assert run(argv) == 0
-    return capsys.readouterr().out
+    return commands.output(capsys, runs_cmd.add_parser, argv)
 
 
 # ---- the two real runs ---------------------------------------------------------------------

@@ -164,3 +164,21 @@ def make_model_dir(tmp_path: Path, examples_dir: Path, overrides: tuple[str, ...
     model_dir = Path(tmp_path) / "model"
     train(str(examples_dir), str(model_dir), str(Path(tmp_path) / "work"), cfg)
     return model_dir
+
+
+# The smallest config a whole pipeline run trains: the e2e tests, the security run, racing runs.
+PIPELINE_SMALL = (
+    "model.vocab_size=400",
+    "model.seq_len=32",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "train.batch_size=8",
+    "train.train_steps=30",
+    "train.warmup_steps=5",
+    "train.checkpoint_every=15",
+    "train.log_every=10",
+    "train.eval_batches=2",
+    "train.shuffle_buffer=64",
+)

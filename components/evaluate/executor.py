@@ -13,12 +13,13 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from components import lineage, serving, storage
+from components import serving, storage
 from components.evaluate import report
+from components.evaluate.results import EvalResult, RunFacts, Scores
 from components.evaluate.thresholds import check_thresholds
 from contracts.artifacts import (
     EVAL_TEXT,
@@ -42,40 +43,6 @@ COMPARE_TOKENS = 64  # new tokens per continuation: enough to read, quick on CPU
 # What to do when a SavedModel is missing or damaged: the candidate's, or the one in service.
 _RETRAIN = "run the pipeline again to train it anew"
 _RESERVE = "run evaluate again; if it stays so, serve a healthy version (gptpipe rollback)"
-
-
-@dataclass(frozen=True)
-class Scores:
-    """Corpus-level loss of one model on the eval text."""
-
-    nats_per_token: float  # mean next-token loss over the model's own tokens
-    nats_per_char: float  # total loss over total UTF-8 characters (tokenizer-independent)
-    perplexity: float  # exp(nats_per_token)
-    tokens: int  # tokens predicted
-    chars: int  # characters scored
-
-
-@dataclass(frozen=True)
-class EvalResult:
-    """The evaluation outcome: the candidate's scores, the baseline's, and the blessing."""
-
-    candidate: Scores
-    baseline: Scores | None  # None when nothing is in service yet
-    baseline_model: str  # the baseline SavedModel folder, or "" when there is none
-    blessed: bool  # the candidate may be pushed
-    reason: str  # why it was or was not blessed
-    # training and run numbers for the Metrics artifact (report.key_numbers): tokens/s, MFU,
-    # each step's wall time and GPU-hours
-    run_numbers: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class RunFacts:
-    """What the HTML report tells about the run besides the models: the step's edge, lineage."""
-
-    dataset_version: str = ""  # the Examples' content-addressed version
-    code_version: str = ""  # the evaluate step's git commit
-    executions: Sequence[lineage.ExecutionView] = ()  # latest per step so far, in start order
 
 
 def run(

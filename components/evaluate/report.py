@@ -19,14 +19,12 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 from components import lineage
 from components.evaluate import plots
 from components.evaluate.plots import History, is_number
-
-if TYPE_CHECKING:
-    from components.evaluate.executor import EvalResult, Scores
+from components.evaluate.results import EvalResult, Scores
 
 NO_CURVE = "no training curve recorded"
 

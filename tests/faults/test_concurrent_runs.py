@@ -10,26 +10,13 @@ import os
 
 import pytest
 from processes import REPO, run_together
+from trainer_fixtures import PIPELINE_SMALL
 
 from components import serving, storage
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-SMALL = (
-    "model.vocab_size=400",
-    "model.seq_len=32",
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "train.batch_size=8",
-    "train.train_steps=20",
-    "train.warmup_steps=5",
-    "train.checkpoint_every=10",
-    "train.log_every=10",
-    "train.eval_batches=2",
-    "train.shuffle_buffer=64",
-)
+SMALL = (*PIPELINE_SMALL, "train.train_steps=20", "train.checkpoint_every=10")
 
 RUN = """
 import json

@@ -48,6 +48,7 @@ import yaml
 from k8s_double import FakeKube, scenarios
 from pod_security import restricted_violations
 from tfjob_fixtures import make_spec, worker_template
+from trainer_fixtures import PIPELINE_SMALL
 
 from components import kube as kube_api
 from components import provenance
@@ -71,22 +72,7 @@ images_build = importlib.util.module_from_spec(_build_spec)
 _build_spec.loader.exec_module(images_build)
 TRAINER_IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@sha256:" + "cd" * 32
 NEEDED = ["--param", "corpus=gs://bucket/corpus/", "--param", "serving_dir=gs://bucket/serving"]
-# The smallest config the e2e tests train (tests/test_pipeline_e2e.py's SMALL).
-SMALL = (
-    "model.vocab_size=400",
-    "model.seq_len=32",
-    "model.n_layer=1",
-    "model.n_head=2",
-    "model.d_model=32",
-    "model.d_ff=64",
-    "train.batch_size=8",
-    "train.train_steps=30",
-    "train.warmup_steps=5",
-    "train.checkpoint_every=15",
-    "train.log_every=10",
-    "train.eval_batches=2",
-    "train.shuffle_buffer=64",
-)
+SMALL = PIPELINE_SMALL
 
 
 # ---- 1. no credential leaks: planting and searching ------------------------------------------

@@ -1,0 +1,44 @@
+"""What an evaluation found: each model's scores, the blessing, and the run's facts for the
+report. Plain data, shared by the executor (which computes it) and the report (which draws it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from components import lineage
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Corpus-level loss of one model on the eval text."""
+
+    nats_per_token: float  # mean next-token loss over the model's own tokens
+    nats_per_char: float  # total loss over total UTF-8 characters (tokenizer-independent)
+    perplexity: float  # exp(nats_per_token)
+    tokens: int  # tokens predicted
+    chars: int  # characters scored
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """The evaluation outcome: the candidate's scores, the baseline's, and the blessing."""
+
+    candidate: Scores
+    baseline: Scores | None  # None when nothing is in service yet
+    baseline_model: str  # the baseline SavedModel folder, or "" when there is none
+    blessed: bool  # the candidate may be pushed
+    reason: str  # why it was or was not blessed
+    # training and run numbers for the Metrics artifact (report.key_numbers): tokens/s, MFU,
+    # each step's wall time and GPU-hours
+    run_numbers: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the HTML report tells about the run besides the models: the step's edge, lineage."""
+
+    dataset_version: str = ""  # the Examples' content-addressed version
+    code_version: str = ""  # the evaluate step's git commit
+    executions: Sequence[lineage.ExecutionView] = ()  # latest per step so far, in start order
