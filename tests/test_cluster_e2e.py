@@ -193,7 +193,12 @@ def test_a_second_run_takes_train_from_kfps_cache(cluster, first, second):
     pushed = second.tasks["push"].output_artifacts["pushed_model"].metadata
     # The push published nothing, and says so: version 1 stays credited to the first run.
     assert pushed["pushed"] == 0 and "already served as version 1" in pushed["reason"]
-    assert not [n for n in cluster.names("serving/gpt/") if not n.startswith("serving/gpt/1/")]
+    assert cluster.names("serving/gpt/.claims/") == ["serving/gpt/.claims/1"]  # no new claim
+    assert not [
+        n
+        for n in cluster.names("serving/gpt/")
+        if not n.startswith(("serving/gpt/1/", "serving/gpt/.claims/"))
+    ]
     summary = lineage.run_summary(cluster.mlmd.address, second.run_id)
     train = summary["steps"]["train"]
     assert train["state"] == "CACHED"

@@ -10,7 +10,7 @@ from pod_security import restricted_violations
 from tfjob_fixtures import IMAGE, SCHEMA, make_spec, schema_errors, worker_template
 
 from components.train import tfjob_manifest
-from components.train.launcher import job_name, run_label
+from components.train.launcher import METRICS_PORT, job_name, run_label
 from contracts.errors import UserError
 
 # -- the manifest --
@@ -122,7 +122,7 @@ def test_the_train_step_turns_metrics_on_for_tfjobs_only():
     tfjob = job_spec(
         "gs://b/ex", "gs://b/m", "gs://b/w", cfg, launcher="tfjob", run_id="r", image=IMAGE
     )
-    assert tfjob_manifest.metrics_port(tfjob.command) == tfjob_manifest.METRICS_PORT == 9090
+    assert tfjob_manifest.metrics_port(tfjob.command) == METRICS_PORT == 9090
     assert tfjob.command[-2:] == ("--metrics-port", "9090")
     local = job_spec("ex", "m", "w", cfg, launcher="local", run_id="r")
     assert tfjob_manifest.metrics_port(local.command) is None

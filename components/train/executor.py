@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from components import kube, storage
-from components.train.launcher import JobSpec, Launcher, OwnerPod, job_name, run_label
-from components.train.tfjob_manifest import METRICS_FLAG, METRICS_PORT
+from components.train.launcher import (
+    METRICS_FLAG,
+    METRICS_PORT,
+    JobSpec,
+    Launcher,
+    OwnerPod,
+    job_name,
+    run_label,
+)
 from contracts.artifacts import BACKUP_DIR, EXAMPLES_MANIFEST, TRAIN_METRICS, WORKER_LOGS_DIR
 from contracts.errors import UserError
 from trainer.config import Config, config_hash, config_to_dict

@@ -180,6 +180,10 @@ class LaunchResult:
     reattached: bool = False  # the launcher found the job already running (a retried launcher)
 
 
+METRICS_FLAG = "--metrics-port"  # the trainer's flag (trainer/task.py) for its /metrics port
+METRICS_PORT = 9090  # the port TFJob trainers serve /metrics on (prometheus-client's server)
+
+
 class LaunchError(RuntimeError):
     """The job failed. The message names the reason, the failing worker, its exit code and log."""
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from components.train.launcher import JobSpec
+from components.train.launcher import METRICS_FLAG, JobSpec
 from contracts.errors import UserError
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "tfjobs", "TFJob"
@@ -45,8 +45,6 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 _DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 TRAINER_UID = 1000  # images/Dockerfile: USER 1000:1000
 SHM_VOLUME = "dshm"  # the memory-backed emptyDir mounted at /dev/shm
-METRICS_FLAG = "--metrics-port"  # the trainer's flag (trainer/task.py) for its /metrics port
-METRICS_PORT = 9090  # the port TFJob trainers serve /metrics on (prometheus-client's server)
 METRICS_PORT_NAME = "metrics"  # the container port's name, which deploy/podmonitor.yaml scrapes
 METRICS_PATH = "/metrics"
 

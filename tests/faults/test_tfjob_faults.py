@@ -29,7 +29,7 @@ from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, Lau
 from trainer.config import resolve_config
 
 REPO = Path(__file__).resolve().parents[1]
-FAKE_WORKER = Path(__file__).parent / "fake_worker.py"
+FAKE_WORKER = Path(__file__).parents[1] / "fake_worker.py"
 IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@sha256:" + "cd" * 32
 RUN = "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"
 KEY = ("ml", "train-faults")
