@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.results import Figure
+
 OBJECT_MB = 32  # one large object: above RESUMABLE_THRESHOLD, so the layer uploads in chunks
 FOLDER_FILES = 64  # many small objects for the parallel folder upload
 FOLDER_FILE_KB = 128
@@ -43,6 +45,27 @@ def _best_of(repeats: int, fn: Callable[[], object]) -> float:
         fn()
         times.append(time.perf_counter() - started)
     return min(times)
+
+
+TIER = "quick"
+
+
+def figures(full: bool) -> list[Figure]:
+    """The layer's transfer speed over the bare client's, and the parallel folder speed-up."""
+    m = main()
+    inputs = {"object_MB": m["object_MB"], "folder": m["folder"], "workers": m["workers"]}
+    rows = (
+        (
+            f"storage layer upload / bare client upload ({OBJECT_MB} MB, emulator)",
+            "upload_ratio_layer_vs_bare",
+        ),
+        (
+            f"storage layer download / bare client download ({OBJECT_MB} MB, emulator)",
+            "download_ratio_layer_vs_bare",
+        ),
+        ("storage parallel folder upload / sequential (emulator)", "folder_parallel_speedup"),
+    )
+    return [Figure(name=name, value=float(m[key]), inputs=inputs, details=m) for name, key in rows]
 
 
 def main() -> dict[str, float | int | str]:

@@ -1,111 +1,104 @@
-"""Training throughput on CPU: 2 workers x 1 thread against 1 worker x 2 threads, and XLA.
+"""Distributed overhead on CPU: 2 workers x 1 thread against 1 worker x 2 threads, and XLA.
 
-Every run is the real trainer (`python -m trainer.task`) started by the `local` launcher, on the
-`tiny` preset over data/tinyshakespeare.txt tokenized by the tokenize step, with the same global
-batch (GLOBAL_BATCH sequences of 64 tokens). tokens/s is the chief's `tokens_per_second` in
-train_metrics.json: the steady-state steps, without start-up, tracing, compiling and export.
+Every run is the real trainer (`python -m trainer.task`) started by the `local` launcher
+(bench/trainer_run.py), on the `tiny` preset over the bundled corpus tokenized by the tokenize
+step, with the same global batch (GLOBAL_BATCH sequences of 64 tokens). tokens/s is the chief's
+`tokens_per_second` in train_metrics.json: the steady-state steps, without start-up, tracing,
+compiling and export. jit_compile stays `auto` (off on CPU), as users run it. The two
+configurations alternate (2 workers, 1 worker, 1 worker, 2 workers) and each one's best run
+counts, so that a change in the machine's other load hits both alike.
 
-- `ratio_2w1t_vs_1w2t`: MultiWorkerMirrored (2 processes, RING all-reduce over loopback gRPC,
-  1 intra-op and 1 inter-op thread each) against one process with 2+2 threads. Above 1 the
-  distributed path is faster on the same cores; below 1 it pays for the all-reduce.
-- `xla_speedup_1w`: jit_compile=on against off, one worker with 2 threads.
-- `xla_2w`: what jit_compile=on does under MultiWorkerMirrored on CPU: the trainer refuses it
-  (exit 2), because XLA cannot compile the cross-worker all-reduce on CPU (docs/training.md).
-
-Numbers on a shared machine vary by tens of percent: compare within one run.
+- distributed overhead: MultiWorkerMirrored (2 processes, RING all-reduce over loopback gRPC,
+  1 intra-op and 1 inter-op thread each) over one process with 2+2 threads. Above 1 the
+  distributed path is faster on the same cores; below 1 it pays for the all-reduce and the
+  per-step preemption check. Target >= 0.9.
+- full tier only: the XLA speed-up of one worker (jit_compile=on over off), and what
+  jit_compile=on does under MultiWorkerMirrored on CPU: the trainer refuses it (exit 2),
+  because XLA cannot compile the cross-worker all-reduce on CPU (docs/training.md).
 """
 
 from __future__ import annotations
 
-import io
-import json
-import sys
-import tempfile
-from pathlib import Path
+from bench import alternate, trainer_run, workloads
+from bench.results import Figure, Target
 
-REPO = Path(__file__).resolve().parents[1]
-CORPUS = REPO / "data" / "tinyshakespeare.txt"
+TIER = "quick"
+TARGET = Target(">=", 0.9)
 GLOBAL_BATCH = 32  # sequences per step in every run
 STEPS = 120  # long enough that the timed steps dominate the noise
-CORES = 2  # the threads every configuration gets in total
+ROUNDS = 2  # runs of each configuration, alternating: 2w, 1w, 1w, 2w; the best of each counts
 
 
-def _examples(folder: Path) -> Path:
-    from components.tokenize import executor as tokenize
-    from trainer.config import resolve_config
-
-    model = resolve_config("tiny").model
-    tokenize.run(
-        str(CORPUS), str(folder), vocab_size=model.vocab_size, seq_len=model.seq_len, progress=False
-    )
-    return folder
-
-
-def _train(root: Path, name: str, examples: Path, workers: int, jit: str) -> float:
-    """tokens/s of one job; raises LaunchError if it fails."""
-    from components.train.executor import trainer_command
-    from components.train.launcher import JobSpec
-    from components.train.local_launcher import LocalLauncher
-    from contracts.artifacts import TRAIN_METRICS
-    from trainer.config import resolve_config
-
-    threads = str(CORES // workers)
-    overrides = [
+def _overrides(workers: int, jit: str, steps: int) -> tuple[str, ...]:
+    return workloads.steady_state(steps) + (
         f"train.batch_size={GLOBAL_BATCH // workers}",
-        f"train.train_steps={STEPS}",
-        f"train.checkpoint_every={STEPS}",
-        "train.warmup_steps=10",
         f"train.jit_compile={jit}",
-    ]
-    cfg = resolve_config("tiny", overrides)  # resolved once here; the workers get its JSON
-    job = root / name
-    command = trainer_command(
-        sys.executable, str(examples), str(job / "model"), str(job / "work"), cfg
     )
-    command += ["--intra-op-threads", threads, "--inter-op-threads", threads]
-    spec = JobSpec(
-        name=name,
-        command=command,
+
+
+def _tokens_per_s(workers: int, jit: str, steps: int, attempt: int = 0) -> float:
+    # Attempts of their own (from 100): not peer_bench's runs of the same configuration, which
+    # ran minutes earlier, under other load.
+    return trainer_run.tokens_per_second(
+        "tiny",
+        _overrides(workers, jit, steps),
         workers=workers,
-        backoff_limit=0,
-        active_deadline_seconds=600,
-        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        threads=workloads.THREADS,
+        attempt=100 + attempt,
     )
-    LocalLauncher(log_dir=job / "logs", out=io.StringIO()).run(spec)
-    metrics = json.loads((job / "model" / TRAIN_METRICS).read_text())
-    return float(metrics["tokens_per_second"])
 
 
-def main() -> dict[str, float | int | str]:
+def figures(full: bool) -> list[Figure]:
+    from trainer.config import config_to_dict
+
+    steps = workloads.steps(STEPS, full)
+    twos, ones = alternate.abba(
+        lambda attempt: _tokens_per_s(2, "auto", steps, attempt),
+        lambda attempt: _tokens_per_s(1, "auto", steps, attempt),
+        ROUNDS,
+    )
+    two, one = max(twos), max(ones)
+    cfg = trainer_run.config("tiny", _overrides(1, "auto", steps))
+    inputs = {
+        "config": config_to_dict(cfg),
+        "global_batch": GLOBAL_BATCH,
+        "steps": steps,
+        "timed_tokens_per_run": (steps - 1) * GLOBAL_BATCH * cfg.model.seq_len,
+        "threads_total": workloads.THREADS,
+    }
+    found = [
+        Figure(
+            name="distributed overhead (2 workers x 1 thread / 1 worker x 2 threads), tiny",
+            value=two / one,
+            target=TARGET,
+            inputs=inputs,
+            details={"tokens_per_s_2w_1t": twos, "tokens_per_s_1w_2t": ones},
+        )
+    ]
+    if full:
+        found += _xla(steps, one, inputs)
+    return found
+
+
+def _xla(steps: int, one: float, inputs: dict) -> list[Figure]:
     from components.train.launcher import LaunchError
 
-    with tempfile.TemporaryDirectory(prefix="train-bench-") as tmp:
-        root = Path(tmp)
-        examples = _examples(root / "examples")
-        two_workers = _train(root, "w2-t1", examples, workers=2, jit="off")
-        one_worker = _train(root, "w1-t2", examples, workers=1, jit="off")
-        one_worker_xla = _train(root, "w1-t2-xla", examples, workers=1, jit="on")
-        try:
-            two_workers_xla: float | str = _train(root, "w2-t1-xla", examples, workers=2, jit="on")
-        except LaunchError as e:
-            two_workers_xla = f"failed: {e.reason}, exit {e.exit_code}"
-    results: dict[str, float | int | str] = {
-        "global_batch": GLOBAL_BATCH,
-        "steps": STEPS,
-        "tokens_per_s_2w_1t": two_workers,
-        "tokens_per_s_1w_2t": one_worker,
-        "ratio_2w1t_vs_1w2t": two_workers / one_worker,
-        "tokens_per_s_1w_2t_xla": one_worker_xla,
-        "xla_speedup_1w": one_worker_xla / one_worker,
-    }
-    if isinstance(two_workers_xla, float):
-        results["tokens_per_s_2w_1t_xla"] = two_workers_xla
-        results["xla_speedup_2w"] = two_workers_xla / two_workers
-    else:
-        results["xla_2w"] = two_workers_xla
-    return results
+    xla = _tokens_per_s(1, "on", steps)
+    try:
+        two_xla = f"{_tokens_per_s(2, 'on', steps):.0f} tokens/s"
+    except LaunchError as e:
+        two_xla = f"failed: {e.reason}, exit {e.exit_code}"
+    return [
+        Figure(
+            name="XLA speed-up on CPU (jit_compile on / off), 1 worker x 2 threads, tiny",
+            value=xla / one,
+            inputs=inputs,
+            details={"tokens_per_s_xla": xla, "tokens_per_s": one, "2_workers_xla": two_xla},
+        )
+    ]
 
 
 if __name__ == "__main__":
-    for key, value in main().items():
-        print(f"{key}: {value}")
+    from bench.results import markdown_table
+
+    print(markdown_table(figures(full=False)))

@@ -1,0 +1,255 @@
+"""The benchmark suite's own logic: FLOP counting, the table, tiers, the pure helpers of each
+benchmark, and bench/gpu.sh's skip on a machine without a GPU. Nothing here is timed."""
+
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import __main__ as runner
+from bench import flops, gpu_bench, orchestration_bench, peer_env, peer_gpt2, quality_bench
+from bench.results import (
+    Figure,
+    Target,
+    cpu_model,
+    format_value,
+    markdown_table,
+    memory_gib,
+    report,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---- FLOPs --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=4, d_ff=16),
+        dict(vocab_size=37, seq_len=5, n_layer=1, n_head=3, d_model=6, d_ff=7),
+    ],
+)
+def test_param_count_is_the_trainer_models_count_params(shape):
+    from trainer.config import ModelConfig
+    from trainer.model import build_gpt
+
+    gpt = build_gpt(ModelConfig(**shape))
+    expected = flops.param_count(
+        shape["vocab_size"], shape["seq_len"], shape["n_layer"], shape["d_model"], shape["d_ff"]
+    )
+    assert gpt.count_params() == expected
+
+
+def test_param_count_at_issue_13s_shape_matches_kerashub_gpt2():
+    # KerasHub's GPT2Backbone + tied head at 4L d512 T256 V2048 reports 13,790,208 parameters
+    # (peer_gpt2's `params`): both models have the same parameters, so the same FLOPs.
+    assert flops.param_count(2048, 256, 4, 512, 2048) == 13_790_208
+
+
+def test_flops_per_token_is_six_n_plus_the_causal_attention_term():
+    n = flops.param_count(2048, 256, 4, 512, 2048)
+    assert flops.attention_flops_per_token(4, 256, 512) == 6 * 4 * 256 * 512
+    assert flops.flops_per_token(n, 4, 256, 512) == 6 * n + 6 * 4 * 256 * 512
+    assert flops.matmul_flops(2048) == 2 * 2048**3
+    assert flops.mfu(1000.0, 10**6, 2e9) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(
+    ("name", "peak"),
+    [
+        ("NVIDIA H200", 989.0),
+        ("NVIDIA H100 80GB HBM3", 989.0),
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA L4", 121.0),
+        ("NVIDIA L40S", None),
+        ("Tesla T4", None),
+        ("cpu", None),
+    ],
+)
+def test_bf16_peak_is_looked_up_by_a_word_of_the_device_name(name, peak):
+    assert flops.bf16_peak_tflops(name) == peak
+
+
+# ---- figures and the table ----------------------------------------------------------------
+
+
+def test_targets_say_whether_a_value_meets_them():
+    assert Target(">=", 1.15).met(1.2) is True
+    assert Target(">=", 1.15).met(1.0) is False
+    assert Target("<=", 0.1).met(0.1) is True
+    assert Target("<=", 0.1).met(0.2) is False
+    assert Target(">=", 1.0).met(None) is None
+
+
+def test_values_are_shown_in_their_unit():
+    assert format_value(1.234, "x") == "1.23x"
+    assert format_value(0.756, "%") == "75.6%"
+    assert format_value(1234.5, "tok/s") == "1,234 tok/s"
+    assert format_value(None, "x") == "n/a"
+
+
+def test_the_table_shows_every_figure_a_miss_and_a_figure_not_measured():
+    figures = [
+        Figure("speed vs peer", 1.02, target=Target(">=", 1.15)),
+        Figure("headroom", 12.0, target=Target(">=", 10.0)),
+        Figure("overhead", 0.31, unit="%", target=Target("<=", 0.1)),
+        Figure("plain", 2.0),
+        Figure("gpu", None, note="skipped: no GPU", target=Target(">=", 0.45), unit="%"),
+    ]
+    lines = markdown_table(figures).splitlines()
+    assert lines[0] == "| figure | value | target | met? |"
+    assert lines[2] == "| speed vs peer | 1.02x | >= 1.15x | **no** |"
+    assert lines[3] == "| headroom | 12.00x | >= 10.00x | yes |"
+    assert lines[4] == "| overhead | 31.0% | <= 10.0% | **no** |"
+    assert lines[5] == "| plain | 2.00x | - | - |"
+    assert lines[6] == "| gpu | n/a (skipped: no GPU) | >= 45.0% | **no** (not measured) |"
+
+
+def test_machine_facts_are_parsed_from_proc():
+    assert cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t: avx\n") == (
+        "AMD EPYC 7B13"
+    )
+    assert cpu_model("") == ""
+    assert memory_gib("MemTotal:       24641532 kB\nMemFree: 1 kB\n") == 23.5
+    assert memory_gib("") is None
+
+
+def test_the_report_records_inputs_machine_versions_and_is_json():
+    figure = Figure("x", 1.5, target=Target(">=", 1.0), inputs={"threads": 2}, bench="peer_bench")
+    doc = json.loads(json.dumps(report([figure], "quick", [], 12.3)))
+    assert {"date", "tier", "machine", "versions", "figures"} <= set(doc)
+    assert doc["machine"]["cores"] >= 1
+    assert "tensorflow" in doc["versions"] and "python" in doc["versions"]
+    (row,) = doc["figures"]
+    assert row["met"] is True and row["inputs"] == {"threads": 2} and row["shown"] == "1.50x"
+
+
+# ---- tiers --------------------------------------------------------------------------------
+
+
+def test_tiers_quick_full_and_gpu_only_when_named():
+    names = runner.discover()
+    tiers = {n: importlib.import_module(f"bench.{n}").TIER for n in names}
+    quick = runner.select(names, tiers, [], full=False)
+    full = runner.select(names, tiers, [], full=True)
+    assert "peer_bench" in quick and "quality_bench" not in quick and "gpu_bench" not in quick
+    assert "quality_bench" in full and "gpu_bench" not in full
+    assert runner.select(names, tiers, ["gpu"], full=False) == ["gpu_bench"]
+    assert runner.select(names, tiers, ["storage"], full=False) == ["storage_bench"]
+    assert names.index("peer_bench") < names.index("mfu_bench") < names.index("storage_bench")
+
+
+def test_a_failing_module_becomes_a_row_that_says_so():
+    (row,) = runner.run_module("no_such_bench", full=False)
+    assert row.value is None and row.failed and "ModuleNotFoundError" in row.note
+    assert row.bench == "no_such_bench" and "failed" in markdown_table([row])
+
+
+# ---- pure helpers of the benchmarks -------------------------------------------------------
+
+
+def test_orchestration_counts_overlapping_steps_once():
+    assert orchestration_bench.covered_seconds([(0, 2), (1, 3), (5, 6)]) == 4
+    assert orchestration_bench.covered_seconds([(0, 5), (1, 2)]) == 5
+    assert orchestration_bench.overhead(10.0, [(0, 2), (3, 9)]) == pytest.approx(0.2)
+    summary = {
+        "steps": {
+            "train": {"properties": {"start_time_ms": 2000, "end_time_ms": 5000}},
+            "cached": {"properties": {}},
+        }
+    }
+    assert orchestration_bench.step_spans(summary) == {"train": (2.0, 5.0)}
+
+
+def test_bigram_floor():
+    text = "ab" * 200
+    assert quality_bench.bigram_nats_per_char(text, "abab", alpha=1e-6) < 1e-3
+    # overwhelming smoothing is the uniform model over the alphabet
+    uniform = quality_bench.bigram_nats_per_char("abc", "cab", alpha=1e9)
+    assert uniform == pytest.approx(math.log(3))
+
+
+def test_planned_steps_fit_the_budget_and_fall_on_the_curves_points():
+    # 10 steps/s, 20 s of start-up, 600 s: at most 0.9 * 580 * 10 = 5220 steps
+    assert quality_bench.planned_steps(100_000, 10.0, 20.0, 600.0) == 5220
+    assert quality_bench.planned_steps(1000, 10.0, 20.0, 600.0) == 1000  # the preset's fit
+    assert quality_bench.planned_steps(1000, 10.0, 20.0, 600.0) % quality_bench.POINTS == 0
+    assert quality_bench.planned_steps(1000, 0.001, 20.0, 600.0) == quality_bench.POINTS
+
+
+@pytest.mark.parametrize("length", [1, 2, 8, 9, 10, 17, 25])
+def test_peer_scores_every_target_once_as_the_score_signature_does(length):
+    ids = list(range(1, length + 1))
+    windows = list(peer_gpt2._windows(ids, seq_len=8))
+    assert all(len(w) == 9 and len(m) == 9 for w, m in windows)
+    targets = [w[i] for w, m in windows for i in range(1, 9) if m[i]]
+    assert targets == ids[1:]
+
+
+def test_peer_venv_is_keyed_by_its_pin_set(tmp_path):
+    assert peer_env.pins_key(("a==1", "b==2")) == peer_env.pins_key(("b==2", "a==1"))
+    assert peer_env.pins_key(("a==1",)) != peer_env.pins_key(("a==2",))
+    assert not peer_env._is_current(tmp_path / "missing", peer_env.PINS)
+
+
+def test_gpu_summary():
+    runs = {
+        "bf16_xla": {"tokens_per_s": 400.0, "flops_per_token": 10**9},
+        "bf16": {"tokens_per_s": 200.0, "flops_per_token": 10**9},
+        "fp32": {"tokens_per_s": 100.0, "flops_per_token": 10**9},
+        "mirrored": {"tokens_per_s": 360.0, "flops_per_token": 10**9},
+        "bf16_xla_host_syncs": {"error": "not run: out of time"},
+    }
+    s = gpu_bench.summarize(runs, peak_tflops=1.0, gpus=2)
+    assert s["mfu"] == pytest.approx(0.4)
+    assert s["mixed_precision_speedup"] == pytest.approx(2.0)
+    assert s["xla_speedup"] == pytest.approx(2.0)
+    assert s["mirrored_scaling"] == pytest.approx(0.9)
+    assert s["host_syncs_speed_ratio"] is None
+    one_gpu = gpu_bench.summarize(runs, peak_tflops=None, gpus=1)
+    assert one_gpu["mfu"] is None and one_gpu["mirrored_scaling"] is None
+
+
+def test_gpu_script_without_a_gpu_prints_that_it_was_skipped_and_exits_0():
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable}
+    done = subprocess.run(
+        ["bash", str(REPO / "bench" / "gpu.sh")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1
+    out = json.loads(lines[0])
+    assert out["skipped"] is True and out["bench"] == "gpu"
+    assert "no GPU" in out["reason"]
+
+
+def test_quality_uses_the_quality_preset_or_says_it_fell_back_to_tiny():
+    from trainer.config import PRESET_NAMES
+
+    name, note = quality_bench.preset()
+    if "quality" in PRESET_NAMES:
+        assert (name, note) == ("quality", "")
+    else:
+        assert name == "tiny" and "quality" in note
+
+
+def test_alternating_runs_go_a_b_b_a():
+    from bench import alternate
+
+    calls = []
+    a, b = alternate.abba(
+        lambda i: calls.append(("a", i)) or i, lambda i: calls.append(("b", i)) or i, 2
+    )
+    assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1)]
+    assert (a, b) == ([0, 1], [0, 1])
