@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from components.storage import gcs, local
-from components.storage.uris import CHUNK, FileInfo, crc32c_file, is_gcs, join
+from components.storage.uris import CHUNK, FileInfo, crc32c_file, is_gcs, join, unsafe_name
 from contracts.errors import UserError
 
 # ---- list -----------------------------------------------------------------------------------
@@ -180,6 +180,12 @@ def download_dir(
     objects = list_tree(source)
     if not objects:
         raise UserError(f"nothing to download: no objects under {source}; check the prefix")
+    escaping = sorted(rel for rel in objects if unsafe_name(rel))
+    if escaping:
+        raise UserError(
+            f"refusing to download {source}: object {escaping[0]!r} under it would be written "
+            f"outside {destination} ('..', '.' or a leading '/' in its name); rename or remove it"
+        )
     gcs.parallel(
         lambda rel: gcs.download_file(objects[rel].uri, Path(destination, rel)), objects, workers
     )

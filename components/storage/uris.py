@@ -67,7 +67,22 @@ def split_gcs(uri: str) -> tuple[str, str]:
     bucket, _, key = uri[len(GS) :].partition("/")
     if not bucket:
         raise UserError(f"{uri!r} names no bucket; write gs://BUCKET/PATH")
+    if unsafe_name(key):
+        raise UserError(
+            f"{uri!r}: a gs:// key is a name, not a path: GCS keeps '..', '.' and a leading '/' "
+            "literally, so this names some other object; write the key without them"
+        )
     return bucket, key
+
+
+def unsafe_name(relative: str) -> bool:
+    """True for an object or file name that is absolute or walks out (`..`, `.` segments).
+
+    Such names are legal in GCS but would land outside a folder they are copied into, or name
+    an object other than the one a path-minded reader means.
+    """
+    parts = relative.split("/")
+    return relative.startswith("/") or any(p in ("..", ".") for p in parts)
 
 
 def has_wildcard(pattern: str) -> bool:

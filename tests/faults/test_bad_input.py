@@ -27,6 +27,8 @@ from pipelines.pipeline import Target
 from tests.kfp_api_double import KfpApiDouble
 from trainer.config import config_to_dict, resolve_config
 
+pytest_plugins = ["gcs_emulator"]
+
 REPO = Path(__file__).resolve().parents[2]
 SHAKESPEARE = REPO / "data" / "tinyshakespeare.txt"
 VOCAB = 340  # 256 byte pieces + 4 special + the slice's ~55 characters + a few merges
@@ -721,3 +723,43 @@ def test_gcs_corpus_without_credentials(tmp_path, capsys, no_cloud):
     assert "GOOGLE_APPLICATION_CREDENTIALS" in message
     assert not root.exists()
     assert no_cloud == []  # nothing tried to leave this machine
+
+
+# ---- object names that are paths ------------------------------------------------------------
+
+
+@pytest.mark.bad_input("a gs:// corpus URI with '..' in its key")
+@pytest.mark.parametrize(
+    "corpus", ["gs://bucket/corpus/../other/", "gs://bucket/./corpus", "gs://bucket//abs"]
+)
+def test_a_gs_uri_with_path_segments_is_refused_before_any_request(tmp_path, corpus):
+    datasets = tmp_path / "datasets"
+    with pytest.raises(UserError) as err:
+        executor.run_content_addressed(corpus, str(datasets), vocab_size=300, seq_len=32)
+    assert str(err.value).startswith(f"{corpus!r}: a gs:// key is a name, not a path")
+    assert not datasets.exists()
+
+
+@pytest.mark.bad_input("an object under a downloaded folder named with '..' or a leading '/'")
+# Only the leading-'/' name goes through the emulator: gcp-storage-emulator drops the connection
+# on an upload whose key has '..' segments (real GCS stores it); `unsafe_name`, which
+# download_dir applies to every name, is checked on those below.
+@pytest.mark.parametrize("evil", ["/abs.txt"])
+def test_an_object_that_would_land_outside_its_folder_is_never_downloaded(request, tmp_path, evil):
+    from components import storage
+
+    bucket = request.getfixturevalue("gcs")
+    bucket.put("model/1/saved_model.pb", b"graph")
+    bucket.put("model/1/" + evil, b"x")
+    target = tmp_path / "deep" / "copy"
+    with pytest.raises(UserError, match=r"refusing to download .*would be written outside"):
+        storage.download_dir(bucket.uri("model/1"), target)
+    assert not (tmp_path / "escape.txt").exists() and not list(tmp_path.rglob("*.txt"))
+    assert not target.exists()
+
+
+def test_names_that_walk_out_of_a_folder_are_unsafe():
+    from components.storage.uris import unsafe_name
+
+    assert [unsafe_name(n) for n in ("../x", "a/../../x", "./x", "a/./x", "/x")] == [True] * 5
+    assert [unsafe_name(n) for n in ("x", "a/b.txt", "a..b/c", ".hidden", "a//b")] == [False] * 5
