@@ -30,16 +30,7 @@ def supply_tokens_per_second(cfg, examples: str, batches: int = READ_BATCHES) ->
     manifest = data.read_manifest(examples)
     files = data.split_files(examples, manifest, "train")
     data.verify_shards(examples, files)
-    t = cfg.train
-    ds = data.make_dataset(
-        files,
-        cfg.model.seq_len,
-        t.batch_size,
-        shuffle=True,
-        seed=t.seed,
-        shuffle_buffer=t.shuffle_buffer,
-        repeat=True,
-    )
+    ds = data.train_dataset(files, cfg)
     iterator = iter(ds)
     for _ in range(WARMUP_BATCHES):
         next(iterator)
@@ -48,7 +39,7 @@ def supply_tokens_per_second(cfg, examples: str, batches: int = READ_BATCHES) ->
         inputs, _targets = next(iterator)
     inputs.numpy()
     seconds = time.perf_counter() - started
-    return batches * t.batch_size * cfg.model.seq_len / seconds
+    return batches * cfg.train.batch_size * cfg.model.seq_len / seconds
 
 
 def figures(full: bool) -> list[Figure]:

@@ -211,16 +211,7 @@ def distributed_datasets(
 
     def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         verify_shards(examples_dir, pipeline_files(train_files, ctx))
-        return make_dataset(
-            train_files,
-            cfg.model.seq_len,
-            t.batch_size,
-            shuffle=True,
-            seed=t.seed,
-            shuffle_buffer=t.shuffle_buffer,
-            repeat=True,
-            input_context=ctx,
-        )
+        return train_dataset(train_files, cfg, ctx)
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
     global_batch = config_lib.global_batch_size(t.batch_size, strategy.num_replicas_in_sync)
@@ -244,4 +235,21 @@ def distributed_datasets(
 
     return DistributedData(
         train_ds, strategy.distribute_datasets_from_function(eval_fn), eval_steps
+    )
+
+
+def train_dataset(
+    train_files: Sequence[str], cfg: Config, ctx: tf.distribute.InputContext | None = None
+) -> tf.data.Dataset:
+    """The training input as `fit` consumes it: shuffled with the config's seed, repeated."""
+    t = cfg.train
+    return make_dataset(
+        train_files,
+        cfg.model.seq_len,
+        t.batch_size,
+        shuffle=True,
+        seed=t.seed,
+        shuffle_buffer=t.shuffle_buffer,
+        repeat=True,
+        input_context=ctx,
     )

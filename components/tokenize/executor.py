@@ -132,15 +132,14 @@ def run(
         else bpe.Sample(tokenizer_sample_bytes, train_bytes(sources, eval_fraction))
     )
     chunks = _check_and_sample(corpus, sources, eval_fraction, chunk_bytes, sample, report, total)
-    given = bpe.read_given(tokenizer, vocab_size) if tokenizer else None
-    parameters = dataset_parameters(
+    parameters, given = _parameters(
         vocab_size,
         seq_len,
         eval_fraction,
         shard_windows,
         chunk_bytes,
         tokenizer_sample_bytes,
-        given,
+        tokenizer,
     )
     if expected_version and dataset_version(corpus, sources, parameters) != expected_version:
         # Checked before writing: a folder named for one version must never hold another.
@@ -190,6 +189,28 @@ def dataset_version_of(
 ) -> tuple[str, list[storage.FileInfo]]:
     """The dataset version `run` would produce, from fingerprints alone (nothing is tokenized)."""
     sources = list_sources(corpus)
+    parameters, _ = _parameters(
+        vocab_size,
+        seq_len,
+        eval_fraction,
+        shard_windows,
+        chunk_bytes,
+        tokenizer_sample_bytes,
+        tokenizer,
+    )
+    return dataset_version(corpus, sources, parameters), sources
+
+
+def _parameters(
+    vocab_size: int,
+    seq_len: int,
+    eval_fraction: float,
+    shard_windows: int,
+    chunk_bytes: int,
+    tokenizer_sample_bytes: int,
+    tokenizer: str | None,
+) -> tuple[dict[str, Any], Any]:
+    """Every parameter that changes the output, and the given tokenizer (None: one is trained)."""
     given = bpe.read_given(tokenizer, vocab_size) if tokenizer else None
     parameters = dataset_parameters(
         vocab_size,
@@ -200,7 +221,7 @@ def dataset_version_of(
         tokenizer_sample_bytes,
         given,
     )
-    return dataset_version(corpus, sources, parameters), sources
+    return parameters, given
 
 
 def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Dataset:
