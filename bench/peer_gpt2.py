@@ -44,6 +44,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=20, help="speed: steps to train")
     p.add_argument("--threads", type=int, default=0, help="TF intra- and inter-op threads")
     p.add_argument("--dropout", type=float, default=None, help="override the config's dropout")
+    p.add_argument("--policy", default="float32", help="Keras dtype policy, e.g. mixed_bfloat16")
     p.add_argument("--budget-s", type=float, default=600.0, help="quality: wall budget")
     p.add_argument("--planned-steps", type=int, default=0, help="quality: schedule length")
     p.add_argument("--safety", type=float, default=0.9, help="quality: share of time to plan")
@@ -289,6 +290,7 @@ def main() -> None:
     import keras
 
     keras.utils.set_random_seed(json.loads(args.config_json)["train"]["seed"])
+    keras.config.set_dtype_policy(args.policy)
     cfg = json.loads(args.config_json)
     result = speed(args, cfg) if args.mode == "speed" else quality(args, cfg)
     versions = {"keras": keras.__version__, "tensorflow": tf.__version__}

@@ -36,9 +36,17 @@ def peer_shape(d_model: int = 512) -> tuple[str, ...]:
     )
 
 
-def peer_overrides(d_model: int, steps: int) -> tuple[str, ...]:
-    """The `tiny` preset at peer_shape(d_model), for a speed run of `steps`."""
-    return peer_shape(d_model) + steady_state(steps)
+def peer_overrides(d_model: int, steps: int, precision: str = "auto") -> tuple[str, ...]:
+    """The `tiny` preset at peer_shape(d_model), for a speed run of `steps` in `precision`."""
+    return peer_shape(d_model) + steady_state(steps) + (f"train.precision={precision}",)
+
+
+def auto_policy() -> str:
+    """The Keras policy the trainer's `train.precision=auto` picks on this (CPU) host."""
+    from trainer import config as config_lib
+    from trainer.precision import cpu_has_bf16
+
+    return config_lib.precision_policy("auto", "cpu", None, cpu_has_bf16())
 
 
 def tiny_overrides(steps: int) -> tuple[str, ...]:

@@ -4,6 +4,8 @@ The run id (from the pod label KFP sets), the provenance lineage records (image 
 version), the pod's identity (is this a cluster? which namespace?) and the ML Metadata address
 (the `metadata` parameter, else KFP's METADATA_GRPC_SERVICE_HOST/_PORT). A mistake in any of
 them is one line naming the fix and exit 2, not a traceback.
+
+Reading it also makes the step's process quick to end (contracts/process.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 from components import kube, lineage, provenance
 from contracts.errors import one_line_errors
+from contracts.process import exit_without_final_gc
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class StepEdge:
 
 def read(step: str, image: str, metadata: str, env: Mapping[str, str]) -> StepEdge:
     """Read the edge of step `step` (running `image`) from `env`, the process environment."""
+    exit_without_final_gc()
     with one_line_errors(f"gptpipe {step}"):
         pod = kube.pod_identity(env)
         run_id = provenance.run_id(env)

@@ -253,3 +253,30 @@ def test_alternating_runs_go_a_b_b_a():
     )
     assert calls == [("a", 0), ("b", 0), ("b", 1), ("a", 1)]
     assert (a, b) == ([0, 1], [0, 1])
+
+
+def test_the_peer_comparison_pins_each_sides_precision():
+    from bench import peer_bench, workloads
+    from trainer.config import resolve_config
+    from trainer.precision import cpu_has_bf16
+
+    f32 = resolve_config("tiny", workloads.peer_overrides(512, 10, "float32"))
+    auto = resolve_config("tiny", workloads.peer_overrides(512, 10))
+    assert (f32.train.precision, auto.train.precision) == ("float32", "auto")
+    assert f32.model == auto.model and f32.model.d_model == 512
+    expected = "mixed_bfloat16" if cpu_has_bf16() else "float32"
+    assert workloads.auto_policy() == expected
+    # What a user gets from each as it comes: the trainer's auto runs over the peer's float32.
+    same = Figure("auto", 1.0, details={"trainer_tokens_per_s": [300.0, 320.0]})
+    plain = Figure("f32", 1.0, details={"peer_tokens_per_s": [190.0, 200.0]})
+    mixed = peer_bench.as_they_come("4L", same, plain, "mixed_bfloat16")
+    assert mixed.value == pytest.approx(1.6) and mixed.target is None
+    assert "mixed_bfloat16" in mixed.name and "float32" in mixed.name
+
+
+def test_the_peer_trains_in_the_policy_it_is_given(monkeypatch):
+    base = ["peer_gpt2.py", "speed", "--examples", "x", "--config-json", "{}"]
+    monkeypatch.setattr(sys, "argv", base)
+    assert peer_gpt2.parse_args().policy == "float32"  # Keras' own default
+    monkeypatch.setattr(sys, "argv", [*base, "--policy", "mixed_bfloat16"])
+    assert peer_gpt2.parse_args().policy == "mixed_bfloat16"

@@ -34,6 +34,7 @@ def test_local_run_trains_exports_and_reports(tmp_path):
     assert result.model_properties["steps"] == 10 and result.model_properties["diverged"] == 0
     assert result.model_properties["config_hash"] == config_hash(cfg)
     assert result.model_properties["gpu_hours"] == 0
+    assert result.model_properties["precision_policy"] in ("float32", "mixed_bfloat16")
     assert result.execution_properties["job_name"] == job_name("run-1", "train")
     assert result.execution_properties["attempts"] == 1
     assert list((work / "worker-logs").rglob("worker-0.log"))

@@ -32,6 +32,28 @@ def test_precision_policy(precision, device, capability, expected):
     assert precision_policy(precision, device, capability) == expected
 
 
+def test_auto_picks_bfloat16_on_a_cpu_that_multiplies_it_natively():
+    assert precision_policy("auto", "cpu", None, cpu_bf16=True) == "mixed_bfloat16"
+    assert precision_policy("float32", "cpu", None, cpu_bf16=True) == "float32"  # obeyed
+    assert precision_policy("auto", "gpu", (7, 0), cpu_bf16=True) == "mixed_float16"  # GPU's
+
+
+# Flags lines as Linux prints them (arch/x86/kernel/cpu/proc.c: "flags\t\t: " then the names).
+ZEN4 = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n"
+ICELAKE = "processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_vnni\n"
+SAPPHIRE = "flags\t\t: avx512f amx_bf16 amx_tile amx_int8\n"
+ARM = "processor\t: 0\nFeatures\t: fp asimd bf16\n"  # aarch64 names it "Features": not read
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "expected"), [(ZEN4, True), (SAPPHIRE, True), (ICELAKE, False), (ARM, False)]
+)
+def test_cpu_bf16_is_read_from_cpuinfo_flags(cpuinfo, expected):
+    from trainer.precision import cpu_has_bf16
+
+    assert cpu_has_bf16(cpuinfo) is expected
+
+
 @pytest.mark.parametrize(
     ("setting", "device", "workers", "expected"),
     [

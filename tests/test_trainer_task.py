@@ -35,6 +35,7 @@ METRIC_KEYS = {
     "global_batch_size",
     "replicas",
     "workers",
+    "precision_policy",
 }
 
 

@@ -1,7 +1,8 @@
 """Model and training configuration: frozen dataclasses, presets, YAML files, key=value overrides.
 
-Resolution order: dataclass defaults, then a preset (`tiny`, `gpt2-small`) or a YAML file, then
-`key=value` overrides. This module must not import TensorFlow: pipeline components import it.
+Resolution order: dataclass defaults, then a preset (`tiny`, `quality`, `gpt2-small`) or a YAML
+file, then `key=value` overrides. This module must not import TensorFlow: pipeline components
+import it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from contracts.errors import UserError
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 JIT_COMPILE = ("auto", "on", "off")
-PRESET_NAMES = ("tiny", "gpt2-small")
+PRESET_NAMES = ("tiny", "quality", "gpt2-small")
 DEFAULT_PRESET = "tiny"  # tests and the local demo; what every entry point defaults to
 # How an error message asks for a value of each field type.
 _A_VALUE = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -82,6 +83,29 @@ def _preset(name: str) -> dict[str, dict[str, Any]]:
     """Return the section overrides that define preset `name` on top of the defaults."""
     if name == "tiny":
         return {}  # the defaults: ~45 s for 500 steps on 2 CPU cores, val loss ~3.2 on Shakespeare
+    if name == "quality":
+        # The best model about 10 minutes of 2 CPU cores make of a corpus the size of the bundled
+        # one (1 MB): BPE 2048 and 128-token windows, so a window spans ~400 characters; 4 x 256
+        # layers, the most that train for several epochs in that time; and dropout, because
+        # several epochs of 1 MB overfit without it. bench/quality_bench.py measures it.
+        return {
+            "model": {
+                "vocab_size": 2048,
+                "seq_len": 128,
+                "n_layer": 4,
+                "n_head": 4,
+                "d_model": 256,
+                "d_ff": 1024,
+                "dropout": 0.1,
+            },
+            "train": {
+                "batch_size": 32,
+                "train_steps": 3000,
+                "warmup_steps": 100,
+                "checkpoint_every": 500,
+                "log_every": 50,
+            },
+        }
     if name == "gpt2-small":
         return {
             "model": {
@@ -402,12 +426,17 @@ def learning_rate_at(
 
 
 def precision_policy(
-    precision: str, device_kind: str, compute_capability: tuple[int, int] | None = None
+    precision: str,
+    device_kind: str,
+    compute_capability: tuple[int, int] | None = None,
+    cpu_bf16: bool = False,
 ) -> str:
     """Keras mixed-precision policy name for `precision` on `device_kind` ("cpu", "gpu", "tpu").
 
-    "auto" picks float32 on CPU, bfloat16 on TPUs and Ampere+ GPUs (compute capability >= 8.0),
-    float16 on Volta/Turing GPUs (>= 7.0), and float32 on older GPUs.
+    "auto" picks bfloat16 where the hardware multiplies bfloat16 natively: TPUs, Ampere+ GPUs
+    (compute capability >= 8.0) and CPUs with bfloat16 dot-product instructions (`cpu_bf16`:
+    AVX512-BF16 or AMX, where oneDNN runs bfloat16 matmuls at about twice float32's rate);
+    float16 on Volta/Turing GPUs (>= 7.0); float32 elsewhere.
     """
     if precision not in PRECISIONS:
         raise ConfigError(f"config: train.precision must be one of {PRECISIONS}, got {precision!r}")
@@ -415,6 +444,8 @@ def precision_policy(
         return precision
     kind = device_kind.lower()
     if kind == "tpu":
+        return "mixed_bfloat16"
+    if kind == "cpu" and cpu_bf16:
         return "mixed_bfloat16"
     if kind == "gpu" and compute_capability is not None:
         if compute_capability >= (8, 0):

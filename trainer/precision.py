@@ -22,6 +22,28 @@ def device_kind() -> tuple[str, tuple[int, int] | None]:
     return "gpu", details.get("compute_capability")
 
 
+# /proc/cpuinfo flags of x86 CPUs that multiply bfloat16 natively (Cooper Lake, Sapphire Rapids
+# and later Xeons: AMX; AMD Zen 4 and later: AVX512-BF16). oneDNN, which TensorFlow's x86 CPU
+# kernels use, dispatches bfloat16 MatMul to them.
+CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+
+
+def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether this CPU has bfloat16 dot-product instructions (`cpuinfo`: /proc/cpuinfo's text;
+    read from the host when None; False where there is none, as on macOS)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return not CPU_BF16_FLAGS.isdisjoint(value.split())
+    return False
+
+
 def device_name() -> str:
     """What trains on this host, for the record: the first GPU's name (e.g. "NVIDIA H200"),
     else "CPU"."""
@@ -34,7 +56,8 @@ def device_name() -> str:
 def set_precision_and_choose_xla(cfg: Config, workers: int, replicas: int) -> tuple[str, bool]:
     """The mixed-precision policy, set globally before any layer exists, and whether to use XLA."""
     kind, capability = device_kind()
-    policy = config_lib.precision_policy(cfg.train.precision, kind, capability)
+    cpu_bf16 = kind == "cpu" and cpu_has_bf16()
+    policy = config_lib.precision_policy(cfg.train.precision, kind, capability, cpu_bf16)
     keras.mixed_precision.set_global_policy(policy)
     jit = config_lib.use_jit_compile(cfg.train.jit_compile, kind, workers, replicas)
     return policy, jit

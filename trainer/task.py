@@ -31,6 +31,7 @@ from contracts.artifacts import (
     TRAIN_METRICS,
 )
 from contracts.errors import UserError
+from contracts.process import exit_without_final_gc
 from contracts.progress import Progress
 from trainer import cluster, data, export, flops, model, precision, train_step
 from trainer import config as config_lib
@@ -68,6 +69,7 @@ class TrainMetrics(TypedDict):
     global_batch_size: int  # sequences per step across all replicas
     replicas: int  # replicas in sync
     workers: int  # worker processes
+    precision_policy: str  # the Keras policy it trained in (train.precision, resolved on the host)
 
 
 def train(
@@ -124,7 +126,10 @@ def train(
     finally:
         telemetry.close()
     metrics = _attempt_metrics(
-        _metrics(optimizer, monitor, global_batch, replicas, workers), monitor, work_dir, is_chief
+        _metrics(optimizer, monitor, global_batch, replicas, workers, policy),
+        monitor,
+        work_dir,
+        is_chief,
     )
     tokenizer_file = manifest.get("tokenizer", {}).get("file", TOKENIZER_FILE)
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
@@ -268,6 +273,7 @@ def _metrics(
     global_batch: int,
     replicas: int,
     workers: int,
+    policy: str,
 ) -> TrainMetrics:
     return TrainMetrics(
         steps=int(optimizer.iterations.numpy()),
@@ -278,6 +284,7 @@ def _metrics(
         global_batch_size=global_batch,
         replicas=replicas,
         workers=workers,
+        precision_policy=policy,
     )
 
 
@@ -414,6 +421,7 @@ def _run(
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: user errors print one line to stderr and exit 2; retryable failures exit 143."""
     args = parse_args(argv)
+    exit_without_final_gc()  # a worker's end is the train step's wall time too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     tf_config = os.environ.get("TF_CONFIG")  # the process edge: read the environment once
     progress = Progress.from_env(os.environ, "train")

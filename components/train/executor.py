@@ -112,6 +112,7 @@ def run(
         "diverged": int(bool(metrics.get("diverged"))),
         "global_batch_size": metrics.get("global_batch_size"),
         "tokens_per_second": metrics.get("tokens_per_second"),
+        "precision_policy": metrics.get("precision_policy"),
         "gpu_hours": launched.gpu_hours,  # the step's output metadata in the KFP UI, too
     }
     execution_properties = {
