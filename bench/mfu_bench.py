@@ -130,12 +130,13 @@ def figures(full: bool) -> list[Figure]:
     points = [_point(d, full, max(samples)) for d in D_MODELS]
     for p in points:
         p.details["matmul_flops_per_s_samples"] = samples
-    if workloads.auto_policy() == "mixed_bfloat16":
+    policy = workloads.auto_policy()
+    if policy == "mixed_bfloat16":
         bf16 = [matmul_reference(dtype="bfloat16")]
         for attempt in range(ATTEMPTS[512]):
-            trainer_run.run_trainer("tiny", _overrides(512, full, "auto"), attempt=attempt)
+            trainer_run.run_trainer("tiny", _overrides(512, full, policy), attempt=attempt)
         bf16.append(matmul_reference(dtype="bfloat16"))
-        points.append(_point(512, full, max(bf16), "auto"))
+        points.append(_point(512, full, max(bf16), policy))
         points[-1].details["matmul_flops_per_s_samples"] = bf16
     for p in points:
         if p.value is not None and p.value > 1.0:  # faster than a bare matmul: impossible

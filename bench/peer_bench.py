@@ -111,12 +111,13 @@ def figures(full: bool) -> list[Figure]:
     runs = 4 if full else 2
     policy = workloads.auto_policy()
     shape = "4L d512 T256 B8 V2048"
-    found = [compare(shape, workloads.peer_overrides(512, big), big, runs, TARGET, policy)]
+    # The policy by name, not `auto`: the same config as mfu_bench's runs, which reuse these.
+    found = [compare(shape, workloads.peer_overrides(512, big, policy), big, runs, TARGET, policy)]
     if policy != "float32":
         f32 = workloads.peer_overrides(512, big, "float32")
         found.append(compare(shape, f32, big, runs, None, "float32"))
         found.append(as_they_come(shape, found[0], found[1], policy))
-    tiny_overrides = workloads.tiny_overrides(tiny)
+    tiny_overrides = workloads.tiny_overrides(tiny) + (f"train.precision={policy}",)
     found.append(compare("tiny preset", tiny_overrides, tiny, runs // 2, None, policy))
     return found
 

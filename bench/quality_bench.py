@@ -24,6 +24,10 @@ on its first 90% and are scored on the last 10% (nanoGPT's split; raw/eval.txt i
   chunks (the evaluate step's own chunking) exactly as `score` scores them.
 - The floor: a character bigram with add-ALPHA smoothing, fitted on the same 90%.
 
+Each side trains as it comes: the trainer in the policy its `auto` picks here (mixed_bfloat16
+on a CPU that multiplies bfloat16 natively), the peer in Keras' default, float32; the figure's
+name says which. (bench/peer_bench.py compares speed at equal precision.)
+
 Figure: the trainer's final nats/char over the peer's; target <= 0.88.
 """
 
@@ -214,6 +218,7 @@ def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
         "config": config_to_dict(cfg),
         "calibration": calibration,
         "planned_steps": steps,
+        "precision_policy": trainer_run.read_metrics(job / "model")["precision_policy"],
     }
 
 
@@ -265,6 +270,8 @@ def measure(budget_s: float) -> list[Figure]:
         "threads": workloads.THREADS,
         "eval_chars": len(held_out),
         "trainer_preset": name,
+        "trainer_precision_policy": ours["precision_policy"],
+        "peer_precision_policy": "float32",
         "trainer_config": ours["config"],
         "peer_config": theirs["config"],
         "peer": {"pins": list(peer_env.PINS), "versions": theirs.get("versions")},
@@ -276,7 +283,8 @@ def measure(budget_s: float) -> list[Figure]:
     per_char = "nats/char"
     return [
         Figure(
-            name=f"quality per minute: nats/char trainer / peer after {budget_s / 60:.0f} min",
+            name=f"quality per minute: nats/char trainer ({ours['precision_policy']}) / peer "
+            f"(float32) after {budget_s / 60:.0f} min",
             value=ours_final / theirs_final,
             target=TARGET,
             inputs=inputs,

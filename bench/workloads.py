@@ -42,11 +42,12 @@ def peer_overrides(d_model: int, steps: int, precision: str = "auto") -> tuple[s
 
 
 def auto_policy() -> str:
-    """The Keras policy the trainer's `train.precision=auto` picks on this (CPU) host."""
+    """The Keras policy the trainer's `train.precision=auto` picks on this host (one worker)."""
     from trainer import config as config_lib
-    from trainer.precision import cpu_has_bf16
+    from trainer.precision import cpu_has_bf16, device_kind
 
-    return config_lib.precision_policy("auto", "cpu", None, cpu_has_bf16())
+    kind, capability = device_kind()
+    return config_lib.precision_policy("auto", kind, capability, cpu_has_bf16())
 
 
 def tiny_overrides(steps: int) -> tuple[str, ...]:

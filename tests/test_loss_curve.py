@@ -16,6 +16,7 @@ from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY
 from trainer.config import resolve_config
+from trainer.precision import cpu_has_bf16
 from trainer.task import train
 
 CURVE = (
@@ -38,8 +39,15 @@ def examples(tmp_path_factory):
     return make_examples_dir(tmp_path_factory.mktemp("examples"))
 
 
+NATIVE_BF16 = pytest.mark.skipif(
+    not cpu_has_bf16(), reason="bfloat16 is emulated on this CPU; `auto` never picks it here"
+)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("precision", ["float32", "mixed_bfloat16"])
+@pytest.mark.parametrize(
+    "precision", ["float32", pytest.param("mixed_bfloat16", marks=NATIVE_BF16)]
+)
 def test_the_loss_curve_stays_within_noise_of_the_recorded_one(examples, tmp_path, precision):
     import tf_keras as keras
 

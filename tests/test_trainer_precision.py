@@ -123,3 +123,25 @@ def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
     served = tf.saved_model.load(str(saved))
     scored = served.signatures["score"](text=tf.constant(["To be, or not to be."]))
     assert scored["nats"].dtype == tf.float32 and float(scored["nats_per_char"][0]) > 0
+
+
+@pytest.mark.parametrize(
+    ("others_lacking", "expected"), [(0.0, "mixed_bfloat16"), (1.0, "float32")]
+)
+def test_cpu_bfloat16_needs_every_worker_to_have_it(
+    monkeypatch, policy_reset, others_lacking, expected
+):
+    from trainer import precision
+
+    monkeypatch.setattr(precision, "device_kind", lambda: ("cpu", None))
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda cpuinfo=None: True)
+    flags = []
+
+    def agree(flag: float) -> float:  # the all-reduce: this worker's flag plus the others'
+        flags.append(flag)
+        return flag + others_lacking
+
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    policy, jit = precision.set_precision_and_choose_xla(cfg, 2, 2, agree)
+    assert (policy, jit, flags) == (expected, False, [0.0])
+    assert keras.mixed_precision.global_policy().name == expected

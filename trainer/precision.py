@@ -6,6 +6,8 @@ module asks TensorFlow which device it runs on and applies them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import tensorflow as tf
 import tf_keras as keras
 
@@ -53,10 +55,21 @@ def device_name() -> str:
     return str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU"))
 
 
-def set_precision_and_choose_xla(cfg: Config, workers: int, replicas: int) -> tuple[str, bool]:
-    """The mixed-precision policy, set globally before any layer exists, and whether to use XLA."""
+def set_precision_and_choose_xla(
+    cfg: Config,
+    workers: int,
+    replicas: int,
+    agree: Callable[[float], float] = lambda flag: flag,
+) -> tuple[str, bool]:
+    """The mixed-precision policy, set globally before any layer exists, and whether to use XLA.
+
+    `agree` sums a flag over the workers (trainer.preemption.preemption_agreement; every worker
+    calls this once, at the same point): bfloat16 on CPU needs every worker's CPU to have it, so
+    that a job whose pods land on mixed CPU generations still trains in one policy.
+    """
     kind, capability = device_kind()
-    cpu_bf16 = kind == "cpu" and cpu_has_bf16()
+    lacks_bf16 = not (kind == "cpu" and cpu_has_bf16())
+    cpu_bf16 = agree(1.0 if lacks_bf16 else 0.0) == 0.0
     policy = config_lib.precision_policy(cfg.train.precision, kind, capability, cpu_bf16)
     keras.mixed_precision.set_global_policy(policy)
     jit = config_lib.use_jit_compile(cfg.train.jit_compile, kind, workers, replicas)

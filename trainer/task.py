@@ -96,7 +96,8 @@ def train(
     keras.utils.set_random_seed(cfg.train.seed)
     workers = max(1, cluster.cluster_size(tf_config))
     replicas = strategy.num_replicas_in_sync
-    policy, jit = precision.set_precision_and_choose_xla(cfg, workers, replicas)
+    agree = preemption_agreement(strategy, workers)
+    policy, jit = precision.set_precision_and_choose_xla(cfg, workers, replicas, agree)
     global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
     datasets = data.distributed_datasets(strategy, examples_dir, manifest, cfg)
     gpt, trainee, optimizer, schedule = _compiled_model(strategy, cfg, global_batch, policy, jit)
@@ -111,7 +112,6 @@ def train(
     is_chief = cluster.is_chief(tf_config)
     telemetry = _telemetry(is_chief, work_dir, progress, metrics_port)
     monitor = _monitor(cfg, work_dir, schedule, telemetry, jit, workers, replicas)
-    agree = preemption_agreement(strategy, workers)
     backup = PreemptibleBackup(
         _backup_dir(work_dir),
         cfg.train.checkpoint_every,
