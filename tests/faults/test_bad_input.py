@@ -466,7 +466,8 @@ def test_bad_yaml_config_fails_before_any_step(tmp_path, run_local, yaml_text, e
 @pytest.mark.bad_input("a config name that is neither a preset nor a YAML file")
 def test_unknown_preset(run_local):
     message = run_local("--config", "gpt2-huge")
-    assert "unknown preset 'gpt2-huge'; use one of ('tiny', 'quality', 'gpt2-small') or a .yaml" in message
+    presets = "('tiny', 'quality', 'gpt2-small')"
+    assert f"unknown preset 'gpt2-huge'; use one of {presets} or a .yaml" in message
 
 
 @pytest.mark.bad_input("Examples cut with a longer seq_len than the model's position table")
