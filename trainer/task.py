@@ -69,7 +69,7 @@ class TrainMetrics(TypedDict):
     global_batch_size: int  # sequences per step across all replicas
     replicas: int  # replicas in sync
     workers: int  # worker processes
-    precision_policy: str  # the Keras policy it trained in (train.precision, resolved on the host)
+    precision_policy: str  # the Keras policy it trained in (train.precision, as the workers agreed)
 
 
 def train(
