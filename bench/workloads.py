@@ -43,11 +43,9 @@ def peer_overrides(d_model: int, steps: int, precision: str = "auto") -> tuple[s
 
 def auto_policy() -> str:
     """The Keras policy the trainer's `train.precision=auto` picks on this host (one worker)."""
-    from trainer import config as config_lib
-    from trainer.precision import cpu_has_bf16, device_kind
+    from trainer.precision import host_policy
 
-    kind, capability = device_kind()
-    return config_lib.precision_policy("auto", kind, capability, cpu_has_bf16())
+    return host_policy("auto")
 
 
 def tiny_overrides(steps: int) -> tuple[str, ...]:

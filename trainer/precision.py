@@ -6,13 +6,12 @@ module asks TensorFlow which device it runs on and applies them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import tensorflow as tf
 import tf_keras as keras
 
 from trainer import config as config_lib
 from trainer.config import Config
+from trainer.preemption import Agreement
 
 
 def device_kind() -> tuple[str, tuple[int, int] | None]:
@@ -55,22 +54,33 @@ def device_name() -> str:
     return str(tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU"))
 
 
+def host_policy(precision: str = "auto") -> str:
+    """The Keras policy `train.precision=precision` resolves to on this host, alone."""
+    kind, capability = device_kind()
+    return _policy(precision, kind, capability, lambda flag: flag)
+
+
+def _policy(precision: str, kind: str, capability: tuple[int, int] | None, agree: Agreement) -> str:
+    """bfloat16 on CPU needs every worker's CPU to have it (`agree` sums a flag over them), so
+    that a job whose pods land on mixed CPU generations still trains in one policy."""
+    lacks_bf16 = not (kind == "cpu" and cpu_has_bf16())
+    cpu_bf16 = agree(1.0 if lacks_bf16 else 0.0) == 0.0
+    return config_lib.precision_policy(precision, kind, capability, cpu_bf16)
+
+
 def set_precision_and_choose_xla(
     cfg: Config,
     workers: int,
     replicas: int,
-    agree: Callable[[float], float] = lambda flag: flag,
+    agree: Agreement = lambda flag: flag,
 ) -> tuple[str, bool]:
     """The mixed-precision policy, set globally before any layer exists, and whether to use XLA.
 
-    `agree` sums a flag over the workers (trainer.preemption.preemption_agreement; every worker
-    calls this once, at the same point): bfloat16 on CPU needs every worker's CPU to have it, so
-    that a job whose pods land on mixed CPU generations still trains in one policy.
+    `agree` is trainer.preemption.preemption_agreement; every worker calls this once, at the
+    same point.
     """
     kind, capability = device_kind()
-    lacks_bf16 = not (kind == "cpu" and cpu_has_bf16())
-    cpu_bf16 = agree(1.0 if lacks_bf16 else 0.0) == 0.0
-    policy = config_lib.precision_policy(cfg.train.precision, kind, capability, cpu_bf16)
+    policy = _policy(cfg.train.precision, kind, capability, agree)
     keras.mixed_precision.set_global_policy(policy)
     jit = config_lib.use_jit_compile(cfg.train.jit_compile, kind, workers, replicas)
     return policy, jit

@@ -23,6 +23,7 @@ FORMAT_VERSION = 2
 
 
 def dataset_parameters(
+    *,
     vocab_size: int,
     seq_len: int,
     eval_fraction: float,

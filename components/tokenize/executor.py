@@ -133,13 +133,13 @@ def run(
     )
     chunks = _check_and_sample(corpus, sources, eval_fraction, chunk_bytes, sample, report, total)
     parameters, given = _parameters(
-        vocab_size,
-        seq_len,
-        eval_fraction,
-        shard_windows,
-        chunk_bytes,
-        tokenizer_sample_bytes,
         tokenizer,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        eval_fraction=eval_fraction,
+        shard_windows=shard_windows,
+        chunk_bytes=chunk_bytes,
+        tokenizer_sample_bytes=tokenizer_sample_bytes,
     )
     if expected_version and dataset_version(corpus, sources, parameters) != expected_version:
         # Checked before writing: a folder named for one version must never hold another.
@@ -190,38 +190,22 @@ def dataset_version_of(
     """The dataset version `run` would produce, from fingerprints alone (nothing is tokenized)."""
     sources = list_sources(corpus)
     parameters, _ = _parameters(
-        vocab_size,
-        seq_len,
-        eval_fraction,
-        shard_windows,
-        chunk_bytes,
-        tokenizer_sample_bytes,
         tokenizer,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        eval_fraction=eval_fraction,
+        shard_windows=shard_windows,
+        chunk_bytes=chunk_bytes,
+        tokenizer_sample_bytes=tokenizer_sample_bytes,
     )
     return dataset_version(corpus, sources, parameters), sources
 
 
-def _parameters(
-    vocab_size: int,
-    seq_len: int,
-    eval_fraction: float,
-    shard_windows: int,
-    chunk_bytes: int,
-    tokenizer_sample_bytes: int,
-    tokenizer: str | None,
-) -> tuple[dict[str, Any], Any]:
-    """Every parameter that changes the output, and the given tokenizer (None: one is trained)."""
-    given = bpe.read_given(tokenizer, vocab_size) if tokenizer else None
-    parameters = dataset_parameters(
-        vocab_size,
-        seq_len,
-        eval_fraction,
-        shard_windows,
-        chunk_bytes,
-        tokenizer_sample_bytes,
-        given,
-    )
-    return parameters, given
+def _parameters(tokenizer: str | None, **versioned: Any) -> tuple[dict[str, Any], Any]:
+    """Every parameter that changes the output (`versioned`: dataset_parameters' arguments but
+    the tokenizer), and the given tokenizer's bytes (None: one is trained)."""
+    given = bpe.read_given(tokenizer, versioned["vocab_size"]) if tokenizer else None
+    return dataset_parameters(given=given, **versioned), given
 
 
 def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Dataset:
