@@ -55,7 +55,7 @@ def tiny_overrides(steps: int) -> tuple[str, ...]:
 
 # Steps of each speed run: the first is not timed (tracing); the rest take 10-40 s on 2 loaded
 # cores, start-up and export about 40 s more. The full tier trains twice as many.
-PEER_STEPS = {128: 30, 256: 16, 512: 10}
+PEER_STEPS = {128: 30, 256: 16, 512: 16}
 TINY_STEPS = 120
 
 

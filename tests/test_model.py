@@ -85,13 +85,15 @@ def test_gelu_is_tensorflows_exact_gelu(dtype, atol):
     np.testing.assert_allclose(slope, tape.gradient(y, x64), atol=1e-6)
 
 
-def test_mixed_precision_attention_is_near_float32():
-    """Scores are multiplied in bfloat16 under mixed precision: the logits stay within 2% of the
-    float32 model's largest (0.6% measured; bfloat16 rounds at 0.4%), and causality is exact."""
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_attention_is_near_float32(policy):
+    """Scores and softmax are in the compute dtype under mixed precision: the logits stay within
+    2% of the float32 model's largest (0.6% measured in bfloat16, which rounds at 0.4%), no
+    masked score overflows (float16), and causality is exact."""
     keras.utils.set_random_seed(0)
     ids = np.random.default_rng(1).integers(0, TINY.vocab_size, (2, 12)).astype("int32")
     reference = build_gpt(TINY)
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    keras.mixed_precision.set_global_policy(policy)
     try:
         mixed = build_gpt(TINY)
     finally:
@@ -102,6 +104,20 @@ def test_mixed_precision_attention_is_near_float32():
     changed = ids.copy()
     changed[:, 7:] = (changed[:, 7:] + 1) % TINY.vocab_size
     np.testing.assert_array_equal(mixed(changed).numpy()[:, :7], b[:, :7])
+
+
+def test_bfloat16_softmax_and_sums_accumulate_in_float32():
+    """What CausalSelfAttention's bfloat16 softmax relies on: TensorFlow's bfloat16 softmax and
+    reduce_sum over a 256-long row are within one bfloat16 ulp (2**-7 relative) of float64's on
+    the same inputs. Accumulating in bfloat16 itself would be off by several."""
+    x = tf.cast(tf.random.stateless_uniform((512, 256), (3, 4), -4.0, 4.0), tf.bfloat16)
+    wide = tf.cast(x, tf.float64)
+    for ours, exact in [
+        (tf.nn.softmax(x, axis=-1), tf.nn.softmax(wide, axis=-1)),
+        (tf.reduce_sum(tf.abs(x), axis=-1), tf.reduce_sum(tf.abs(wide), axis=-1)),
+    ]:
+        relative = tf.abs(tf.cast(ours, tf.float64) - exact) / exact
+        assert float(tf.reduce_max(relative)) <= 2.0**-7
 
 
 @pytest.mark.parametrize(

@@ -5,14 +5,15 @@ self-attention, GELU MLP) -> final LayerNorm -> logits (B, T, V) through the tie
 embedding matrix. Logits are float32 even under a mixed-precision policy.
 
 Every Dense layer gets a 2-D input, (B*T, C): Keras runs a 3-D input through `tensordot`, whose
-reshape falls between the MatMul and the BiasAdd, so grappler cannot fuse MatMul, BiasAdd and
-GELU into one oneDNN kernel (`_FusedMatMul`) as it does for 2-D. The reshapes copy nothing; the
+reshape falls between the MatMul and the BiasAdd, so grappler cannot fuse MatMul and BiasAdd
+into one oneDNN kernel (`_FusedMatMul`) as it does for 2-D. The reshapes copy nothing; the
 train step measured 2-3% faster, with the same loss to the last digit.
 
 Two choices below are for speed, measured by interleaved A/B of the train step at the 4-layer
 d_model 512 benchmark shape (bench/peer_bench.py) on a 2-core CPU, with the loss unchanged to the
-fourth decimal: GELU is written with `erf` (`gelu`), and attention scores are multiplied in the
-compute dtype (`CausalSelfAttention.call`). Together: +12% in mixed_bfloat16, +4% in float32.
+fourth decimal: GELU is written with `erf` (`gelu`), and attention's scores and softmax stay in
+the compute dtype, their mask added (`CausalSelfAttention.call`). Together: +15% in
+mixed_bfloat16, +4% in float32.
 """
 
 from __future__ import annotations
@@ -150,17 +151,21 @@ class CausalSelfAttention(keras.layers.Layer):
         qkv = self.qkv(tf.reshape(x, (-1, self.d_model)))  # (B*T, 3C)
         qkv = tf.reshape(qkv, (b, t, 3, self.n_head, hd))  # (B, T, 3, H, hd)
         q, k, v = tf.unstack(tf.transpose(qkv, (2, 0, 3, 1, 4)))  # each (B, H, T, hd)
-        # Q.K^T in the compute dtype, as Keras' MultiHeadAttention does: oneDNN accumulates a
-        # bfloat16 matmul in float32 and rounds only its output, and q, k are bfloat16 already,
-        # so up-casting them first bought one rounding of each score at the cost of a float32
-        # matmul (3.5% of the step). Scaling q (B, H, T, hd) rather than the scores (B, H, T, T)
-        # is 4x fewer multiplies. The mask and softmax stay float32, where they are stable.
+        # Scores, mask and softmax in the compute dtype, as Keras' MultiHeadAttention has them
+        # (the peer's too). Under mixed_bfloat16 that costs no precision worth a float32 round
+        # trip: oneDNN accumulates the bfloat16 matmul in float32 and rounds only its output,
+        # TensorFlow's bfloat16 softmax and sums accumulate in float32 (within one bfloat16 ulp
+        # of float64, tests/test_model.py), and the probabilities went to the A.V matmul in
+        # bfloat16 anyway. The float32 round trip cost 5-8% of the step. Scaling q (B, H, T, hd)
+        # rather than the scores (B, H, T, T) is 4x fewer multiplies; the mask is added, not
+        # selected, so its backward pass is no op. Masked scores get a large finite negative,
+        # whose exp is exactly 0 (-1e9 would be -inf in float16, and 0 * -inf is NaN).
         q *= tf.cast(1.0 / math.sqrt(hd), q.dtype)
-        att = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32)  # (B, H, T, T)
-        causal = tf.linalg.band_part(tf.ones((t, t), tf.bool), -1, 0)  # (T, T) lower triangle
-        att = tf.where(causal, att, tf.float32.min)
+        att = tf.matmul(q, k, transpose_b=True)  # (B, H, T, T)
+        causal = tf.linalg.band_part(tf.ones((t, t), att.dtype), -1, 0)  # 1 on, below diagonal
+        att += (1.0 - causal) * tf.cast(-0.7 * att.dtype.max, att.dtype)
         att = self.attn_drop(tf.nn.softmax(att, axis=-1), training=training)
-        y = tf.matmul(tf.cast(att, v.dtype), v)  # (B, H, T, hd)
+        y = tf.matmul(att, v)  # (B, H, T, hd)
         y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (-1, self.d_model))  # (B*T, C)
         y = tf.reshape(self.proj(y), (b, t, self.d_model))  # (B, T, C)
         return self.resid_drop(y, training=training)
