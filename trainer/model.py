@@ -39,8 +39,8 @@ def gelu(x: tf.Tensor) -> tf.Tensor:
     TensorFlow's `Erfc` kernel is not vectorised: 10-17x slower than `Erf` on the same tensor, and
     the backward pass runs it on every (B*T, d_ff) activation, 7% of the train step at the
     benchmark shape. Through `erf` it is not: the step gets 4% (float32) to 8% (bfloat16) faster.
-    The cost is that grappler no longer fuses the forward GELU into the MatMul, already counted
-    in those figures. Largest difference from the erfc form: 8e-7 in float32; in bfloat16 both
+    (In training neither form fuses into the MatMul: the backward pass needs the intermediate
+    values.) Largest difference from the erfc form: 8e-7 in float32; in bfloat16 both
     forms are within the type's rounding (max 0.008 on [-6, 6], as is rounding the exact value).
     """
     return 0.5 * x * (1.0 + tf.math.erf(x * tf.cast(1.0 / math.sqrt(2.0), x.dtype)))
@@ -151,15 +151,17 @@ class CausalSelfAttention(keras.layers.Layer):
         qkv = self.qkv(tf.reshape(x, (-1, self.d_model)))  # (B*T, 3C)
         qkv = tf.reshape(qkv, (b, t, 3, self.n_head, hd))  # (B, T, 3, H, hd)
         q, k, v = tf.unstack(tf.transpose(qkv, (2, 0, 3, 1, 4)))  # each (B, H, T, hd)
-        # Scores, mask and softmax in the compute dtype, as Keras' MultiHeadAttention has them
-        # (the peer's too). Under mixed_bfloat16 that costs no precision worth a float32 round
-        # trip: oneDNN accumulates the bfloat16 matmul in float32 and rounds only its output,
-        # TensorFlow's bfloat16 softmax and sums accumulate in float32 (within one bfloat16 ulp
-        # of float64, tests/test_model.py), and the probabilities went to the A.V matmul in
-        # bfloat16 anyway. The float32 round trip cost 5-8% of the step. Scaling q (B, H, T, hd)
-        # rather than the scores (B, H, T, T) is 4x fewer multiplies; the mask is added, not
-        # selected, so its backward pass is no op. Masked scores get a large finite negative,
-        # whose exp is exactly 0 (-1e9 would be -inf in float16, and 0 * -inf is NaN).
+        # Scores, mask and softmax in the compute dtype, as tf-keras' MultiHeadAttention has
+        # them and as Megatron's fused softmax takes and gives bfloat16 (Keras 3's
+        # dot_product_attention, the peer's, up-casts them to float32). TensorFlow's bfloat16
+        # softmax and sums accumulate in float32 and round once (within one bfloat16 ulp of
+        # float64: tests/test_model.py), oneDNN accumulates the bfloat16 matmul in float32, and
+        # the probabilities go to the A.V matmul in bfloat16 anyway; the float32 round trip
+        # cost 5-8% of the step on CPU, and on a GPU it doubles the (B, H, T, T) tensors'
+        # memory. Scaling q (B, H, T, hd) rather than the scores (B, H, T, T) is T/hd times
+        # fewer multiplies. The mask is added, not selected, so its backward pass is no op;
+        # masked scores get a large finite negative, whose exp is exactly 0 (-1e9 would be
+        # -inf in float16, and 0 * -inf is NaN).
         q *= tf.cast(1.0 / math.sqrt(hd), q.dtype)
         att = tf.matmul(q, k, transpose_b=True)  # (B, H, T, T)
         causal = tf.linalg.band_part(tf.ones((t, t), att.dtype), -1, 0)  # 1 on, below diagonal
