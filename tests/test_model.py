@@ -1,6 +1,8 @@
 """trainer.model (shapes, causality, window limit, layer configs) and trainer.data (pipeline)."""
 
+import contextlib
 import json
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -56,12 +58,19 @@ def test_window_longer_than_position_table_is_an_error(gpt):
         gpt(ids)
 
 
-def test_mixed_precision_logits_are_float32():
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+@contextlib.contextmanager
+def _global_policy(policy: str) -> Iterator[None]:
+    """Layers made inside take `policy`; the other tests' float32 is back afterwards."""
+    keras.mixed_precision.set_global_policy(policy)
     try:
-        logits = build_gpt(TINY)(tf.zeros((1, 4), tf.int32))
+        yield
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_mixed_precision_logits_are_float32():
+    with _global_policy("mixed_bfloat16"):
+        logits = build_gpt(TINY)(tf.zeros((1, 4), tf.int32))
     assert logits.dtype == tf.float32
 
 
@@ -87,12 +96,9 @@ def test_gelu_is_tensorflows_exact_gelu(dtype, atol):
 
 def _attention(policy: str, weights: list[np.ndarray] | None = None) -> CausalSelfAttention:
     """A (d_model 16, 2 heads) attention layer built under `policy`, with `weights` if given."""
-    keras.mixed_precision.set_global_policy(policy)
-    try:
+    with _global_policy(policy):
         layer = CausalSelfAttention(16, 2)
         layer(tf.zeros((1, 4, 16)))
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
     if weights is not None:
         layer.set_weights(weights)
     return layer
