@@ -19,6 +19,7 @@ from trainer.model import (
     TiedEmbedding,
     build_gpt,
     gelu,
+    xla_gelu,
 )
 
 TINY = ModelConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=16, d_ff=32)
@@ -92,6 +93,68 @@ def test_gelu_is_tensorflows_exact_gelu(dtype, atol):
         x64 = tf.Variable(tf.cast(x, tf.float64))
         y = tf.nn.gelu(x64, approximate=False)
     np.testing.assert_allclose(slope, tape.gradient(y, x64), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "dtype, atol, slope_atol",
+    # float32: the same function, and its slope Phi(x) + x phi(x) against float64 autodiff.
+    # bfloat16 and float16: one rounding of the float32 result (bfloat16's spacing is 1/32
+    # near 6, float16's 1/256).
+    [(tf.float32, 1e-6, 1e-6), (tf.bfloat16, 0.02, 0.01), (tf.float16, 0.004, 0.001)],
+)
+def test_xla_gelu_is_exact_gelu_with_its_exact_gradient(dtype, atol, slope_atol):
+    x = tf.cast(tf.linspace(-6.0, 6.0, 2001), dtype)
+    with tf.GradientTape() as tape:
+        x64 = tf.Variable(tf.cast(x, tf.float64))
+        exact = tf.nn.gelu(x64, approximate=False)
+    exact_slope = tape.gradient(exact, x64)
+    x_in = tf.Variable(x)
+    with tf.GradientTape() as tape:
+        y = xla_gelu(x_in)
+        # A non-uniform upstream gradient, so that a backward pass ignoring dy would show.
+        weighted = tf.reduce_sum(y * tf.cast(tf.linspace(0.5, 2.0, 2001), dtype))
+    slope = tape.gradient(weighted, x_in)
+    assert y.dtype == dtype and slope.dtype == dtype
+    np.testing.assert_allclose(tf.cast(y, tf.float64), exact, atol=atol)
+    expected_slope = exact_slope * tf.cast(tf.linspace(0.5, 2.0, 2001), tf.float64)
+    np.testing.assert_allclose(tf.cast(slope, tf.float64), expected_slope, atol=slope_atol * 2)
+
+
+def _compiled_functions(fn: tf.types.experimental.ConcreteFunction) -> set[str]:
+    """The functions in `fn`'s graph that XLA must compile, without their numeric suffix."""
+    library = fn.graph.as_graph_def().library.function
+    return {f.signature.name.rsplit("_", 1)[0] for f in library if f.attr["_XlaMustCompile"].b}
+
+
+def test_xla_gelu_only_in_training_with_the_same_math():
+    """build_gpt(xla_kernels=True) trains through xla_gelu's compiled forward and backward
+    and infers through plain `gelu`; with the same weights, logits and gradients match the
+    plain model's."""
+    keras.utils.set_random_seed(1)
+    fused = build_gpt(TINY, xla_kernels=True)
+    plain = build_gpt(TINY)
+    plain.set_weights(fused.get_weights())
+    ids = tf.random.stateless_uniform((2, 12), (7, 8), 0, TINY.vocab_size, tf.int32)
+
+    def loss_and_grads(model: keras.Model, training: bool):
+        @tf.function
+        def step(ids):
+            with tf.GradientTape() as tape:
+                logits = model(ids, training=training)
+                loss = tf.reduce_mean(tf.square(logits))
+            return logits, tape.gradient(loss, model.trainable_weights)
+
+        return step, step(ids)
+
+    train_step, (logits, grads) = loss_and_grads(fused, training=True)
+    infer_step, _ = loss_and_grads(fused, training=False)
+    _, (plain_logits, plain_grads) = loss_and_grads(plain, training=True)
+    trained = _compiled_functions(train_step.get_concrete_function(ids))
+    assert trained == {"__inference__xla_gelu_forward", "__inference__xla_gelu_backward"}
+    assert not _compiled_functions(infer_step.get_concrete_function(ids))
+    np.testing.assert_allclose(logits, plain_logits, atol=1e-5)
+    for g, p in zip(grads, plain_grads, strict=True):
+        np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(p), atol=1e-6)
 
 
 def _attention(policy: str, weights: list[np.ndarray] | None = None) -> CausalSelfAttention:

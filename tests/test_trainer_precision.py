@@ -4,7 +4,13 @@ import pytest
 import tf_keras as keras
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
-from trainer.config import ConfigError, precision_policy, resolve_config, use_jit_compile
+from trainer.config import (
+    ConfigError,
+    precision_policy,
+    resolve_config,
+    use_jit_compile,
+    use_xla_kernels,
+)
 from trainer.model import build_gpt
 from trainer.optimization import build_optimizer
 from trainer.task import train
@@ -83,6 +89,13 @@ def test_jit_compile_on_several_cpu_workers_is_refused():
         resolve_config("tiny", ["train.jit_compile=true"])
 
 
+def test_xla_gelu_unless_xla_is_off():
+    assert use_xla_kernels("auto") and use_xla_kernels("on")
+    assert not use_xla_kernels("off")
+    with pytest.raises(ConfigError, match="jit_compile must be one of"):
+        use_xla_kernels("true")
+
+
 @pytest.mark.parametrize(("policy", "scaled"), [("mixed_float16", True), ("mixed_bfloat16", False)])
 def test_loss_scaling_only_for_float16(policy, scaled, policy_reset):
     cfg = resolve_config("tiny", TINY_OVERRIDES)
@@ -120,9 +133,38 @@ def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
     ]
     node_types = {attr.type for node in nodes for attr in node.attr.values()}
     assert nodes and tf.bfloat16.as_datatype_enum not in node_types  # no bfloat16 op is served
+    # It trained through the XLA-fused GELU; serving needs no XLA (nor a server built with it).
+    compiled = [
+        function.signature.name
+        for meta in graph.meta_graphs
+        for function in meta.graph_def.library.function
+        if function.attr["_XlaMustCompile"].b
+    ]
+    assert not compiled
     served = tf.saved_model.load(str(saved))
     scored = served.signatures["score"](text=tf.constant(["To be, or not to be."]))
     assert scored["nats"].dtype == tf.float32 and float(scored["nats_per_char"][0]) > 0
+
+
+@pytest.mark.slow
+def test_whole_step_xla_trains_like_no_xla(tmp_path, policy_reset):
+    """jit_compile=on (what `auto` picks on one GPU) compiles the step with xla_gelu's compiled
+    functions inside it; off runs neither. Same seed, same data: the same losses."""
+    examples = make_examples_dir(tmp_path / "examples")
+    losses = {}
+    for setting in ("on", "off"):
+        overrides = (
+            "train.train_steps=10",
+            "train.checkpoint_every=10",
+            "precision=float32",
+            f"train.jit_compile={setting}",
+        )
+        cfg = resolve_config("tiny", TINY_OVERRIDES + overrides)
+        out = tmp_path / setting
+        metrics = train(str(examples), str(out / "model"), str(out / "work"), cfg)
+        assert metrics["steps"] == 10 and not metrics["diverged"]
+        losses[setting] = metrics["final_loss"]
+    assert losses["on"] == pytest.approx(losses["off"], abs=1e-3)
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,9 @@ class TrainConfig:
     eval_batches: int = 8  # batches of the eval split per validation run
     shuffle_buffer: int = 2048  # examples in the training shuffle buffer
     precision: str = "auto"  # auto | float32 | mixed_float16 | mixed_bfloat16
-    jit_compile: str = "auto"  # XLA for train/eval steps: auto (see use_jit_compile) | on | off
+    # XLA for train/eval steps: auto (see use_jit_compile) | on | off; off also keeps the
+    # XLA-fused GELU out of training (use_xla_kernels)
+    jit_compile: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -480,3 +482,18 @@ def use_jit_compile(setting: str, device_kind: str, workers: int, replicas: int 
     if setting != "auto":
         return setting == "on"
     return workers <= 1 and replicas <= 1 and kind in ("gpu", "tpu")
+
+
+def use_xla_kernels(setting: str) -> bool:
+    """Whether training runs GELU as one XLA-fused kernel (trainer.model.xla_gelu).
+
+    Yes unless XLA is turned off (train.jit_compile=off): on CPU the fused GELU is faster while
+    XLA over the whole step is not, and it compiles no collective, so it is safe under every
+    strategy; when the whole step is compiled (use_jit_compile) it is one more function inside
+    that cluster.
+    """
+    if setting not in JIT_COMPILE:
+        raise ConfigError(
+            f"config: train.jit_compile must be one of {JIT_COMPILE}, got {setting!r}"
+        )
+    return setting != "off"

@@ -210,7 +210,9 @@ def _compiled_model(
     """(gpt, the gpt with the measuring train step, optimizer, schedule), created under the
     strategy's scope; the second, which shares the first's weights, is compiled for `fit`."""
     with strategy.scope():
-        gpt = model.build_gpt(cfg.model)
+        gpt = model.build_gpt(
+            cfg.model, xla_kernels=config_lib.use_xla_kernels(cfg.train.jit_compile)
+        )
         trainee = train_step.instrumented(gpt, timed=not jit)
         optimizer, schedule = build_optimizer(cfg, global_batch, policy)
         trainee.compile(
