@@ -241,6 +241,7 @@ def test_bfloat16_softmax_and_sums_accumulate_in_float32():
         PositionEmbedding(16, 8),
         CausalSelfAttention(16, 4, 0.1),
         Block(16, 2, 32, 0.1, 1e-6, 0.02, 0.01),
+        Block(16, 2, 32, use_xla_gelu=True),
     ],
 )
 def test_layers_round_trip_get_config(layer):

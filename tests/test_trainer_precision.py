@@ -1,5 +1,7 @@
 """Mixed precision and XLA choices of the trainer: the pure rules, and what compile does."""
 
+from pathlib import Path
+
 import pytest
 import tf_keras as keras
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
@@ -134,25 +136,44 @@ def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
     node_types = {attr.type for node in nodes for attr in node.attr.values()}
     assert nodes and tf.bfloat16.as_datatype_enum not in node_types  # no bfloat16 op is served
     # It trained through the XLA-fused GELU; serving needs no XLA (nor a server built with it).
-    compiled = [
-        function.signature.name
-        for meta in graph.meta_graphs
-        for function in meta.graph_def.library.function
-        if function.attr["_XlaMustCompile"].b
-    ]
-    assert not compiled
+    assert not _xla_compiled_functions(saved)
     served = tf.saved_model.load(str(saved))
     scored = served.signatures["score"](text=tf.constant(["To be, or not to be."]))
     assert scored["nats"].dtype == tf.float32 and float(scored["nats_per_char"][0]) > 0
 
 
+def _xla_compiled_functions(saved_model_dir: Path) -> list[str]:
+    """The functions in a SavedModel that only run compiled by XLA (`_XlaMustCompile`)."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    graph = saved_model_pb2.SavedModel.FromString((saved_model_dir / "saved_model.pb").read_bytes())
+    return [
+        function.signature.name
+        for meta in graph.meta_graphs
+        for function in meta.graph_def.library.function
+        if function.attr["_XlaMustCompile"].b
+    ]
+
+
 @pytest.mark.slow
-def test_whole_step_xla_trains_like_no_xla(tmp_path, policy_reset):
-    """jit_compile=on (what `auto` picks on one GPU) compiles the step with xla_gelu's compiled
-    functions inside it; off runs neither. Same seed, same data: the same losses."""
+def test_trainer_trains_through_xla_gelu_unless_xla_is_off(tmp_path, policy_reset, monkeypatch):
+    """`auto` (here: no whole-step XLA) and `on` (the whole step compiled, as `auto` on one
+    GPU) trace the GELU of every block as model.xla_gelu; `off` traces none. Same seed, same
+    data: the same losses. Trained in float32, whose export once was the trained model itself:
+    no export holds an XLA-only function."""
+    from trainer import model
+
+    traced = []
+
+    def counting_xla_gelu(x):
+        traced.append(x.shape)
+        return fused(x)
+
+    fused = model.xla_gelu
+    monkeypatch.setattr(model, "xla_gelu", counting_xla_gelu)
     examples = make_examples_dir(tmp_path / "examples")
-    losses = {}
-    for setting in ("on", "off"):
+    losses, traces = {}, {}
+    for setting in ("auto", "on", "off"):
         overrides = (
             "train.train_steps=10",
             "train.checkpoint_every=10",
@@ -161,10 +182,15 @@ def test_whole_step_xla_trains_like_no_xla(tmp_path, policy_reset):
         )
         cfg = resolve_config("tiny", TINY_OVERRIDES + overrides)
         out = tmp_path / setting
+        traced.clear()
         metrics = train(str(examples), str(out / "model"), str(out / "work"), cfg)
         assert metrics["steps"] == 10 and not metrics["diverged"]
-        losses[setting] = metrics["final_loss"]
+        losses[setting], traces[setting] = metrics["final_loss"], len(traced)
+        assert not _xla_compiled_functions(out / "model" / "Format-Serving")
+    n_layer = resolve_config("tiny", TINY_OVERRIDES).model.n_layer
+    assert traces["auto"] >= n_layer and traces["on"] >= n_layer and traces["off"] == 0
     assert losses["on"] == pytest.approx(losses["off"], abs=1e-3)
+    assert losses["auto"] == pytest.approx(losses["off"], abs=1e-3)
 
 
 @pytest.mark.parametrize(

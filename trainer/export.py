@@ -225,7 +225,6 @@ def _write_history(history: TrainHistory, saved_model_dir: str) -> None:
 def write_model_artifact(
     gpt: keras.Model,
     cfg: Config,
-    policy: str,
     tokenizer_path: str,
     metrics: Mapping[str, Any],
     model_dir: str,
@@ -240,7 +239,7 @@ def write_model_artifact(
     """
     try:
         _write_for_role(
-            serving_model(gpt, cfg, policy),
+            serving_model(gpt, cfg),
             cfg,
             tokenizer_path,
             metrics,
@@ -253,14 +252,14 @@ def write_model_artifact(
         raise ExportFailed(str(err)) from err
 
 
-def serving_model(gpt: keras.Model, cfg: Config, policy: str) -> keras.Model:
-    """The model to serve: `gpt` itself, or its weights in a float32 model if trained mixed.
+def serving_model(gpt: keras.Model, cfg: Config) -> keras.Model:
+    """The model to serve: `gpt`'s weights in a fresh float32 model of the same config.
 
     A SavedModel keeps the compute dtype it was traced with; float16 or bfloat16 matmuls are
     slow on CPU servers (and evaluate pods), and their noise would enter the blessing margin.
+    Fresh even in float32: saving a Keras model traces its layers' training branch too, and the
+    trained model's is the XLA-compiled GELU (model.xla_gelu), which a server must not need.
     """
-    if policy == "float32":
-        return gpt
     keras.mixed_precision.set_global_policy("float32")
     serving = model.build_gpt(cfg.model)
     serving.set_weights(gpt.get_weights())

@@ -230,14 +230,14 @@ class Block(keras.layers.Layer):
         layer_norm_epsilon: float = 1e-5,
         init_std: float = 0.02,
         proj_std: float = 0.02,
-        xla_gelu: bool = False,
+        use_xla_gelu: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.d_model = d_model
         self.n_head = n_head
         self.d_ff = d_ff
-        self.xla_gelu = xla_gelu
+        self.use_xla_gelu = use_xla_gelu
         self.dropout = dropout
         self.layer_norm_epsilon = layer_norm_epsilon
         self.init_std = init_std
@@ -254,8 +254,10 @@ class Block(keras.layers.Layer):
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
         x = x + self.attn(self.ln_1(x), training=training)  # (B, T, C)
         h = self.fc(tf.reshape(self.ln_2(x), (-1, self.d_model)))  # (B*T, d_ff)
-        # The XLA-fused GELU only when training: serving and evaluation graphs stay plain ops.
-        h = xla_gelu(h) if self.xla_gelu and training is True else gelu(h)
+        # The XLA-fused GELU only in training: evaluation and serving graphs stay plain ops.
+        # Keras' fit passes training=True as a Python bool (train_step.InstrumentedGPT), build
+        # and evaluate None or False; anything else (a tensor) takes the plain path, slower only.
+        h = xla_gelu(h) if self.use_xla_gelu and training is True else gelu(h)
         y = tf.reshape(self.fc_proj(h), tf.shape(x))  # (B, T, C)
         return x + self.mlp_drop(y, training=training)
 
@@ -269,7 +271,7 @@ class Block(keras.layers.Layer):
             "layer_norm_epsilon": self.layer_norm_epsilon,
             "init_std": self.init_std,
             "proj_std": self.proj_std,
-            "xla_gelu": self.xla_gelu,
+            "use_xla_gelu": self.use_xla_gelu,
         }
 
 
@@ -295,7 +297,7 @@ def build_gpt(cfg: ModelConfig, xla_kernels: bool = False) -> keras.Model:
             cfg.layer_norm_epsilon,
             cfg.init_std,
             proj_std,
-            xla_gelu=xla_kernels,
+            use_xla_gelu=xla_kernels,
             name=f"h_{i}",
         )(x)
     x = keras.layers.LayerNormalization(epsilon=cfg.layer_norm_epsilon, name="ln_f")(x)

@@ -134,7 +134,7 @@ def train(
     tokenizer_file = manifest.get("tokenizer", {}).get("file", TOKENIZER_FILE)
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
     export.write_model_artifact(
-        gpt, cfg, policy, tokenizer_path, metrics, model_dir, work_dir, is_chief, monitor.history
+        gpt, cfg, tokenizer_path, metrics, model_dir, work_dir, is_chief, monitor.history
     )
     if fault_cb:
         fault_cb.after_export()
