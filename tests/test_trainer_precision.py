@@ -135,7 +135,7 @@ def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
     ]
     node_types = {attr.type for node in nodes for attr in node.attr.values()}
     assert nodes and tf.bfloat16.as_datatype_enum not in node_types  # no bfloat16 op is served
-    # It trained through the XLA-fused GELU; serving needs no XLA (nor a server built with it).
+    # It trained with the XLA-fused GELU (the default); serving needs no XLA.
     assert not _xla_compiled_functions(saved)
     served = tf.saved_model.load(str(saved))
     scored = served.signatures["score"](text=tf.constant(["To be, or not to be."]))

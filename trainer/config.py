@@ -488,9 +488,9 @@ def use_xla_kernels(setting: str) -> bool:
     """Whether training runs GELU as one XLA-fused kernel (trainer.model.xla_gelu).
 
     Yes unless XLA is turned off (train.jit_compile=off): on CPU the fused GELU is faster while
-    XLA over the whole step is not, and it compiles no collective, so it is safe under every
-    strategy; when the whole step is compiled (use_jit_compile) it is one more function inside
-    that cluster.
+    XLA over the whole step is not. It holds no collective, so a strategy runs it as any other
+    op (tested on one CPU worker and under MultiWorkerMirrored on CPU); when the whole step is
+    compiled (use_jit_compile) it is one more function inside that cluster.
     """
     if setting not in JIT_COMPILE:
         raise ConfigError(
