@@ -126,8 +126,13 @@ def test_sigkilled_worker_restarts_the_group_which_resumes_from_the_backup(
     assert _resumed_at(job.log(0)) == _resumed_at(job.log(1)) == BACKUP_EVERY
     assert "fault injection" not in job.log(1)  # ...and ran clean to the configured step count
     assert f'"steps": {STEPS}' in (job.model / "train_metrics.json").read_text()
-    # Steps 21-25 ran twice, on differently ordered data; the model ends up as good.
-    assert job.final_val_loss() == pytest.approx(uninterrupted.final_val_loss(), rel=0.02)
+    # Steps 21-25 ran twice, and the restarted group's data order started over (the input
+    # pipeline's position is not in the backup), so steps 21-40 saw the first 20 steps' batches
+    # again. At 40 tiny steps the loss still falls fast, which moves the final val loss by a few
+    # percent: 1.6% before the XLA-fused GELU, 3.0% after (its rounding differs in the last
+    # bit, and the re-seen batches fall differently). A resume that lost the backup's weights or
+    # stopped training lands far off: the step-20 val loss is 16% above the final one.
+    assert job.final_val_loss() == pytest.approx(uninterrupted.final_val_loss(), rel=0.05)
 
 
 @pytest.mark.slow
