@@ -1,6 +1,7 @@
 """trainer.task and the modules it runs: schedule, cluster helpers, CLI errors, and tiny
 end-to-end training runs."""
 
+import itertools
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import pytest
 import tensorflow as tf
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
+from contracts.artifacts import BACKUP_DIR
 from contracts.errors import UserError
 from trainer import data, export
 from trainer.callbacks import TrainMonitor
@@ -23,6 +25,7 @@ from trainer.config import config_from_dict, config_to_dict, learning_rate_at, r
 from trainer.faults import Fault, InjectFault
 from trainer.model import build_gpt
 from trainer.optimization import WarmupCosine
+from trainer.preemption import backed_up_step
 from trainer.task import _export_barrier, main, parse_args, train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,9 +199,30 @@ def test_restarted_job_resumes_from_backup(tmp_path, examples, monkeypatch):
     with pytest.raises(RuntimeError, match="preempted"):
         train(*args)
     assert not (tmp_path / "model").exists()
+    backup = tmp_path / "work" / BACKUP_DIR
+    assert backed_up_step(str(backup)) == 20  # what the restarted input will skip
+    assert backed_up_step(str(tmp_path / "no-backup")) == 0
     crash, steps_run[:] = False, []
     assert train(*args)["steps"] == cfg.train.train_steps
     assert steps_run[0] == 21  # resumed after the backup taken at step 20, not from scratch
+
+
+def test_resumed_input_skips_the_batches_trained_before(examples):
+    """distributed_datasets(skip_steps=K) starts at the batch an uninterrupted run's step K+1
+    reads: the same data in the same order (the seed fixes it), not the first batch again."""
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    manifest = data.read_manifest(str(examples))
+    strategy = tf.distribute.get_strategy()
+
+    def first_batches(skip_steps: int, n: int) -> list[np.ndarray]:
+        found = data.distributed_datasets(strategy, str(examples), manifest, cfg, skip_steps)
+        return [x.numpy() for x, _ in itertools.islice(iter(found.train), n)]
+
+    uninterrupted = first_batches(0, 8)
+    resumed = first_batches(5, 3)
+    for a, b in zip(resumed, uninterrupted[5:], strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not np.array_equal(resumed[0], uninterrupted[0])
 
 
 def _free_ports(n):

@@ -201,19 +201,25 @@ class DistributedData(NamedTuple):
 
 
 def distributed_datasets(
-    strategy: tf.distribute.Strategy, examples_dir: str, manifest: dict[str, Any], cfg: Config
+    strategy: tf.distribute.Strategy,
+    examples_dir: str,
+    manifest: dict[str, Any],
+    cfg: Config,
+    skip_steps: int = 0,
 ) -> DistributedData:
     """The train and eval splits, each worker reading its part; eval is off under one batch.
 
     Each worker first checks the shards it reads (`verify_shards`): a damaged one stops it with
-    a CorruptShardError naming the file, before any step.
+    a CorruptShardError naming the file, before any step. A run resumed at step N passes
+    `skip_steps=N`: each worker's training input skips the N batches it fed before, so the
+    resumed run sees the data an uninterrupted one would (the order is fixed by the seed).
     """
     t = cfg.train
     train_files = split_files(examples_dir, manifest, "train")
 
     def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         verify_shards(examples_dir, pipeline_files(train_files, ctx))
-        return train_dataset(train_files, cfg, ctx)
+        return train_dataset(train_files, cfg, ctx).skip(skip_steps)
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
     global_batch = config_lib.global_batch_size(t.batch_size, strategy.num_replicas_in_sync)

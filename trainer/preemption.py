@@ -7,6 +7,7 @@ PreemptionCheckpointHandler.
 from __future__ import annotations
 
 import logging
+import posixpath
 import signal
 import threading
 from collections.abc import Callable
@@ -67,6 +68,24 @@ def preemption_agreement(strategy: tf.distribute.Strategy, workers: int) -> Agre
         return strategy.experimental_local_results(per_replica)[0]
 
     return lambda flag: float(all_reduce(tf.constant(flag, tf.float32)))
+
+
+def backed_up_step(backup_dir: str) -> int:
+    """The step of the backup that PreemptibleBackup (Keras' BackupAndRestore) will restore from
+    `backup_dir`, or 0 without one: read before training, so that the input can skip the
+    batches those steps consumed. BackupAndRestore reads `<backup_dir>/chief`
+    (tf_keras/src/distribute/worker_training_state.py) and restores the optimizer's step counter.
+    """
+    latest = tf.train.latest_checkpoint(posixpath.join(backup_dir, "chief"))
+    if latest is None:
+        return 0
+    reader = tf.train.load_checkpoint(latest)
+    steps = [
+        int(reader.get_tensor(key))
+        for key in reader.get_variable_to_shape_map()
+        if key.endswith("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")
+    ]
+    return max(steps, default=0)
 
 
 class PreemptibleBackup(keras.callbacks.BackupAndRestore):

@@ -47,6 +47,7 @@ from trainer.preemption import (
     Preempted,
     PreemptibleBackup,
     PreemptionWatch,
+    backed_up_step,
     preemption_agreement,
 )
 from trainer.telemetry import Telemetry
@@ -99,7 +100,8 @@ def train(
     agree = preemption_agreement(strategy, workers)
     policy, jit = precision.set_precision_and_choose_xla(cfg, workers, replicas, agree)
     global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
-    datasets = data.distributed_datasets(strategy, examples_dir, manifest, cfg)
+    resume_step = backed_up_step(_backup_dir(work_dir))
+    datasets = data.distributed_datasets(strategy, examples_dir, manifest, cfg, resume_step)
     gpt, trainee, optimizer, schedule = _compiled_model(strategy, cfg, global_batch, policy, jit)
     log.info(
         "training %d params, policy %s, jit_compile %s, %d replicas, global batch %d",
