@@ -207,20 +207,34 @@ def test_restarted_job_resumes_from_backup(tmp_path, examples, monkeypatch):
     assert steps_run[0] == 21  # resumed after the backup taken at step 20, not from scratch
 
 
-def test_resumed_input_skips_the_batches_trained_before(examples):
+class _OneWorkerTwoReplicas:
+    """The part of tf.distribute.MirroredStrategy over 2 devices that distributed_datasets uses:
+    it calls the dataset function once for the worker's one input pipeline with 2 replicas in
+    sync (distribute_lib.py: `distribute_datasets_from_function`), and a step then takes one
+    batch per replica from it. Real MirroredStrategy needs its devices before TF starts."""
+
+    num_replicas_in_sync = 2
+
+    def distribute_datasets_from_function(self, dataset_fn):
+        return dataset_fn(tf.distribute.InputContext(1, 0, 2))
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_resumed_input_skips_the_batches_trained_before(examples, replicas):
     """distributed_datasets(skip_steps=K) starts at the batch an uninterrupted run's step K+1
-    reads: the same data in the same order (the seed fixes it), not the first batch again."""
+    reads, with one batch per replica per step: the same data in the same order (the seed fixes
+    it), not the first batch again."""
     cfg = resolve_config("tiny", TINY_OVERRIDES)
     manifest = data.read_manifest(str(examples))
-    strategy = tf.distribute.get_strategy()
+    strategy = tf.distribute.get_strategy() if replicas == 1 else _OneWorkerTwoReplicas()
 
     def first_batches(skip_steps: int, n: int) -> list[np.ndarray]:
         found = data.distributed_datasets(strategy, str(examples), manifest, cfg, skip_steps)
         return [x.numpy() for x, _ in itertools.islice(iter(found.train), n)]
 
-    uninterrupted = first_batches(0, 8)
-    resumed = first_batches(5, 3)
-    for a, b in zip(resumed, uninterrupted[5:], strict=True):
+    uninterrupted = first_batches(0, 8 * replicas)
+    resumed = first_batches(5, 3 * replicas)
+    for a, b in zip(resumed, uninterrupted[5 * replicas :], strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(resumed[0], uninterrupted[0])
 

@@ -211,15 +211,17 @@ def distributed_datasets(
 
     Each worker first checks the shards it reads (`verify_shards`): a damaged one stops it with
     a CorruptShardError naming the file, before any step. A run resumed at step N passes
-    `skip_steps=N`: each worker's training input skips the N batches it fed before, so the
-    resumed run sees the data an uninterrupted one would (the order is fixed by the seed).
+    `skip_steps=N`: each worker's training input skips the batches its replicas took in those N
+    steps, so the resumed run sees the data an uninterrupted one would (the seed fixes the order).
     """
     t = cfg.train
     train_files = split_files(examples_dir, manifest, "train")
 
     def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         verify_shards(examples_dir, pipeline_files(train_files, ctx))
-        return train_dataset(train_files, cfg, ctx).skip(skip_steps)
+        # A step takes one batch per local replica from this worker's pipeline.
+        per_step = ctx.num_replicas_in_sync // ctx.num_input_pipelines
+        return train_dataset(train_files, cfg, ctx).skip(skip_steps * per_step)
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
     global_batch = config_lib.global_batch_size(t.batch_size, strategy.num_replicas_in_sync)
