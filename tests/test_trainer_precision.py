@@ -1,6 +1,7 @@
 """Mixed precision and XLA choices of the trainer: the pure rules, and what compile does."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tf_keras as keras
@@ -124,9 +125,7 @@ def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
     import tensorflow_text  # noqa: F401
 
     saved = tmp_path / "model" / "Format-Serving"
-    from tensorflow.core.protobuf import saved_model_pb2
-
-    graph = saved_model_pb2.SavedModel.FromString((saved / "saved_model.pb").read_bytes())
+    graph = _saved_model(saved)
     nodes = [
         node
         for meta in graph.meta_graphs
@@ -136,17 +135,21 @@ def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
     node_types = {attr.type for node in nodes for attr in node.attr.values()}
     assert nodes and tf.bfloat16.as_datatype_enum not in node_types  # no bfloat16 op is served
     # It trained with the XLA-fused GELU (the default); serving needs no XLA.
-    assert not _xla_compiled_functions(saved)
+    assert not _xla_compiled_functions(graph)
     served = tf.saved_model.load(str(saved))
     scored = served.signatures["score"](text=tf.constant(["To be, or not to be."]))
     assert scored["nats"].dtype == tf.float32 and float(scored["nats_per_char"][0]) > 0
 
 
-def _xla_compiled_functions(saved_model_dir: Path) -> list[str]:
-    """The functions in a SavedModel that only run compiled by XLA (`_XlaMustCompile`)."""
+def _saved_model(saved_model_dir: Path) -> Any:
+    """The SavedModel proto of `saved_model_dir`."""
     from tensorflow.core.protobuf import saved_model_pb2
 
-    graph = saved_model_pb2.SavedModel.FromString((saved_model_dir / "saved_model.pb").read_bytes())
+    return saved_model_pb2.SavedModel.FromString((saved_model_dir / "saved_model.pb").read_bytes())
+
+
+def _xla_compiled_functions(graph: Any) -> list[str]:
+    """The functions in a SavedModel proto that only run compiled by XLA (`_XlaMustCompile`)."""
     return [
         function.signature.name
         for meta in graph.meta_graphs
@@ -186,7 +189,7 @@ def test_trainer_trains_through_xla_gelu_unless_xla_is_off(tmp_path, policy_rese
         metrics = train(str(examples), str(out / "model"), str(out / "work"), cfg)
         assert metrics["steps"] == 10 and not metrics["diverged"]
         losses[setting], traces[setting] = metrics["final_loss"], len(traced)
-        assert not _xla_compiled_functions(out / "model" / "Format-Serving")
+        assert not _xla_compiled_functions(_saved_model(out / "model" / "Format-Serving"))
     n_layer = resolve_config("tiny", TINY_OVERRIDES).model.n_layer
     assert traces["auto"] >= n_layer and traces["on"] >= n_layer and traces["off"] == 0
     assert losses["on"] == pytest.approx(losses["off"], abs=1e-3)

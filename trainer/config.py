@@ -459,6 +459,13 @@ def precision_policy(
     return "float32"
 
 
+def _check_jit_compile(setting: str) -> None:
+    if setting not in JIT_COMPILE:
+        raise ConfigError(
+            f"config: train.jit_compile must be one of {JIT_COMPILE}, got {setting!r}"
+        )
+
+
 def use_jit_compile(setting: str, device_kind: str, workers: int, replicas: int = 1) -> bool:
     """Whether Keras compiles the train and eval steps with XLA (`jit_compile`).
 
@@ -469,10 +476,7 @@ def use_jit_compile(setting: str, device_kind: str, workers: int, replicas: int 
     compile on logical CPU devices and is unmeasured on GPUs, so it stays off there too. "on"
     with several CPU workers is refused; other "on"/"off" settings are obeyed.
     """
-    if setting not in JIT_COMPILE:
-        raise ConfigError(
-            f"config: train.jit_compile must be one of {JIT_COMPILE}, got {setting!r}"
-        )
+    _check_jit_compile(setting)
     kind = device_kind.lower()
     if setting == "on" and workers > 1 and kind == "cpu":
         raise ConfigError(
@@ -492,8 +496,5 @@ def use_xla_kernels(setting: str) -> bool:
     op (tested on one CPU worker and under MultiWorkerMirrored on CPU); when the whole step is
     compiled (use_jit_compile) it is one more function inside that cluster.
     """
-    if setting not in JIT_COMPILE:
-        raise ConfigError(
-            f"config: train.jit_compile must be one of {JIT_COMPILE}, got {setting!r}"
-        )
+    _check_jit_compile(setting)
     return setting != "off"

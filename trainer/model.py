@@ -49,8 +49,7 @@ def gelu(x: tf.Tensor) -> tf.Tensor:
 
 @tf.function(jit_compile=True)
 def _xla_gelu_forward(x: tf.Tensor) -> tf.Tensor:
-    h = tf.cast(x, tf.float32)
-    return tf.cast(0.5 * h * (1.0 + tf.math.erf(h * (1.0 / math.sqrt(2.0)))), x.dtype)
+    return tf.cast(gelu(tf.cast(x, tf.float32)), x.dtype)
 
 
 @tf.function(jit_compile=True)
