@@ -1,13 +1,13 @@
 """Input pipeline headroom: trainer/data.py's tokens/s over the trainer's consumption (`tiny`).
 
-Supply: `trainer.data.make_dataset` as the trainer builds its training set (trainer/task.py via
-`data.distributed_datasets`: the train split's shards, shuffled with the config's seed and
-buffer, repeated, batched by train.batch_size, parsed), read alone in this process after its
-shards are checked as the trainer checks them; tokens/s over READ_BATCHES batches after a
-warm-up that fills the shuffle buffer. Consumption: the real trainer's tokens/s on the same
-Examples at the same config, one worker with 2 threads (bench/trainer_run.py; peer_bench's
-`tiny` run when both run in one process). Headroom >= 10 means the input pipeline could feed ten
-such trainers, so the trainer should never wait for it.
+Supply: `trainer.data.train_dataset` as the trainer builds its training set (trainer/task.py via
+`data.distributed_datasets`: the train split's shards in `TrainOrder` with the config's seed
+and shuffle buffer, without end, batched by train.batch_size, parsed), read alone in this
+process after its shards are checked as the trainer checks them; tokens/s over READ_BATCHES
+batches after a warm-up that fills the shuffle buffer. Consumption: the real trainer's
+tokens/s on the same Examples at the same config, one worker with 2 threads
+(bench/trainer_run.py; peer_bench's `tiny` run when both run in one process). Headroom >= 10
+means the input pipeline could feed ten such trainers, so the trainer should never wait for it.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def supply_tokens_per_second(cfg, examples: str, batches: int = READ_BATCHES) ->
     from trainer import data
 
     manifest = data.read_manifest(examples)
-    files = data.split_files(examples, manifest, "train")
-    data.verify_shards(examples, files)
-    ds = data.train_dataset(files, cfg)
+    shards = data.split_shards(examples, manifest, "train")
+    data.verify_shards(examples, shards.files)
+    ds = data.train_dataset(shards, cfg)
     iterator = iter(ds)
     for _ in range(WARMUP_BATCHES):
         next(iterator)

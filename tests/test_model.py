@@ -1,7 +1,6 @@
-"""trainer.model (shapes, causality, window limit, layer configs) and trainer.data (pipeline)."""
+"""trainer.model: shapes, causality, window limit, layer configs, GELU, mixed precision."""
 
 import contextlib
-import json
 from collections.abc import Iterator
 
 import numpy as np
@@ -9,8 +8,6 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from contracts.errors import UserError
-from trainer import data
 from trainer.config import ModelConfig
 from trainer.model import (
     Block,
@@ -247,62 +244,3 @@ def test_bfloat16_softmax_and_sums_accumulate_in_float32():
 def test_layers_round_trip_get_config(layer):
     clone = type(layer).from_config(layer.get_config())
     assert clone.get_config() == layer.get_config()
-
-
-def _write_windows(path, windows):
-    with tf.io.TFRecordWriter(str(path), options="GZIP") as w:
-        for window in windows:
-            feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
-            ex = tf.train.Example(features=tf.train.Features(feature={"input_ids": feature}))
-            w.write(ex.SerializeToString())
-
-
-def test_make_dataset_shapes_and_shift(tmp_path):
-    seq_len = 8
-    windows = [list(range(i, i + seq_len + 1)) for i in range(10)]
-    _write_windows(tmp_path / "a.gz", windows[:5])
-    _write_windows(tmp_path / "b.gz", windows[5:])
-    ds = data.make_dataset(str(tmp_path / "*.gz"), seq_len, batch_size=3)
-    batches = list(ds)
-    assert len(batches) == 3  # 10 windows, drop_remainder
-    x, y = batches[0]
-    assert x.shape == (3, seq_len) and y.shape == (3, seq_len) and x.dtype == tf.int32
-    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
-    repeated = data.make_dataset([str(tmp_path / "a.gz")], seq_len, 4, shuffle=True, repeat=True)
-    assert len(list(repeated.take(5))) == 5
-
-
-@pytest.mark.parametrize("n_files", [1, 4])
-def test_make_dataset_shards_per_worker(tmp_path, n_files):
-    seq_len = 4
-    windows = [[i] * (seq_len + 1) for i in range(8)]
-    files = [str(tmp_path / f"{i}.gz") for i in range(n_files)]
-    for i, f in enumerate(files):
-        _write_windows(f, windows[i::n_files])
-    seen = []
-    for worker in range(2):
-        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
-        ds = data.make_dataset(files, seq_len, 1, input_context=ctx)
-        seen.append({int(x[0, 0]) for x, _ in ds})
-    assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == set(range(8))
-
-
-def test_manifest_and_split_files(tmp_path):
-    with pytest.raises(UserError, match="manifest.json not found"):
-        data.read_manifest(str(tmp_path))
-    (tmp_path / "Split-train").mkdir()
-    _write_windows(tmp_path / "Split-train" / "data_tfrecord-00000-of-00001.gz", [[1, 2, 3]])
-    manifest = {
-        "seq_len": 2,
-        "vocab_size": 8,
-        "splits": {
-            "train": {"shards": ["Split-train/data_tfrecord-00000-of-00001.gz"]},
-            "eval": {"shards": ["Split-eval/data_tfrecord-00000-of-00001.gz"]},
-        },
-    }
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    manifest = data.read_manifest(str(tmp_path))
-    files = data.split_files(str(tmp_path), manifest, "train")
-    assert files == [str(tmp_path / "Split-train" / "data_tfrecord-00000-of-00001.gz")]
-    with pytest.raises(UserError, match="is missing"):
-        data.split_files(str(tmp_path), manifest, "eval")

@@ -76,15 +76,20 @@ def _windows(ids: list[int], seq_len: int) -> list[list[int]]:
     return [ids[i : i + seq_len + 1] for i in range(0, len(ids) - seq_len, seq_len)]
 
 
-def _write_shards(folder: Path, split: str, windows: list[list[int]], n_shards: int) -> list[str]:
+def _write_shards(
+    folder: Path, split: str, windows: list[list[int]], shard_windows: int
+) -> list[str]:
+    """Write `windows` as tokenize does: shards filled with `shard_windows` windows in order, the
+    last with the rest (components/tokenize/shards.py), which trainer/data.py's counts rely on."""
     import tensorflow as tf
 
     (folder / f"Split-{split}").mkdir(parents=True, exist_ok=True)
+    n_shards = -(-len(windows) // shard_windows)
     shards = []
     for s in range(n_shards):
         rel = f"Split-{split}/data_tfrecord-{s:05d}-of-{n_shards:05d}.gz"
         with tf.io.TFRecordWriter(str(folder / rel), options="GZIP") as w:
-            for window in windows[s::n_shards]:
+            for window in windows[s * shard_windows : (s + 1) * shard_windows]:
                 feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
                 example = tf.train.Example(
                     features=tf.train.Features(feature={"input_ids": feature})
@@ -114,15 +119,16 @@ def make_examples_dir(
     sp = spm.SentencePieceProcessor(model_file=str(model_path))
     (folder / "raw").mkdir(exist_ok=True)
     (folder / "raw" / "eval.txt").write_text(parts["eval"], encoding="utf-8")
+    ids = {split: sp.encode(part) for split, part in parts.items()}
+    windows = {split: _windows(split_ids, seq_len) for split, split_ids in ids.items()}
+    shard_windows = -(-len(windows["train"]) // train_shards)  # train_shards full shards or fewer
     splits = {}
     for split, part in parts.items():
-        ids = sp.encode(part)
-        windows = _windows(ids, seq_len)
-        shards = _write_shards(folder, split, windows, train_shards if split == "train" else 1)
+        shards = _write_shards(folder, split, windows[split], shard_windows)
         splits[split] = {
             "shards": shards,
-            "windows": len(windows),
-            "tokens": len(ids),
+            "windows": len(windows[split]),
+            "tokens": len(ids[split]),
             "chars": len(part),
         }
     digest = hashlib.sha256(model_path.read_bytes()).hexdigest()
@@ -149,6 +155,7 @@ def make_examples_dir(
             "seq_len": seq_len,
             "vocab_size": vocab_size,
             "eval_fraction": eval_fraction,
+            "shard_windows": shard_windows,
         },
     }
     (folder / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from contracts.artifacts import EXAMPLES_MANIFEST
@@ -29,6 +30,8 @@ log = logging.getLogger("trainer")
 
 _VERIFY_CHUNK = 1 << 20  # bytes read at a time while checking a shard's GZIP stream
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip mode: header, deflate data, CRC-32 and length
+# Shards read together, through one shuffle buffer; a resumed run re-reads at most one block.
+BLOCK_FILES = 4
 
 
 class CorruptShardError(UserError):
@@ -145,42 +148,35 @@ def make_dataset(
     files: str | Sequence[str],
     seq_len: int,
     batch_size: int,
-    shuffle: bool = False,
-    seed: int = 0,
-    shuffle_buffer: int = 1024,
-    repeat: bool = False,
     input_context: tf.distribute.InputContext | None = None,
 ) -> tf.data.Dataset:
-    """Batches of (inputs (B, T), targets (B, T)) int32 from GZIP TFRecord shards.
+    """Batches of (inputs (B, T), targets (B, T)) int32 from GZIP TFRecord shards, in order.
 
     `files` is a glob pattern or a list of paths. With an `input_context` of several input
     pipelines, each worker reads its own files when there are at least as many files as
     workers, else every worker reads all files and keeps every n-th example.
     `batch_size` is the batch this dataset yields (per replica under a distribution strategy).
+    The training input is `train_dataset`.
     """
     files = _list_files(files)
     n_pipes = input_context.num_input_pipelines if input_context else 1
     pipe_id = input_context.input_pipeline_id if input_context else 0
     shard_by_file = _shard_by_file(len(files), input_context)
     files = pipeline_files(files, input_context)
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if shuffle:
-        ds = ds.shuffle(len(files), seed=seed)
-    ds = ds.interleave(
+    ds = tf.data.Dataset.from_tensor_slices(files).interleave(
         lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP"),
-        cycle_length=min(len(files), 4),
+        cycle_length=min(len(files), BLOCK_FILES),
         num_parallel_calls=tf.data.AUTOTUNE,
-        # In order even when shuffled: the seed alone fixes the order, so a run can be repeated
-        # (tests/test_loss_curve.py); the input still outruns training hundreds of times over.
         deterministic=True,
     )
     if n_pipes > 1 and not shard_by_file:
         ds = ds.shard(n_pipes, pipe_id)
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
-    ds = ds.batch(batch_size, drop_remainder=True)
+    return _batches(ds, seq_len, batch_size)
+
+
+def _batches(records: tf.data.Dataset, seq_len: int, batch_size: int) -> tf.data.Dataset:
+    """Serialized Examples -> parsed batches, prefetched."""
+    ds = records.batch(batch_size, drop_remainder=True)
     ds = ds.map(lambda r: _parse_batch(r, seq_len), num_parallel_calls=tf.data.AUTOTUNE)
     return ds.prefetch(tf.data.AUTOTUNE)
 
@@ -192,10 +188,133 @@ def _parse_batch(records: tf.Tensor, seq_len: int) -> tuple[tf.Tensor, tf.Tensor
     return ids[:, :-1], ids[:, 1:]
 
 
+class Shards(NamedTuple):
+    """One split's TFRecord shards and the windows each holds."""
+
+    files: list[str]  # absolute paths, in the manifest's order
+    windows: list[int]  # windows in each file
+
+
+def split_shards(examples_dir: str, manifest: dict[str, Any], split: str) -> Shards:
+    """The shards of `split` and their window counts. Tokenize fills every shard with
+    `parameters.shard_windows` windows but the last, which takes the rest
+    (components/tokenize/shards.py), so the manifest's counts give each file's."""
+    files = split_files(examples_dir, manifest, split)
+    per_shard = manifest.get("parameters", {}).get("shard_windows")
+    total = manifest["splits"][split].get("windows")
+    if (
+        not isinstance(per_shard, int)
+        or not isinstance(total, int)
+        or per_shard < 1
+        or len(files) != -(-total // per_shard)
+    ):
+        raise UserError(
+            f"examples: the manifest's {split!r} split lists {len(files)} shards, which "
+            f"{total!r} windows at parameters.shard_windows={per_shard!r} do not fill; "
+            "re-run the tokenize step"
+        )
+    return Shards(files, [min(per_shard, total - i * per_shard) for i in range(len(files))])
+
+
+class TrainOrder:
+    """The order one input pipeline trains on its windows, fixed by the seed, and where a run
+    resumed after S windows picks it up without reading the S windows again.
+
+    Epoch e: the pipeline's shards in a permutation drawn from (seed, e); cut into blocks of
+    BLOCK_FILES shards; each block's windows interleaved from its shards and shuffled in a
+    buffer of its own (seeded by seed, e and the block). So every epoch trains on each window
+    once, and the stream is a sequence of blocks whose sizes are known from the manifest:
+    `locate` finds the block a given window falls in by arithmetic, and a resumed run reads
+    at most that one block up to its place. (A shuffle buffer over the whole stream, as
+    tf.data's reshuffling repeat has it, can only be caught up by replaying it.)
+    """
+
+    def __init__(self, shards: Shards, seed: int, shuffle_buffer: int, keep: tuple[int, int]):
+        self.files = list(shards.files)
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer
+        self.keep = keep  # (n, i): keep every n-th window of each shard from the i-th
+        n, i = keep
+        self.windows = np.array([len(range(i, w, n)) for w in shards.windows], np.int64)
+        self.per_epoch = int(self.windows.sum())
+        if self.per_epoch == 0:
+            raise UserError(
+                f"examples: the train split's {sum(shards.windows)} windows leave input pipeline "
+                f"{i} of {n} none; train on fewer workers or a larger corpus"
+            )
+
+    def permutation(self, epoch: tf.Tensor | int) -> tf.Tensor:
+        """The shards' order in `epoch` (int32 indices into `files`)."""
+        key = tf.random.experimental.stateless_fold_in(
+            tf.constant([self.seed, 0], tf.int64), tf.cast(epoch, tf.int64)
+        )
+        return tf.argsort(tf.random.stateless_uniform([len(self.files)], key), stable=True)
+
+    def locate(self, skip: int) -> tuple[int, int, int]:
+        """(epoch, block, windows into the block) of the stream's window number `skip`."""
+        epoch, left = divmod(skip, self.per_epoch)
+        ordered = self.windows[self.permutation(epoch).numpy()]
+        for block, start in enumerate(range(0, len(ordered), BLOCK_FILES)):
+            size = int(ordered[start : start + BLOCK_FILES].sum())
+            if left < size:
+                return epoch, block, left
+            left -= size
+        raise AssertionError("unreachable: `left` is under the epoch's windows")
+
+    def records(self, skip: int = 0) -> tf.data.Dataset:
+        """The serialized windows from the stream's window number `skip` on, without end."""
+        epoch, block, within = self.locate(skip)
+        blocks_per_epoch = -(-len(self.files) // BLOCK_FILES)
+        blocks = tf.data.Dataset.counter(start=epoch).flat_map(
+            lambda e: tf.data.Dataset.range(blocks_per_epoch).map(lambda k: (e, k))
+        )
+        return blocks.skip(block).flat_map(self._block).skip(within)
+
+    def _block(self, epoch: tf.Tensor, block: tf.Tensor) -> tf.data.Dataset:
+        start = tf.cast(block, tf.int32) * BLOCK_FILES
+        chosen = self.permutation(epoch)[start : start + BLOCK_FILES]
+        n, i = self.keep
+        records = tf.data.Dataset.from_tensor_slices(tf.gather(self.files, chosen)).interleave(
+            lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP").shard(n, i),
+            cycle_length=BLOCK_FILES,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,  # the seed alone fixes the order (tests/test_loss_curve.py)
+        )
+        key = tf.random.experimental.stateless_fold_in(
+            tf.stack([tf.constant(self.seed, tf.int64), tf.cast(epoch, tf.int64) + 1]), block
+        )
+        seed = tf.random.stateless_uniform([], key, maxval=2**62, dtype=tf.int64)
+        return records.shuffle(self.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+
+
+def train_dataset(
+    shards: Shards,
+    cfg: Config,
+    ctx: tf.distribute.InputContext | None = None,
+    skip_steps: int = 0,
+) -> tf.data.Dataset:
+    """The training input as `fit` consumes it, in TrainOrder with the config's seed, without
+    end; from the batch step `skip_steps` + 1 takes (a step takes one batch per replica that
+    this pipeline feeds). Each worker reads its own shards when there are at least as many as
+    workers, else every shard and keeps every n-th window of each."""
+    t = cfg.train
+    n_pipes = ctx.num_input_pipelines if ctx else 1
+    pipe_id = ctx.input_pipeline_id if ctx else 0
+    if _shard_by_file(len(shards.files), ctx):
+        shards = Shards(shards.files[pipe_id::n_pipes], shards.windows[pipe_id::n_pipes])
+        keep = (1, 0)
+    else:
+        keep = (n_pipes, pipe_id)
+    order = TrainOrder(shards, t.seed, t.shuffle_buffer, keep)
+    replicas = ctx.num_replicas_in_sync // n_pipes if ctx else 1
+    records = order.records(skip_steps * replicas * t.batch_size)
+    return _batches(records, cfg.model.seq_len, t.batch_size)
+
+
 class DistributedData(NamedTuple):
     """The datasets `fit` reads under a strategy; `eval` is None when validation is off."""
 
-    train: tf.distribute.DistributedDataset  # repeated and shuffled, per-replica batches
+    train: tf.distribute.DistributedDataset  # in TrainOrder without end, per-replica batches
     eval: tf.distribute.DistributedDataset | None  # the same eval_steps batches every time
     eval_steps: int  # validation batches per run; 0 when the eval split is under one batch
 
@@ -211,17 +330,16 @@ def distributed_datasets(
 
     Each worker first checks the shards it reads (`verify_shards`): a damaged one stops it with
     a CorruptShardError naming the file, before any step. A run resumed at step N passes
-    `skip_steps=N`: each worker's training input skips the batches its replicas took in those N
-    steps, so the resumed run sees the data an uninterrupted one would (the seed fixes the order).
+    `skip_steps=N`: each worker's training input starts where its replicas' N steps left it,
+    so the resumed run sees the data an uninterrupted one would (the seed fixes the order),
+    having read at most one block of shards to get there (TrainOrder).
     """
     t = cfg.train
-    train_files = split_files(examples_dir, manifest, "train")
+    train_shards = split_shards(examples_dir, manifest, "train")
 
     def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        verify_shards(examples_dir, pipeline_files(train_files, ctx))
-        # A step takes one batch per local replica from this worker's pipeline.
-        per_step = ctx.num_replicas_in_sync // ctx.num_input_pipelines
-        return train_dataset(train_files, cfg, ctx).skip(skip_steps * per_step)
+        verify_shards(examples_dir, pipeline_files(train_shards.files, ctx))
+        return train_dataset(train_shards, cfg, ctx, skip_steps)
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
     global_batch = config_lib.global_batch_size(t.batch_size, strategy.num_replicas_in_sync)
@@ -245,21 +363,4 @@ def distributed_datasets(
 
     return DistributedData(
         train_ds, strategy.distribute_datasets_from_function(eval_fn), eval_steps
-    )
-
-
-def train_dataset(
-    train_files: Sequence[str], cfg: Config, ctx: tf.distribute.InputContext | None = None
-) -> tf.data.Dataset:
-    """The training input as `fit` consumes it: shuffled with the config's seed, repeated."""
-    t = cfg.train
-    return make_dataset(
-        train_files,
-        cfg.model.seq_len,
-        t.batch_size,
-        shuffle=True,
-        seed=t.seed,
-        shuffle_buffer=t.shuffle_buffer,
-        repeat=True,
-        input_context=ctx,
     )

@@ -1,0 +1,171 @@
+"""trainer.data: the in-order reader, the manifest's shards, and the training order (TrainOrder),
+whose place after any number of steps is found without reading what came before."""
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from contracts.errors import UserError
+from trainer import data
+from trainer.config import resolve_config
+
+
+def _write_windows(path, windows):
+    with tf.io.TFRecordWriter(str(path), options="GZIP") as w:
+        for window in windows:
+            feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
+            ex = tf.train.Example(features=tf.train.Features(feature={"input_ids": feature}))
+            w.write(ex.SerializeToString())
+
+
+def test_make_dataset_shapes_and_shift(tmp_path):
+    seq_len = 8
+    windows = [list(range(i, i + seq_len + 1)) for i in range(10)]
+    _write_windows(tmp_path / "a.gz", windows[:5])
+    _write_windows(tmp_path / "b.gz", windows[5:])
+    ds = data.make_dataset(str(tmp_path / "*.gz"), seq_len, batch_size=3)
+    batches = list(ds)
+    assert len(batches) == 3  # 10 windows, drop_remainder
+    x, y = batches[0]
+    assert x.shape == (3, seq_len) and y.shape == (3, seq_len) and x.dtype == tf.int32
+    np.testing.assert_array_equal(x[:, 1:], y[:, :-1])
+
+
+@pytest.mark.parametrize("n_files", [1, 4])
+def test_make_dataset_shards_per_worker(tmp_path, n_files):
+    seq_len = 4
+    windows = [[i] * (seq_len + 1) for i in range(8)]
+    files = [str(tmp_path / f"{i}.gz") for i in range(n_files)]
+    for i, f in enumerate(files):
+        _write_windows(f, windows[i::n_files])
+    seen = []
+    for worker in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=worker)
+        ds = data.make_dataset(files, seq_len, 1, input_context=ctx)
+        seen.append({int(x[0, 0]) for x, _ in ds})
+    assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == set(range(8))
+
+
+def _manifest(tmp_path, shards, windows, shard_windows=None):
+    manifest = {
+        "seq_len": 2,
+        "vocab_size": 8,
+        "splits": {
+            "train": {"shards": shards, "windows": windows},
+            "eval": {"shards": ["Split-eval/data_tfrecord-00000-of-00001.gz"], "windows": 1},
+        },
+        "parameters": {} if shard_windows is None else {"shard_windows": shard_windows},
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    return data.read_manifest(str(tmp_path))
+
+
+def test_manifest_and_split_files(tmp_path):
+    with pytest.raises(UserError, match="manifest.json not found"):
+        data.read_manifest(str(tmp_path))
+    (tmp_path / "Split-train").mkdir()
+    _write_windows(tmp_path / "Split-train" / "data_tfrecord-00000-of-00001.gz", [[1, 2, 3]])
+    manifest = _manifest(tmp_path, ["Split-train/data_tfrecord-00000-of-00001.gz"], 1)
+    files = data.split_files(str(tmp_path), manifest, "train")
+    assert files == [str(tmp_path / "Split-train" / "data_tfrecord-00000-of-00001.gz")]
+    with pytest.raises(UserError, match="is missing"):
+        data.split_files(str(tmp_path), manifest, "eval")
+
+
+def test_split_shards_counts_each_file_as_tokenize_fills_them(tmp_path):
+    names = [f"Split-train/data_tfrecord-{i:05d}-of-00003.gz" for i in range(3)]
+    (tmp_path / "Split-train").mkdir()
+    for name in names:
+        _write_windows(tmp_path / name, [[1, 2, 3]])
+    shards = data.split_shards(str(tmp_path), _manifest(tmp_path, names, 9, 4), "train")
+    assert shards.windows == [4, 4, 1]
+    assert shards.files == [str(tmp_path / n) for n in names]
+    # Counts the shards cannot hold, or no shard size at all: the manifest is not tokenize's.
+    for windows, per_shard in ((13, 4), (8, 4), (9, None), (9, 0)):
+        manifest = _manifest(tmp_path, names, windows, per_shard)
+        with pytest.raises(UserError, match="re-run the tokenize step"):
+            data.split_shards(str(tmp_path), manifest, "train")
+
+
+# Seven shards of different sizes: two blocks of BLOCK_FILES per epoch, the second short.
+SIZES = (5, 3, 6, 4, 2, 5, 1)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """Shards whose windows carry their own number: window k is [k, k, k]."""
+    folder = tmp_path_factory.mktemp("shards")
+    files, start = [], 0
+    for i, size in enumerate(SIZES):
+        files.append(str(folder / f"{i}.gz"))
+        _write_windows(files[-1], [[k] * 3 for k in range(start, start + size)])
+        start += size
+    return data.Shards(files, list(SIZES))
+
+
+def _numbers(records, n):
+    parsed = records.take(n).map(lambda r: data._parse_batch(r[None], 2)[0][0, 0])
+    return [int(x) for x in parsed]
+
+
+def test_every_epoch_trains_on_each_window_once_in_its_own_order(shards):
+    order = data.TrainOrder(shards, seed=7, shuffle_buffer=4, keep=(1, 0))
+    assert order.per_epoch == sum(SIZES) == 26
+    stream = _numbers(order.records(), 3 * 26)
+    epochs = [stream[i : i + 26] for i in range(0, 3 * 26, 26)]
+    assert all(sorted(epoch) == list(range(26)) for epoch in epochs)
+    assert len({tuple(epoch) for epoch in epochs}) == 3
+    assert stream == _numbers(data.TrainOrder(shards, 7, 4, (1, 0)).records(), 3 * 26)
+    assert stream != _numbers(data.TrainOrder(shards, 8, 4, (1, 0)).records(), 3 * 26)
+
+
+def test_pipelines_that_share_the_shards_split_each_one_between_them(shards):
+    """Fewer shards than pipelines: each keeps every n-th window of every shard."""
+    parts = [data.TrainOrder(shards, 7, 4, keep=(2, i)) for i in range(2)]
+    assert [p.per_epoch for p in parts] == [15, 11]  # 3+2+3+2+1+3+1, 2+1+3+2+1+2+0
+    seen = [set(_numbers(p.records(), p.per_epoch)) for p in parts]
+    assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == set(range(26))
+
+
+@pytest.mark.parametrize("keep", [(1, 0), (2, 1)])
+def test_a_resumed_stream_is_the_uninterrupted_one_from_its_place(shards, keep):
+    """records(skip=S) continues the stream at window S: inside the first block, at a block's
+    first window, in the second (short) block, at an epoch's first window and epochs later."""
+    order = data.TrainOrder(shards, 7, 4, keep)
+    whole = _numbers(order.records(), 4 * order.per_epoch)
+    first_block = int(np.sum(order.windows[order.permutation(0).numpy()[: data.BLOCK_FILES]]))
+    places = {0, 1, first_block - 1, first_block, first_block + 1}
+    places |= {order.per_epoch - 1, order.per_epoch, 2 * order.per_epoch + 3}
+    for skip in sorted(places):
+        assert _numbers(order.records(skip), 8) == whole[skip : skip + 8], skip
+
+
+def test_a_place_a_billion_epochs_in_is_found_without_reading_them(shards):
+    """The resumed stream starts at its place by arithmetic: reading 26 billion windows first
+    would not end. There, it is that epoch's own order from its window 11 on."""
+    order = data.TrainOrder(shards, 7, 4, (1, 0))
+    far = 10**9 * order.per_epoch
+    epoch = _numbers(order.records(far), order.per_epoch)
+    assert sorted(epoch) == list(range(26))
+    assert _numbers(order.records(far + 11), 5) == epoch[11:16]
+    assert order.locate(far + 11)[0] == 10**9
+
+
+def test_a_pipeline_without_windows_is_refused(tmp_path):
+    _write_windows(tmp_path / "one.gz", [[1, 2, 3]])
+    one = data.Shards([str(tmp_path / "one.gz")], [1])
+    with pytest.raises(UserError, match="1 windows leave input pipeline 1 of 2 none"):
+        data.TrainOrder(one, 7, 4, keep=(2, 1))
+
+
+def test_train_dataset_batches_the_order_and_skips_whole_steps(shards):
+    cfg = resolve_config("tiny", ("model.seq_len=2", "train.batch_size=3", "train.seed=5"))
+    order = data.TrainOrder(shards, 5, cfg.train.shuffle_buffer, (1, 0))
+    windows = _numbers(order.records(), 30)
+    batches = [x.numpy() for x, _ in itertools.islice(iter(data.train_dataset(shards, cfg)), 10)]
+    assert [list(b[:, 0]) for b in batches] == [windows[i : i + 3] for i in range(0, 30, 3)]
+    resumed = data.train_dataset(shards, cfg, skip_steps=4)
+    np.testing.assert_array_equal(next(iter(resumed))[0], batches[4])
