@@ -7,7 +7,7 @@
 
 The model is trainer/model.py's GPT at gpt2-small's shape (12 layers, 12 heads, d_model 768,
 d_ff 3072, vocabulary 50257, seq_len 1024), with trainer/optimization.py's AdamW, built and
-compiled by trainer/task.py's `_compiled_model`, so with the trainer's own train step, and
+compiled by trainer/task.py's `compiled_model`, so with the trainer's own train step, and
 trained by `fit` on random tokens (nothing is downloaded). Each configuration runs in a fresh
 process (the precision policy is global):
 
@@ -178,15 +178,11 @@ def measure_one(name: str, shape: str, batch: int) -> dict[str, Any]:
 
 
 def _trainee(strategy: Any, cfg: Any, global_batch: int, policy: str, jit: bool) -> Any:
-    """The model `fit` trains, built and compiled by the trainer's own code: trainer/task.py's
-    `_compiled_model` returns it as the last Keras model of its tuple (the GPT itself, or the
-    GPT wrapped in the trainer's instrumented train step)."""
-    import tf_keras as keras
-
+    """The model `fit` trains, built and compiled by the trainer's own code (trainer/task.py's
+    `compiled_model`): the GPT with the trainer's instrumented train step."""
     from trainer import task
 
-    built = task._compiled_model(strategy, cfg, global_batch, policy, jit)
-    return [part for part in built if isinstance(part, keras.Model)][-1]
+    return task.compiled_model(strategy, cfg, global_batch, policy, jit).trainee
 
 
 def _timer(warmup: int, host_syncs: bool) -> Any:

@@ -9,8 +9,10 @@ step's GZIP TFRecords) and the same resolved config JSON (`trainer.config.config
 - the optimizer is AdamW with the trainer's warmup + cosine schedule, peak learning rate scaled
   to the batch, weight decay (not on biases, LayerNorm or embeddings' norms), betas and global
   clipping, so both sides do the same work per step;
-- the input pipeline mirrors trainer/data.py: interleaved GZIP shards, shuffle, repeat, batch,
-  then parse.
+- the input pipeline does trainer/data.py's work with tf.data's stock ops: the same GZIP
+  shards interleaved 4 at a time, a shuffle buffer of the config's size, repeat, batch, then
+  parse (the trainer's order, TrainOrder, is the same work arranged so a resume can find its
+  place; the input outruns training hundreds of times over either way).
 
     python bench/peer_gpt2.py speed --examples DIR --config-json JSON --steps N
     python bench/peer_gpt2.py quality --examples DIR --config-json JSON --budget-s S \
@@ -121,7 +123,8 @@ def warmup_cosine(peak_lr: float, warmup_steps: int, total_steps: int, min_lr_ra
 
 
 def dataset(examples: str, cfg: dict):
-    """trainer/data.py's training pipeline, yielding GPT2CausalLM's (features, targets)."""
+    """The training input (the same work as trainer/data.py's), yielding GPT2CausalLM's
+    (features, targets)."""
     import tensorflow as tf
 
     with open(os.path.join(examples, "manifest.json"), encoding="utf-8") as f:

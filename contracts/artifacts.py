@@ -39,6 +39,7 @@ def shard_file(split: str, index: int, count: int) -> str:
 WORK_DIR = "work"  # under the artifact root: one folder per run and step
 BACKUP_DIR = "backup"  # in train's work folder: BackupAndRestore state, kept until export
 CHECKPOINT_DIR = "checkpoints"  # in train's work folder: periodic checkpoints
+CHECKED_SHARDS_DIR = "checked-shards"  # in train's work folder: shards each input found whole
 TENSORBOARD_DIR = "logs"  # in train's work folder: TensorBoard event files
 WORKER_LOGS_DIR = "worker-logs"  # in train's work folder: each local worker's log
 

@@ -3,6 +3,7 @@ whose place after any number of steps is found without reading what came before.
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,6 +48,41 @@ def test_make_dataset_shards_per_worker(tmp_path, n_files):
         ds = data.make_dataset(files, seq_len, 1, input_context=ctx)
         seen.append({int(x[0, 0]) for x, _ in ds})
     assert seen[0].isdisjoint(seen[1]) and seen[0] | seen[1] == set(range(8))
+
+
+def test_a_restart_reads_only_the_shards_that_changed_since_they_were_checked(
+    tmp_path, monkeypatch
+):
+    files = [str(tmp_path / f"{i}.gz") for i in range(3)]
+    for i, f in enumerate(files):
+        _write_windows(f, [[i] * 5] * 50)
+    record = str(tmp_path / "work" / "checked-shards" / "train-0-of-1.json")
+    read = []
+    whole = data._gzip_problem
+    monkeypatch.setattr(data, "_gzip_problem", lambda path: read.append(path) or whole(path))
+    data.verify_shards(str(tmp_path), files, record)
+    assert sorted(read) == files
+    read.clear()
+    data.verify_shards(str(tmp_path), files, record)  # the restart: nothing changed
+    assert read == []
+    damaged = Path(files[1]).read_bytes()[:-9]  # cut inside its GZIP trailer
+    Path(files[1]).write_bytes(damaged)
+    with pytest.raises(data.CorruptShardError, match=f"corrupt TFRecord shard {files[1]}"):
+        data.verify_shards(str(tmp_path), files, record)
+    assert read == [files[1]]
+    read.clear()
+    with pytest.raises(data.CorruptShardError):  # still refused: only whole shards are recorded
+        data.verify_shards(str(tmp_path), files, record)
+    assert read == [files[1]]
+    read.clear()
+    Path(record).write_text("{not json")  # an unreadable record: every shard is read again
+    with pytest.raises(data.CorruptShardError):
+        data.verify_shards(str(tmp_path), files, record)
+    assert files[0] in read and files[1] in read
+    read.clear()
+    with pytest.raises(data.CorruptShardError):  # without a record, every start reads them all
+        data.verify_shards(str(tmp_path), files)
+    assert files[0] in read
 
 
 def _manifest(tmp_path, shards, windows, shard_windows=None):
@@ -122,6 +158,16 @@ def test_every_epoch_trains_on_each_window_once_in_its_own_order(shards):
     assert stream != _numbers(data.TrainOrder(shards, 8, 4, (1, 0)).records(), 3 * 26)
 
 
+def test_the_order_is_the_seeds_alone_whatever_tensorflows_global_seed(shards):
+    """tf.data's shuffle would mix TensorFlow's global seed (the trainer sets it to train.seed)
+    into the order, and fails to build under a global seed of 0."""
+    orders = []
+    for global_seed in (0, 1, 2):
+        tf.random.set_seed(global_seed)
+        orders.append(_numbers(data.TrainOrder(shards, 0, 4, (1, 0)).records(), 2 * 26))
+    assert orders[0] == orders[1] == orders[2]
+
+
 def test_pipelines_that_share_the_shards_split_each_one_between_them(shards):
     """Fewer shards than pipelines: each keeps every n-th window of every shard."""
     parts = [data.TrainOrder(shards, 7, 4, keep=(2, i)) for i in range(2)]
@@ -132,15 +178,20 @@ def test_pipelines_that_share_the_shards_split_each_one_between_them(shards):
 
 @pytest.mark.parametrize("keep", [(1, 0), (2, 1)])
 def test_a_resumed_stream_is_the_uninterrupted_one_from_its_place(shards, keep):
-    """records(skip=S) continues the stream at window S: inside the first block, at a block's
-    first window, in the second (short) block, at an epoch's first window and epochs later."""
+    """records(skip=S) continues the stream at window S, in three data epochs (each with its own
+    block sizes): at each block's first window, the windows either side of it, and inside the
+    short last block."""
     order = data.TrainOrder(shards, 7, 4, keep)
     whole = _numbers(order.records(), 4 * order.per_epoch)
-    first_block = int(np.sum(order.windows[order.permutation(0).numpy()[: data.BLOCK_FILES]]))
-    places = {0, 1, first_block - 1, first_block, first_block + 1}
-    places |= {order.per_epoch - 1, order.per_epoch, 2 * order.per_epoch + 3}
-    for skip in sorted(places):
-        assert _numbers(order.records(skip), 8) == whole[skip : skip + 8], skip
+    places = set()
+    for epoch in range(3):
+        first_block = order.windows[order.permutation(epoch).numpy()[: data.BLOCK_FILES]]
+        for start in (epoch * order.per_epoch, epoch * order.per_epoch + int(first_block.sum())):
+            places |= {start - 1, start, start + 1}
+        places.add((epoch + 1) * order.per_epoch - 2)
+    assert len({order.locate(p)[:2] for p in places if p >= 0}) == 6  # every block of 3 epochs
+    for skip in sorted(p for p in places if p >= 0):
+        assert _numbers(order.records(skip), 6) == whole[skip : skip + 6], skip
 
 
 def test_a_place_a_billion_epochs_in_is_found_without_reading_them(shards):
@@ -154,18 +205,39 @@ def test_a_place_a_billion_epochs_in_is_found_without_reading_them(shards):
     assert order.locate(far + 11)[0] == 10**9
 
 
-def test_a_pipeline_without_windows_is_refused(tmp_path):
+def test_workers_train_on_their_own_shards_or_their_own_windows_of_each(shards):
+    cfg = resolve_config("tiny", ("model.seq_len=2", "train.batch_size=1"))
+    two = data.Shards(shards.files[:2], shards.windows[:2])  # windows 0-4 and 5-7
+    for split, n, kept in ((shards, 2, "shards"), (two, 3, "windows")):
+        seen = []
+        for i in range(n):
+            ctx = tf.distribute.InputContext(num_input_pipelines=n, input_pipeline_id=i)
+            mine, keep = data.pipeline_shards(split, ctx)
+            assert (mine.files == split.files[i::n]) == (kept == "shards")
+            windows = int(sum(data.TrainOrder(mine, 1, 4, keep).windows))
+            batches = itertools.islice(iter(data.train_dataset(split, cfg, ctx)), windows)
+            seen.append([int(x[0, 0]) for x, _ in batches])
+        everything = sorted(itertools.chain(*seen))
+        assert everything == list(range(sum(split.windows))), (kept, seen)
+
+
+def test_a_pipeline_left_without_windows_is_refused_on_every_worker(tmp_path):
     _write_windows(tmp_path / "one.gz", [[1, 2, 3]])
     one = data.Shards([str(tmp_path / "one.gz")], [1])
-    with pytest.raises(UserError, match="1 windows leave input pipeline 1 of 2 none"):
-        data.TrainOrder(one, 7, 4, keep=(2, 1))
+    for i in range(2):  # pipeline 0 has the window, and refuses too: all workers stop alike
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i)
+        with pytest.raises(UserError, match="1 windows leave input pipeline 1 of 2 none"):
+            data.pipeline_shards(one, ctx)
 
 
-def test_train_dataset_batches_the_order_and_skips_whole_steps(shards):
+def test_train_dataset_batches_the_order_endlessly_and_skips_whole_steps(shards):
     cfg = resolve_config("tiny", ("model.seq_len=2", "train.batch_size=3", "train.seed=5"))
     order = data.TrainOrder(shards, 5, cfg.train.shuffle_buffer, (1, 0))
     windows = _numbers(order.records(), 30)
-    batches = [x.numpy() for x, _ in itertools.islice(iter(data.train_dataset(shards, cfg)), 10)]
+    dataset = data.train_dataset(shards, cfg)
+    # Known endless: MultiWorkerMirrored then skips its per-step "did a worker run out" check.
+    assert dataset.cardinality() == tf.data.INFINITE_CARDINALITY
+    batches = [x.numpy() for x, _ in itertools.islice(iter(dataset), 10)]
     assert [list(b[:, 0]) for b in batches] == [windows[i : i + 3] for i in range(0, 30, 3)]
     resumed = data.train_dataset(shards, cfg, skip_steps=4)
     np.testing.assert_array_equal(next(iter(resumed))[0], batches[4])

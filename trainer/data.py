@@ -6,7 +6,11 @@ seq_len tokens and targets the last seq_len (the next token at every position).
 Before training, every worker reads the shards it will train and evaluate on once, to the end
 of their GZIP streams (`verify_shards`): TensorFlow reports a damaged shard as a DataLossError
 mid-training without naming the file, and reads a shard cut at its GZIP trailer, or cut to
-nothing, without any error, so training would quietly run on less data.
+nothing, without any error, so training would quietly run on less data. A restarted worker
+reads again only the shards that changed since it checked them (the record in its work folder).
+
+Training reads the windows in `TrainOrder`: epoch by epoch, in blocks of shards whose sizes the
+manifest gives, so a run resumed after K steps computes where its input stands.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import json
 import logging
 import posixpath
 import zlib
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import tensorflow as tf
@@ -27,8 +32,10 @@ from trainer import config as config_lib
 from trainer.config import Config
 
 log = logging.getLogger("trainer")
+_T = TypeVar("_T")
 
 _VERIFY_CHUNK = 1 << 20  # bytes read at a time while checking a shard's GZIP stream
+VERIFY_THREADS = 8  # shards checked at once: zlib and TensorFlow's file reads release the GIL
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip mode: header, deflate data, CRC-32 and length
 # Shards read together, through one shuffle buffer; a resumed run re-reads at most one block.
 BLOCK_FILES = 4
@@ -87,20 +94,72 @@ def _list_files(files: str | Sequence[str]) -> list[str]:
     return list(files)
 
 
-def verify_shards(examples_dir: str, files: Sequence[str]) -> None:
+def verify_shards(examples_dir: str, files: Sequence[str], record: str | None = None) -> None:
     """Read each shard to the end of its GZIP stream; raise CorruptShardError naming the first
     that is damaged (its CRC-32 or length check fails) or truncated (its stream does not end).
 
-    It reads the compressed bytes once (zlib, in C: about 0.1 GB/s on one CPU core) and catches
-    what TensorFlow reports mid-training without a file name (a DataLossError), or not at all.
+    It reads the compressed bytes once (zlib, in C: about 0.1 GB/s on one CPU core, on up to
+    VERIFY_THREADS shards at once) and catches what TensorFlow reports mid-training without a
+    file name (a DataLossError), or not at all. With `record` (a JSON file in the job's work
+    folder), the shards it lists at the same size and modification time are not read again,
+    and those found whole are added to it: a restarted worker reads only what changed since.
     """
-    for path in files:
-        problem = _gzip_problem(path)
+    stats = _parallel(_stat, files) if record else []
+    checked = _read_record(record) if record else {}
+    todo = [p for i, p in enumerate(files) if not record or checked.get(p) != stats[i]]
+    problems = _parallel(_gzip_problem, todo, until=bool)
+    for path, problem in zip(todo, problems, strict=False):
         if problem:
             raise CorruptShardError(
                 f"corrupt TFRecord shard {path}: {problem}; the Examples are damaged: delete the "
                 f"folder {examples_dir} and run again, so that tokenize writes them anew"
             )
+    if record and todo:
+        _write_record(record, {**checked, **dict(zip(files, stats, strict=True))})
+
+
+def _parallel(
+    fn: Callable[[str], _T], paths: Sequence[str], until: Callable[[_T], bool] | None = None
+) -> list[_T]:
+    """fn over `paths` on up to VERIFY_THREADS threads, in order; stops after the first result
+    that `until` holds, dropping what has not started."""
+    if not paths:
+        return []
+    results: list[_T] = []
+    pool = ThreadPoolExecutor(min(VERIFY_THREADS, len(paths)), thread_name_prefix="verify")
+    try:
+        for result in pool.map(fn, paths):
+            results.append(result)
+            if until is not None and until(result):
+                break
+    finally:
+        pool.shutdown(cancel_futures=True)
+    return results
+
+
+def _stat(path: str) -> list[int]:
+    info = tf.io.gfile.stat(path)
+    return [info.length, info.mtime_nsec]
+
+
+def _read_record(record: str) -> dict[str, list[int]]:
+    """The shards `record` lists as checked: {path: [size, mtime_nsec]}; none when it is absent
+    or unreadable (then every shard is read again)."""
+    try:
+        with tf.io.gfile.GFile(record, "r") as f:
+            checked = json.load(f)["checked"]
+        return {str(k): list(v) for k, v in checked.items()}
+    except (tf.errors.NotFoundError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def _write_record(record: str, checked: dict[str, list[int]]) -> None:
+    """Replace `record` whole: written beside it, then renamed over it."""
+    tf.io.gfile.makedirs(posixpath.dirname(record))
+    partial = f"{record}.partial"
+    with tf.io.gfile.GFile(partial, "w") as f:
+        json.dump({"checked": checked}, f)
+    tf.io.gfile.rename(partial, record, overwrite=True)
 
 
 def _gzip_problem(path: str) -> str:
@@ -133,7 +192,8 @@ def pipeline_files(
     files: Sequence[str], input_context: tf.distribute.InputContext | None
 ) -> list[str]:
     """The shards one input pipeline reads: every n-th file when there are at least as many
-    files as the n pipelines, else all of them (and make_dataset keeps every n-th example)."""
+    files as the n pipelines, else all of them (and keeps every n-th example: make_dataset of
+    the stream, TrainOrder of each shard)."""
     if input_context is not None and _shard_by_file(len(files), input_context):
         return list(files[input_context.input_pipeline_id :: input_context.num_input_pipelines])
     return list(files)
@@ -217,16 +277,19 @@ def split_shards(examples_dir: str, manifest: dict[str, Any], split: str) -> Sha
 
 
 class TrainOrder:
-    """The order one input pipeline trains on its windows, fixed by the seed, and where a run
-    resumed after S windows picks it up without reading the S windows again.
+    """The order one input pipeline trains on its windows, fixed by the seed alone, and where
+    a run resumed after S windows picks it up without reading the S windows again.
 
-    Epoch e: the pipeline's shards in a permutation drawn from (seed, e); cut into blocks of
-    BLOCK_FILES shards; each block's windows interleaved from its shards and shuffled in a
-    buffer of its own (seeded by seed, e and the block). So every epoch trains on each window
-    once, and the stream is a sequence of blocks whose sizes are known from the manifest:
-    `locate` finds the block a given window falls in by arithmetic, and a resumed run reads
-    at most that one block up to its place. (A shuffle buffer over the whole stream, as
-    tf.data's reshuffling repeat has it, can only be caught up by replaying it.)
+    Data epoch e (one pass over the pipeline's shards; not Keras' epochs, which are
+    checkpoint_every steps): the shards in a permutation drawn from (seed, e), cut into blocks
+    of BLOCK_FILES shards. A block's windows are interleaved from its shards, then cut into
+    chunks of `shuffle_buffer` windows, each permuted by a stateless draw from (seed, e, block,
+    chunk). So every data epoch trains on each window once, and the stream is a sequence of
+    blocks whose sizes are known from the manifest: `locate` finds the block a given window
+    falls in by arithmetic, and a resumed run reads at most that one block up to its place.
+    (A shuffle buffer running through an epoch, as the order before this one had, can only be
+    caught up by replaying the epoch; and tf.data's shuffle takes its seed with TensorFlow's
+    global seed, so stateless draws keep the order a function of `seed` alone.)
     """
 
     def __init__(self, shards: Shards, seed: int, shuffle_buffer: int, keep: tuple[int, int]):
@@ -234,24 +297,16 @@ class TrainOrder:
         self.seed = seed
         self.shuffle_buffer = shuffle_buffer
         self.keep = keep  # (n, i): keep every n-th window of each shard from the i-th
-        n, i = keep
-        self.windows = np.array([len(range(i, w, n)) for w in shards.windows], np.int64)
+        self.windows = np.array(_kept(shards.windows, *keep), np.int64)
         self.per_epoch = int(self.windows.sum())
-        if self.per_epoch == 0:
-            raise UserError(
-                f"examples: the train split's {sum(shards.windows)} windows leave input pipeline "
-                f"{i} of {n} none; train on fewer workers or a larger corpus"
-            )
 
     def permutation(self, epoch: tf.Tensor | int) -> tf.Tensor:
-        """The shards' order in `epoch` (int32 indices into `files`)."""
-        key = tf.random.experimental.stateless_fold_in(
-            tf.constant([self.seed, 0], tf.int64), tf.cast(epoch, tf.int64)
-        )
-        return tf.argsort(tf.random.stateless_uniform([len(self.files)], key), stable=True)
+        """The shards' order in data epoch `epoch` (int32 indices into `files`)."""
+        return _permutation(len(self.files), self._key(epoch))
 
     def locate(self, skip: int) -> tuple[int, int, int]:
-        """(epoch, block, windows into the block) of the stream's window number `skip`."""
+        """(data epoch, block, windows into the block) of the stream's window number `skip`.
+        Eager: it reads the epoch's permutation back (the dataset function runs eagerly)."""
         epoch, left = divmod(skip, self.per_epoch)
         ordered = self.windows[self.permutation(epoch).numpy()]
         for block, start in enumerate(range(0, len(ordered), BLOCK_FILES)):
@@ -268,7 +323,24 @@ class TrainOrder:
         blocks = tf.data.Dataset.counter(start=epoch).flat_map(
             lambda e: tf.data.Dataset.range(blocks_per_epoch).map(lambda k: (e, k))
         )
-        return blocks.skip(block).flat_map(self._block).skip(within)
+        records = blocks.skip(block).interleave(
+            self._block,
+            cycle_length=1,  # one block at a time, in order; the next one opens early
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
+        )
+        # Known to be endless, so MultiWorkerMirrored does not check every step, with an
+        # all-reduce, whether some worker ran out (input_lib.py: partial batches).
+        endless = tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)
+        return records.skip(within).apply(endless)
+
+    def _key(self, epoch: tf.Tensor | int, *more: tf.Tensor) -> tf.Tensor:
+        key = tf.random.experimental.stateless_fold_in(
+            tf.constant([self.seed, 0], tf.int64), tf.cast(epoch, tf.int64)
+        )
+        for value in more:
+            key = tf.random.experimental.stateless_fold_in(key, tf.cast(value, tf.int64))
+        return key
 
     def _block(self, epoch: tf.Tensor, block: tf.Tensor) -> tf.data.Dataset:
         start = tf.cast(block, tf.int32) * BLOCK_FILES
@@ -278,13 +350,45 @@ class TrainOrder:
             lambda f: tf.data.TFRecordDataset(f, compression_type="GZIP").shard(n, i),
             cycle_length=BLOCK_FILES,
             num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,  # the seed alone fixes the order (tests/test_loss_curve.py)
+            deterministic=True,
         )
-        key = tf.random.experimental.stateless_fold_in(
-            tf.stack([tf.constant(self.seed, tf.int64), tf.cast(epoch, tf.int64) + 1]), block
+        chunks = tf.data.Dataset.zip(records.batch(self.shuffle_buffer), tf.data.Dataset.counter())
+        return chunks.map(
+            lambda chunk, j: tf.gather(
+                chunk, _permutation(tf.shape(chunk)[0], self._key(epoch, block + 1, j))
+            )
+        ).unbatch()
+
+
+def _permutation(n: int | tf.Tensor, key: tf.Tensor) -> tf.Tensor:
+    """A permutation of range(n) drawn from the stateless key (int32)."""
+    return tf.argsort(tf.random.stateless_uniform([n], key), stable=True)
+
+
+def _kept(windows: Sequence[int], n: int, i: int) -> list[int]:
+    """Windows of each shard that the pipeline keeping every n-th from the i-th reads."""
+    return [len(range(i, w, n)) for w in windows]
+
+
+def pipeline_shards(
+    shards: Shards, ctx: tf.distribute.InputContext | None
+) -> tuple[Shards, tuple[int, int]]:
+    """The shards one training input pipeline reads, and which of their windows it keeps:
+    every n-th shard when there are at least as many as the n pipelines (keeping all their
+    windows), else every shard, keeping every n-th window of each (`pipeline_files`' rule).
+
+    Raises UserError when some pipeline would get no window, on every worker alike."""
+    n = ctx.num_input_pipelines if ctx else 1
+    if _shard_by_file(len(shards.files), ctx):
+        i = ctx.input_pipeline_id if ctx else 0
+        return Shards(shards.files[i::n], shards.windows[i::n]), (1, 0)
+    empty = [i for i in range(n) if sum(_kept(shards.windows, n, i)) == 0]
+    if empty:
+        raise UserError(
+            f"examples: the train split's {sum(shards.windows)} windows leave input pipeline "
+            f"{empty[0]} of {n} none; train on fewer workers or a larger corpus"
         )
-        seed = tf.random.stateless_uniform([], key, maxval=2**62, dtype=tf.int64)
-        return records.shuffle(self.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+    return shards, (n, ctx.input_pipeline_id if ctx else 0)
 
 
 def train_dataset(
@@ -294,19 +398,12 @@ def train_dataset(
     skip_steps: int = 0,
 ) -> tf.data.Dataset:
     """The training input as `fit` consumes it, in TrainOrder with the config's seed, without
-    end; from the batch step `skip_steps` + 1 takes (a step takes one batch per replica that
-    this pipeline feeds). Each worker reads its own shards when there are at least as many as
-    workers, else every shard and keeps every n-th window of each."""
+    end; from the batch that step `skip_steps` + 1 takes (a step takes one batch for each
+    replica this pipeline feeds)."""
     t = cfg.train
-    n_pipes = ctx.num_input_pipelines if ctx else 1
-    pipe_id = ctx.input_pipeline_id if ctx else 0
-    if _shard_by_file(len(shards.files), ctx):
-        shards = Shards(shards.files[pipe_id::n_pipes], shards.windows[pipe_id::n_pipes])
-        keep = (1, 0)
-    else:
-        keep = (n_pipes, pipe_id)
-    order = TrainOrder(shards, t.seed, t.shuffle_buffer, keep)
-    replicas = ctx.num_replicas_in_sync // n_pipes if ctx else 1
+    mine, keep = pipeline_shards(shards, ctx)
+    order = TrainOrder(mine, t.seed, t.shuffle_buffer, keep)
+    replicas = ctx.num_replicas_in_sync // ctx.num_input_pipelines if ctx else 1
     records = order.records(skip_steps * replicas * t.batch_size)
     return _batches(records, cfg.model.seq_len, t.batch_size)
 
@@ -325,11 +422,14 @@ def distributed_datasets(
     manifest: dict[str, Any],
     cfg: Config,
     skip_steps: int = 0,
+    checked_dir: str | None = None,
 ) -> DistributedData:
     """The train and eval splits, each worker reading its part; eval is off under one batch.
 
     Each worker first checks the shards it reads (`verify_shards`): a damaged one stops it with
-    a CorruptShardError naming the file, before any step. A run resumed at step N passes
+    a CorruptShardError naming the file, before any step. With `checked_dir` (in the job's work
+    folder), each input pipeline records the shards it found whole there, and a restart reads
+    only those that changed since. A run resumed at step N passes
     `skip_steps=N`: each worker's training input starts where its replicas' N steps left it,
     so the resumed run sees the data an uninterrupted one would (the seed fixes the order),
     having read at most one block of shards to get there (TrainOrder).
@@ -338,7 +438,8 @@ def distributed_datasets(
     train_shards = split_shards(examples_dir, manifest, "train")
 
     def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        verify_shards(examples_dir, pipeline_files(train_shards.files, ctx))
+        mine, _ = pipeline_shards(train_shards, ctx)
+        verify_shards(examples_dir, mine.files, _checked_record(checked_dir, "train", ctx))
         return train_dataset(train_shards, cfg, ctx, skip_steps)
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
@@ -356,7 +457,8 @@ def distributed_datasets(
 
     def eval_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         # The same eval_steps batches every validation; one input pipeline feeds its replicas.
-        verify_shards(examples_dir, pipeline_files(eval_files, ctx))
+        files = pipeline_files(eval_files, ctx)
+        verify_shards(examples_dir, files, _checked_record(checked_dir, "eval", ctx))
         return make_dataset(eval_files, cfg.model.seq_len, t.batch_size, input_context=ctx).take(
             eval_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines
         )
@@ -364,3 +466,13 @@ def distributed_datasets(
     return DistributedData(
         train_ds, strategy.distribute_datasets_from_function(eval_fn), eval_steps
     )
+
+
+def _checked_record(
+    checked_dir: str | None, split: str, ctx: tf.distribute.InputContext
+) -> str | None:
+    """The record of one input pipeline's checked shards (verify_shards), or None."""
+    if checked_dir is None:
+        return None
+    name = f"{split}-{ctx.input_pipeline_id}-of-{ctx.num_input_pipelines}.json"
+    return posixpath.join(checked_dir, name)

@@ -18,13 +18,14 @@ import os
 import posixpath
 import sys
 from collections.abc import Sequence
-from typing import TypedDict
+from typing import NamedTuple, TypedDict
 
 import tensorflow as tf
 import tf_keras as keras
 
 from contracts.artifacts import (
     BACKUP_DIR,
+    CHECKED_SHARDS_DIR,
     CHECKPOINT_DIR,
     EXAMPLES_MANIFEST,
     TOKENIZER_FILE,
@@ -101,8 +102,11 @@ def train(
     policy, jit = precision.set_precision_and_choose_xla(cfg, workers, replicas, agree)
     global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
     resume_step = backed_up_step(_backup_dir(work_dir))
-    datasets = data.distributed_datasets(strategy, examples_dir, manifest, cfg, resume_step)
-    gpt, trainee, optimizer, schedule = _compiled_model(strategy, cfg, global_batch, policy, jit)
+    checked = posixpath.join(work_dir, CHECKED_SHARDS_DIR)
+    datasets = data.distributed_datasets(
+        strategy, examples_dir, manifest, cfg, resume_step, checked
+    )
+    gpt, trainee, optimizer, schedule = compiled_model(strategy, cfg, global_batch, policy, jit)
     log.info(
         "training %d params, policy %s, jit_compile %s, %d replicas, global batch %d",
         gpt.count_params(),
@@ -206,11 +210,20 @@ def _backup_dir(work_dir: str) -> str:
     return posixpath.join(work_dir, BACKUP_DIR)
 
 
-def _compiled_model(
+class Compiled(NamedTuple):
+    """What `compiled_model` builds under the strategy's scope."""
+
+    gpt: keras.Model  # the GPT, exported after training
+    trainee: train_step.InstrumentedGPT  # the GPT with the measuring train step, which fit runs
+    optimizer: keras.optimizers.Optimizer
+    schedule: WarmupCosine
+
+
+def compiled_model(
     strategy: tf.distribute.Strategy, cfg: Config, global_batch: int, policy: str, jit: bool
-) -> tuple[keras.Model, train_step.InstrumentedGPT, keras.optimizers.Optimizer, WarmupCosine]:
-    """(gpt, the gpt with the measuring train step, optimizer, schedule), created under the
-    strategy's scope; the second, which shares the first's weights, is compiled for `fit`."""
+) -> Compiled:
+    """The model as the trainer trains it, built under the strategy's scope; its `trainee`,
+    which shares the `gpt`'s weights, is compiled for `fit` (also bench/gpu_bench.py's)."""
     with strategy.scope():
         gpt = model.build_gpt(
             cfg.model, xla_kernels=config_lib.use_xla_kernels(cfg.train.jit_compile)
@@ -225,7 +238,7 @@ def _compiled_model(
         # Logged metrics are already global means; the default "sum" would add them up again
         # across MultiWorkerMirrored workers (loss x workers).
         trainee.distribute_reduction_method = "first"
-    return gpt, trainee, optimizer, schedule
+    return Compiled(gpt, trainee, optimizer, schedule)
 
 
 def _callbacks(

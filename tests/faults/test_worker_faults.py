@@ -127,10 +127,10 @@ def test_sigkilled_worker_restarts_the_group_which_resumes_from_the_backup(
     assert "fault injection" not in job.log(1)  # ...and ran clean to the configured step count
     assert f'"steps": {STEPS}' in (job.model / "train_metrics.json").read_text()
     # Steps 21-25 ran twice, from the backup's weights and on the same batches: the restarted
-    # group's input skipped the 20 batches before the backup, so steps 21-40 saw what an
-    # uninterrupted run sees, and the model ends up the same (the RING all-reduce may sum in
-    # another order). Before the input skipped them, a resumed run re-read the first 20 steps'
-    # batches and landed 1.6-3.0% away.
+    # group's input started where the 20 steps before the backup left it (data.TrainOrder), so
+    # steps 21-40 saw what an uninterrupted run sees, and the model ends up the same (the RING
+    # all-reduce may sum in another order). When a resumed run re-read the first 20 steps'
+    # batches instead, it landed 1.6-3.0% away.
     assert job.final_val_loss() == pytest.approx(uninterrupted.final_val_loss(), rel=0.002)
 
 
