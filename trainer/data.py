@@ -323,12 +323,9 @@ class TrainOrder:
         blocks = tf.data.Dataset.counter(start=epoch).flat_map(
             lambda e: tf.data.Dataset.range(blocks_per_epoch).map(lambda k: (e, k))
         )
-        records = blocks.skip(block).interleave(
-            self._block,
-            cycle_length=1,  # one block at a time, in order; the next one opens early
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=True,
-        )
+        # One block after the other. A parallel interleave of cycle 1, which would open the
+        # next block early, halved the input's rate here (bench/input_bench.py).
+        records = blocks.skip(block).flat_map(self._block)
         # Known to be endless, so MultiWorkerMirrored does not check every step, with an
         # all-reduce, whether some worker ran out (input_lib.py: partial batches).
         endless = tf.data.experimental.assert_cardinality(tf.data.INFINITE_CARDINALITY)
