@@ -12,7 +12,7 @@ step's GZIP TFRecords) and the same resolved config JSON (`trainer.config.config
 - the input pipeline does trainer/data.py's work with tf.data's stock ops: the same GZIP
   shards interleaved 4 at a time, a shuffle buffer of the config's size, repeat, batch, then
   parse (the trainer's order, TrainOrder, is the same work arranged so a resume can find its
-  place; the input outruns training hundreds of times over either way).
+  place; neither side waits for its input: bench/input_bench.py measures the trainer's).
 
     python bench/peer_gpt2.py speed --examples DIR --config-json JSON --steps N
     python bench/peer_gpt2.py quality --examples DIR --config-json JSON --budget-s S \

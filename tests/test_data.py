@@ -85,6 +85,14 @@ def test_a_restart_reads_only_the_shards_that_changed_since_they_were_checked(
     assert files[0] in read
 
 
+def test_a_record_that_cannot_be_written_costs_only_the_next_start_a_full_read(tmp_path, caplog):
+    _write_windows(tmp_path / "a.gz", [[1] * 5] * 10)
+    (tmp_path / "work").write_text("a file where the work folder should be")
+    record = str(tmp_path / "work" / "checked-shards" / "train-0-of-1.json")
+    data.verify_shards(str(tmp_path), [str(tmp_path / "a.gz")], record)  # checked; not raised
+    assert "shards checked, but not recorded" in caplog.text
+
+
 def _manifest(tmp_path, shards, windows, shard_windows=None):
     manifest = {
         "seq_len": 2,
@@ -162,10 +170,30 @@ def test_the_order_is_the_seeds_alone_whatever_tensorflows_global_seed(shards):
     """tf.data's shuffle would mix TensorFlow's global seed (the trainer sets it to train.seed)
     into the order, and fails to build under a global seed of 0."""
     orders = []
-    for global_seed in (0, 1, 2):
-        tf.random.set_seed(global_seed)
-        orders.append(_numbers(data.TrainOrder(shards, 0, 4, (1, 0)).records(), 2 * 26))
+    try:
+        for global_seed in (0, 1, 2):
+            tf.random.set_seed(global_seed)
+            orders.append(_numbers(data.TrainOrder(shards, 0, 4, (1, 0)).records(), 2 * 26))
+    finally:
+        tf.random.set_seed(None)
     assert orders[0] == orders[1] == orders[2]
+
+
+def test_windows_are_shuffled_within_each_block_not_only_the_shards(shards):
+    """A chunk of one window is left as it is: the order then follows the interleave of the
+    epoch's shards. Chunks of shuffle_buffer windows are permuted."""
+    chunked = _numbers(data.TrainOrder(shards, 7, 8, (1, 0)).records(), 26)
+    interleaved = _numbers(data.TrainOrder(shards, 7, 1, (1, 0)).records(), 26)
+    assert sorted(chunked) == sorted(interleaved) and chunked != interleaved
+    first_chunk = interleaved[:8]  # permuted among themselves, nothing else mixed in
+    assert sorted(chunked[:8]) == sorted(first_chunk) and chunked[:8] != first_chunk
+
+
+def test_workers_sharing_the_shards_draw_their_own_orders(shards):
+    """Keeping every n-th window of each shard, the n pipelines' orders are not the same
+    permutation of neighbouring windows (consecutive text in one step)."""
+    orders = [data.TrainOrder(shards, 7, 4, keep=(2, i)).permutation(0).numpy() for i in (0, 1)]
+    assert list(orders[0]) != list(orders[1])
 
 
 def test_pipelines_that_share_the_shards_split_each_one_between_them(shards):

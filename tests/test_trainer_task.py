@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
-from contracts.artifacts import BACKUP_DIR
+from contracts.artifacts import BACKUP_DIR, CHECKED_SHARDS_DIR
 from contracts.errors import UserError
 from trainer import data, export
 from trainer.callbacks import TrainMonitor
@@ -202,9 +202,15 @@ def test_restarted_job_resumes_from_backup(tmp_path, examples, monkeypatch):
     backup = tmp_path / "work" / BACKUP_DIR
     assert backed_up_step(str(backup)) == 20  # what the restarted input will skip
     assert backed_up_step(str(tmp_path / "no-backup")) == 0
+    checked = tmp_path / "work" / CHECKED_SHARDS_DIR
+    assert sorted(p.name for p in checked.iterdir()) == ["eval-0-of-1.json", "train-0-of-1.json"]
     crash, steps_run[:] = False, []
+    shards_read = []
+    whole = data._gzip_problem
+    monkeypatch.setattr(data, "_gzip_problem", lambda path: shards_read.append(path) or whole(path))
     assert train(*args)["steps"] == cfg.train.train_steps
     assert steps_run[0] == 21  # resumed after the backup taken at step 20, not from scratch
+    assert shards_read == []  # the shards the first attempt checked were not read again
 
 
 class _OneWorkerTwoReplicas:

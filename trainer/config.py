@@ -66,7 +66,7 @@ class TrainConfig:
     # a preempted job backs up at the next multiple, well within the pod's grace period
     preemption_check_every: int = 10
     eval_batches: int = 8  # batches of the eval split per validation run
-    shuffle_buffer: int = 2048  # windows in the training shuffle buffer (one per block of shards)
+    shuffle_buffer: int = 2048  # windows permuted together in training (data.TrainOrder)
     precision: str = "auto"  # auto | float32 | mixed_float16 | mixed_bfloat16
     # XLA for train/eval steps: auto (see use_jit_compile) | on | off; off also keeps the
     # XLA-fused GELU out of training (use_xla_kernels)

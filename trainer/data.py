@@ -15,9 +15,12 @@ manifest gives, so a run resumed after K steps computes where its input stands.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import posixpath
+import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -32,12 +35,14 @@ from trainer import config as config_lib
 from trainer.config import Config
 
 log = logging.getLogger("trainer")
+# Philox: the same draws on every device and TensorFlow build (auto_select may differ).
+_RNG = "philox"
 _T = TypeVar("_T")
 
 _VERIFY_CHUNK = 1 << 20  # bytes read at a time while checking a shard's GZIP stream
 VERIFY_THREADS = 8  # shards checked at once: zlib and TensorFlow's file reads release the GIL
 _GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip mode: header, deflate data, CRC-32 and length
-# Shards read together, through one shuffle buffer; a resumed run re-reads at most one block.
+# Shards read together and shuffled together (TrainOrder); a resumed run re-reads at most one.
 BLOCK_FILES = 4
 
 
@@ -138,28 +143,43 @@ def _parallel(
 
 
 def _stat(path: str) -> list[int]:
-    info = tf.io.gfile.stat(path)
-    return [info.length, info.mtime_nsec]
+    """What a shard is recorded by: a local file's size, modification and change times (ns) and
+    inode, which no copy or `touch` keeps; a gs:// object's size and update time (ms), as
+    TensorFlow's file system gives them (it gives whole seconds for a local file's mtime)."""
+    if "://" not in path:
+        info = os.stat(path)
+        return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+    stat = tf.io.gfile.stat(path)
+    return [stat.length, stat.mtime_nsec]
 
 
 def _read_record(record: str) -> dict[str, list[int]]:
-    """The shards `record` lists as checked: {path: [size, mtime_nsec]}; none when it is absent
-    or unreadable (then every shard is read again)."""
+    """The shards `record` lists as checked: {path: _stat(path)}; none when it is absent or
+    cannot be read (then every shard is read again: the record only saves time)."""
     try:
         with tf.io.gfile.GFile(record, "r") as f:
             checked = json.load(f)["checked"]
         return {str(k): list(v) for k, v in checked.items()}
-    except (tf.errors.NotFoundError, ValueError, KeyError, TypeError, AttributeError):
+    except tf.errors.NotFoundError:
+        return {}
+    except (tf.errors.OpError, ValueError, KeyError, TypeError, AttributeError) as err:
+        log.warning("reading every shard again: the record %s cannot be read (%s)", record, err)
         return {}
 
 
 def _write_record(record: str, checked: dict[str, list[int]]) -> None:
-    """Replace `record` whole: written beside it, then renamed over it."""
-    tf.io.gfile.makedirs(posixpath.dirname(record))
-    partial = f"{record}.partial"
-    with tf.io.gfile.GFile(partial, "w") as f:
-        json.dump({"checked": checked}, f)
-    tf.io.gfile.rename(partial, record, overwrite=True)
+    """Replace `record` whole: written beside it under a name of its own, then renamed over it.
+    A failure only costs the next start a read of every shard, so it is logged, not raised."""
+    partial = f"{record}.{uuid.uuid4().hex}.partial"
+    try:
+        tf.io.gfile.makedirs(posixpath.dirname(record))
+        with tf.io.gfile.GFile(partial, "w") as f:
+            json.dump({"checked": checked}, f)
+        tf.io.gfile.rename(partial, record, overwrite=True)
+    except tf.errors.OpError as err:
+        log.warning("shards checked, but not recorded in %s (%s)", record, err)
+        with contextlib.suppress(tf.errors.OpError):
+            tf.io.gfile.remove(partial)
 
 
 def _gzip_problem(path: str) -> str:
@@ -299,6 +319,8 @@ class TrainOrder:
         self.keep = keep  # (n, i): keep every n-th window of each shard from the i-th
         self.windows = np.array(_kept(shards.windows, *keep), np.int64)
         self.per_epoch = int(self.windows.sum())
+        if self.per_epoch == 0:
+            raise ValueError("TrainOrder over no window (pipeline_shards refuses that first)")
 
     def permutation(self, epoch: tf.Tensor | int) -> tf.Tensor:
         """The shards' order in data epoch `epoch` (int32 indices into `files`)."""
@@ -324,7 +346,7 @@ class TrainOrder:
             lambda e: tf.data.Dataset.range(blocks_per_epoch).map(lambda k: (e, k))
         )
         # One block after the other. A parallel interleave of cycle 1, which would open the
-        # next block early, halved the input's rate here (bench/input_bench.py).
+        # next block early, halved the input's rate here (bench/input_bench.py: 91x, not 189x).
         records = blocks.skip(block).flat_map(self._block)
         # Known to be endless, so MultiWorkerMirrored does not check every step, with an
         # all-reduce, whether some worker ran out (input_lib.py: partial batches).
@@ -332,11 +354,11 @@ class TrainOrder:
         return records.skip(within).apply(endless)
 
     def _key(self, epoch: tf.Tensor | int, *more: tf.Tensor) -> tf.Tensor:
-        key = tf.random.experimental.stateless_fold_in(
-            tf.constant([self.seed, 0], tf.int64), tf.cast(epoch, tf.int64)
-        )
-        for value in more:
-            key = tf.random.experimental.stateless_fold_in(key, tf.cast(value, tf.int64))
+        # Pipelines that share the shards (keeping every n-th window of each) draw their own
+        # orders, so a step's n workers do not all train on one stretch of the text.
+        key = tf.constant([self.seed, self.keep[1]], tf.int64)
+        for value in (epoch, *more):
+            key = tf.random.experimental.stateless_fold_in(key, tf.cast(value, tf.int64), alg=_RNG)
         return key
 
     def _block(self, epoch: tf.Tensor, block: tf.Tensor) -> tf.data.Dataset:
@@ -350,16 +372,17 @@ class TrainOrder:
             deterministic=True,
         )
         chunks = tf.data.Dataset.zip(records.batch(self.shuffle_buffer), tf.data.Dataset.counter())
-        return chunks.map(
+        permuted = chunks.map(
             lambda chunk, j: tf.gather(
                 chunk, _permutation(tf.shape(chunk)[0], self._key(epoch, block + 1, j))
             )
-        ).unbatch()
+        )
+        return permuted.prefetch(1).unbatch()  # the next chunk is read while this one is used
 
 
 def _permutation(n: int | tf.Tensor, key: tf.Tensor) -> tf.Tensor:
     """A permutation of range(n) drawn from the stateless key (int32)."""
-    return tf.argsort(tf.random.stateless_uniform([n], key), stable=True)
+    return tf.random.experimental.stateless_shuffle(tf.range(n), key, alg=_RNG)
 
 
 def _kept(windows: Sequence[int], n: int, i: int) -> list[int]:
