@@ -25,11 +25,11 @@ READ_BATCHES = 2000
 
 def supply_tokens_per_second(cfg, examples: str, batches: int = READ_BATCHES) -> float:
     """tokens/s of the trainer's training input pipeline over `batches` batches."""
-    from trainer import data
+    from trainer import data, shard_check
 
     manifest = data.read_manifest(examples)
     shards = data.split_shards(examples, manifest, "train")
-    data.verify_shards(examples, shards.files)
+    shard_check.verify_shards(examples, shards.files, windows=shards.windows)
     ds = data.train_dataset(shards, cfg)
     iterator = iter(ds)
     for _ in range(WARMUP_BATCHES):

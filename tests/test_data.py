@@ -1,6 +1,7 @@
 """trainer.data: the in-order reader, the manifest's shards, and the training order (TrainOrder),
 whose place after any number of steps is found without reading what came before."""
 
+import gzip
 import itertools
 import json
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from contracts.errors import UserError
-from trainer import data
+from trainer import data, shard_check
 from trainer.config import resolve_config
 
 
@@ -58,30 +59,34 @@ def test_a_restart_reads_only_the_shards_that_changed_since_they_were_checked(
         _write_windows(f, [[i] * 5] * 50)
     record = str(tmp_path / "work" / "checked-shards" / "train-0-of-1.json")
     read = []
-    whole = data._gzip_problem
-    monkeypatch.setattr(data, "_gzip_problem", lambda path: read.append(path) or whole(path))
-    data.verify_shards(str(tmp_path), files, record)
+    whole = shard_check._shard_problem
+    monkeypatch.setattr(shard_check, "_shard_problem", lambda p, n: read.append(p) or whole(p, n))
+    shard_check.verify_shards(str(tmp_path), files, record)
     assert sorted(read) == files
     read.clear()
-    data.verify_shards(str(tmp_path), files, record)  # the restart: nothing changed
+    shard_check.verify_shards(str(tmp_path), files, record)  # the restart: nothing changed
     assert read == []
     damaged = Path(files[1]).read_bytes()[:-9]  # cut inside its GZIP trailer
     Path(files[1]).write_bytes(damaged)
-    with pytest.raises(data.CorruptShardError, match=f"corrupt TFRecord shard {files[1]}"):
-        data.verify_shards(str(tmp_path), files, record)
+    with pytest.raises(shard_check.CorruptShardError, match=f"corrupt TFRecord shard {files[1]}"):
+        shard_check.verify_shards(str(tmp_path), files, record)
     assert read == [files[1]]
     read.clear()
-    with pytest.raises(data.CorruptShardError):  # still refused: only whole shards are recorded
-        data.verify_shards(str(tmp_path), files, record)
+    with pytest.raises(
+        shard_check.CorruptShardError
+    ):  # still refused: only whole shards are recorded
+        shard_check.verify_shards(str(tmp_path), files, record)
     assert read == [files[1]]
     read.clear()
     Path(record).write_text("{not json")  # an unreadable record: every shard is read again
-    with pytest.raises(data.CorruptShardError):
-        data.verify_shards(str(tmp_path), files, record)
+    with pytest.raises(shard_check.CorruptShardError):
+        shard_check.verify_shards(str(tmp_path), files, record)
     assert files[0] in read and files[1] in read
     read.clear()
-    with pytest.raises(data.CorruptShardError):  # without a record, every start reads them all
-        data.verify_shards(str(tmp_path), files)
+    with pytest.raises(
+        shard_check.CorruptShardError
+    ):  # without a record, every start reads them all
+        shard_check.verify_shards(str(tmp_path), files)
     assert files[0] in read
 
 
@@ -89,8 +94,45 @@ def test_a_record_that_cannot_be_written_costs_only_the_next_start_a_full_read(t
     _write_windows(tmp_path / "a.gz", [[1] * 5] * 10)
     (tmp_path / "work").write_text("a file where the work folder should be")
     record = str(tmp_path / "work" / "checked-shards" / "train-0-of-1.json")
-    data.verify_shards(str(tmp_path), [str(tmp_path / "a.gz")], record)  # checked; not raised
+    shard_check.verify_shards(
+        str(tmp_path), [str(tmp_path / "a.gz")], record
+    )  # checked; not raised
     assert "shards checked, but not recorded" in caplog.text
+
+
+def _raw_records(path, windows):
+    """The TFRecord bytes of `windows`, uncompressed."""
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for window in windows:
+            feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
+            ex = tf.train.Example(features=tf.train.Features(feature={"input_ids": feature}))
+            w.write(ex.SerializeToString())
+    return Path(path).read_bytes()
+
+
+def test_a_shard_holding_other_than_the_manifests_windows_is_refused(tmp_path):
+    _write_windows(tmp_path / "a.gz", [[1, 2, 3]] * 3)
+    shard_check.verify_shards(str(tmp_path), [str(tmp_path / "a.gz")], windows=[3])
+    with pytest.raises(shard_check.CorruptShardError, match="holds 3 windows .* give it 4"):
+        shard_check.verify_shards(str(tmp_path), [str(tmp_path / "a.gz")], windows=[4])
+
+
+def test_whole_gzip_data_that_ends_inside_a_tfrecord_is_refused(tmp_path):
+    raw = _raw_records(tmp_path / "raw", [[1, 2, 3]] * 2)
+    (tmp_path / "cut.gz").write_bytes(gzip.compress(raw[:-7]))  # a GZIP stream, whole
+    with pytest.raises(shard_check.CorruptShardError, match="ends inside TFRecord 2"):
+        shard_check.verify_shards(str(tmp_path), [str(tmp_path / "cut.gz")])
+
+
+def test_records_are_counted_whatever_pieces_the_stream_comes_in(tmp_path):
+    raw = _raw_records(tmp_path / "raw", [[k] * (k + 1) for k in range(5)])
+    for size in (1, 5, 12, 13, len(raw)):
+        counter = shard_check._RecordCounter()
+        for at in range(0, len(raw), size):
+            counter.feed(raw[at : at + size])
+        assert (counter.count, counter.whole()) == (5, True), size
+    counter.feed(raw[:13])
+    assert not counter.whole()
 
 
 def _manifest(tmp_path, shards, windows, shard_windows=None):

@@ -18,7 +18,7 @@ from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from contracts.artifacts import BACKUP_DIR, CHECKED_SHARDS_DIR
 from contracts.errors import UserError
-from trainer import data, export
+from trainer import data, export, shard_check
 from trainer.callbacks import TrainMonitor
 from trainer.cluster import choose_strategy, cluster_size, is_chief
 from trainer.config import config_from_dict, config_to_dict, learning_rate_at, resolve_config
@@ -206,8 +206,10 @@ def test_restarted_job_resumes_from_backup(tmp_path, examples, monkeypatch):
     assert sorted(p.name for p in checked.iterdir()) == ["eval-0-of-1.json", "train-0-of-1.json"]
     crash, steps_run[:] = False, []
     shards_read = []
-    whole = data._gzip_problem
-    monkeypatch.setattr(data, "_gzip_problem", lambda path: shards_read.append(path) or whole(path))
+    whole = shard_check._shard_problem
+    monkeypatch.setattr(
+        shard_check, "_shard_problem", lambda path, n: shards_read.append(path) or whole(path, n)
+    )
     assert train(*args)["steps"] == cfg.train.train_steps
     assert steps_run[0] == 21  # resumed after the backup taken at step 20, not from scratch
     assert shards_read == []  # the shards the first attempt checked were not read again

@@ -3,11 +3,8 @@
 Each tf.train.Example holds one window `input_ids` of seq_len + 1 tokens; inputs are its first
 seq_len tokens and targets the last seq_len (the next token at every position).
 
-Before training, every worker reads the shards it will train and evaluate on once, to the end
-of their GZIP streams (`verify_shards`): TensorFlow reports a damaged shard as a DataLossError
-mid-training without naming the file, and reads a shard cut at its GZIP trailer, or cut to
-nothing, without any error, so training would quietly run on less data. A restarted worker
-reads again only the shards that changed since it checked them (the record in its work folder).
+Before training, every worker checks the shards it will train and evaluate on
+(trainer/shard_check.py), and a restarted worker only those that changed since.
 
 Training reads the windows in `TrainOrder`: epoch by epoch, in blocks of shards whose sizes the
 manifest gives, so a run resumed after K steps computes where its input stands.
@@ -15,16 +12,11 @@ manifest gives, so a run resumed after K steps computes where its input stands.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import posixpath
-import uuid
-import zlib
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -33,21 +25,14 @@ from contracts.artifacts import EXAMPLES_MANIFEST
 from contracts.errors import UserError
 from trainer import config as config_lib
 from trainer.config import Config
+from trainer.shard_check import verify_shards
 
 log = logging.getLogger("trainer")
 # Philox: the same draws on every device and TensorFlow build (auto_select may differ).
 _RNG = "philox"
-_T = TypeVar("_T")
 
-_VERIFY_CHUNK = 1 << 20  # bytes read at a time while checking a shard's GZIP stream
-VERIFY_THREADS = 8  # shards checked at once: zlib and TensorFlow's file reads release the GIL
-_GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip mode: header, deflate data, CRC-32 and length
 # Shards read together and shuffled together (TrainOrder); a resumed run re-reads at most one.
 BLOCK_FILES = 4
-
-
-class CorruptShardError(UserError):
-    """A listed TFRecord shard is not the whole GZIP stream tokenize wrote."""
 
 
 def read_manifest(examples_dir: str) -> dict[str, Any]:
@@ -97,115 +82,6 @@ def _list_files(files: str | Sequence[str]) -> list[str]:
             raise UserError(f"examples: no files match {files!r}")
         return matched
     return list(files)
-
-
-def verify_shards(examples_dir: str, files: Sequence[str], record: str | None = None) -> None:
-    """Read each shard to the end of its GZIP stream; raise CorruptShardError naming the first
-    that is damaged (its CRC-32 or length check fails) or truncated (its stream does not end).
-
-    It reads the compressed bytes once (zlib, in C: about 0.1 GB/s on one CPU core, on up to
-    VERIFY_THREADS shards at once) and catches what TensorFlow reports mid-training without a
-    file name (a DataLossError), or not at all. With `record` (a JSON file in the job's work
-    folder), the shards it lists at the same size and modification time are not read again,
-    and those found whole are added to it: a restarted worker reads only what changed since.
-    """
-    stats = _parallel(_stat, files) if record else []
-    checked = _read_record(record) if record else {}
-    todo = [p for i, p in enumerate(files) if not record or checked.get(p) != stats[i]]
-    problems = _parallel(_gzip_problem, todo, until=bool)
-    for path, problem in zip(todo, problems, strict=False):
-        if problem:
-            raise CorruptShardError(
-                f"corrupt TFRecord shard {path}: {problem}; the Examples are damaged: delete the "
-                f"folder {examples_dir} and run again, so that tokenize writes them anew"
-            )
-    if record and todo:
-        _write_record(record, {**checked, **dict(zip(files, stats, strict=True))})
-
-
-def _parallel(
-    fn: Callable[[str], _T], paths: Sequence[str], until: Callable[[_T], bool] | None = None
-) -> list[_T]:
-    """fn over `paths` on up to VERIFY_THREADS threads, in order; stops after the first result
-    that `until` holds, dropping what has not started."""
-    if not paths:
-        return []
-    results: list[_T] = []
-    pool = ThreadPoolExecutor(min(VERIFY_THREADS, len(paths)), thread_name_prefix="verify")
-    try:
-        for result in pool.map(fn, paths):
-            results.append(result)
-            if until is not None and until(result):
-                break
-    finally:
-        pool.shutdown(cancel_futures=True)
-    return results
-
-
-def _stat(path: str) -> list[int]:
-    """What a shard is recorded by: a local file's size, modification and change times (ns) and
-    inode, which no copy or `touch` keeps; a gs:// object's size and update time (ms), as
-    TensorFlow's file system gives them (it gives whole seconds for a local file's mtime)."""
-    if "://" not in path:
-        info = os.stat(path)
-        return [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
-    stat = tf.io.gfile.stat(path)
-    return [stat.length, stat.mtime_nsec]
-
-
-def _read_record(record: str) -> dict[str, list[int]]:
-    """The shards `record` lists as checked: {path: _stat(path)}; none when it is absent or
-    cannot be read (then every shard is read again: the record only saves time)."""
-    try:
-        with tf.io.gfile.GFile(record, "r") as f:
-            checked = json.load(f)["checked"]
-        return {str(k): list(v) for k, v in checked.items()}
-    except tf.errors.NotFoundError:
-        return {}
-    except (tf.errors.OpError, ValueError, KeyError, TypeError, AttributeError) as err:
-        log.warning("reading every shard again: the record %s cannot be read (%s)", record, err)
-        return {}
-
-
-def _write_record(record: str, checked: dict[str, list[int]]) -> None:
-    """Replace `record` whole: written beside it under a name of its own, then renamed over it.
-    A failure only costs the next start a read of every shard, so it is logged, not raised."""
-    partial = f"{record}.{uuid.uuid4().hex}.partial"
-    try:
-        tf.io.gfile.makedirs(posixpath.dirname(record))
-        with tf.io.gfile.GFile(partial, "w") as f:
-            json.dump({"checked": checked}, f)
-        tf.io.gfile.rename(partial, record, overwrite=True)
-    except tf.errors.OpError as err:
-        log.warning("shards checked, but not recorded in %s (%s)", record, err)
-        with contextlib.suppress(tf.errors.OpError):
-            tf.io.gfile.remove(partial)
-
-
-def _gzip_problem(path: str) -> str:
-    """Why `path` is not whole GZIP data (complete members only), or "" when it is."""
-    inflate = zlib.decompressobj(_GZIP_WBITS)
-    offset = 0  # compressed bytes checked so far
-    pending = False  # a member has begun and not yet ended
-    with tf.io.gfile.GFile(path, "rb") as f:
-        while chunk := f.read(_VERIFY_CHUNK):
-            size = len(chunk)
-            try:
-                while chunk:
-                    inflate.decompress(chunk)  # checks each member's CRC-32 and length
-                    pending = not inflate.eof
-                    if pending:
-                        break
-                    chunk = inflate.unused_data  # another member follows
-                    inflate = zlib.decompressobj(_GZIP_WBITS)
-            except zlib.error as err:
-                return f"{err} (in its bytes {offset}-{offset + size})"
-            offset += size
-    if offset == 0:
-        return "the file is empty; a shard holds at least one window"
-    if pending:
-        return f"truncated: the file ends inside its GZIP stream, after {offset} bytes"
-    return ""
 
 
 def pipeline_files(
@@ -459,7 +335,8 @@ def distributed_datasets(
 
     def train_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
         mine, _ = pipeline_shards(train_shards, ctx)
-        verify_shards(examples_dir, mine.files, _checked_record(checked_dir, "train", ctx))
+        record = _checked_record(checked_dir, "train", ctx)
+        verify_shards(examples_dir, mine.files, record, windows=mine.windows)
         return train_dataset(train_shards, cfg, ctx, skip_steps)
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)

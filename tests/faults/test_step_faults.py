@@ -46,7 +46,7 @@ from contracts.artifacts import (
     TRAIN_METRICS,
 )
 from contracts.errors import UserError
-from trainer import data
+from trainer import data, shard_check
 from trainer.config import config_to_dict, resolve_config
 from trainer.task import main as trainer_main
 
@@ -177,7 +177,9 @@ def test_the_train_step_fails_with_the_damaged_shard_as_its_first_line(dataset, 
 
 def test_every_shard_the_tokenize_step_writes_passes_the_check(dataset):
     for split in ("train", "eval"):
-        data.verify_shards(dataset.uri, data.split_files(dataset.uri, dataset.manifest, split))
+        shard_check.verify_shards(
+            dataset.uri, data.split_files(dataset.uri, dataset.manifest, split)
+        )
 
 
 # ---- a NaN loss: not blessed, not pushed -----------------------------------------------------
@@ -497,6 +499,6 @@ def test_tokenize_killed_between_shards_leaves_no_dataset_and_a_rerun_succeeds(t
         version,
     )
     for split in ("train", "eval"):
-        data.verify_shards(again.uri, data.split_files(again.uri, again.manifest, split))
+        shard_check.verify_shards(again.uri, data.split_files(again.uri, again.manifest, split))
     visible = [entry.name for entry in datasets.iterdir() if not entry.name.startswith(".")]
     assert visible == [version]
