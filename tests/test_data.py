@@ -112,16 +112,22 @@ def _raw_records(path, windows):
 
 def test_a_shard_holding_other_than_the_manifests_windows_is_refused(tmp_path):
     _write_windows(tmp_path / "a.gz", [[1, 2, 3]] * 3)
-    shard_check.verify_shards(str(tmp_path), [str(tmp_path / "a.gz")], windows=[3])
+    record = str(tmp_path / "checked.json")
+    shard_check.verify_shards(str(tmp_path), [str(tmp_path / "a.gz")], record, windows=[3])
     with pytest.raises(shard_check.CorruptShardError, match="holds 3 windows .* give it 4"):
         shard_check.verify_shards(str(tmp_path), [str(tmp_path / "a.gz")], windows=[4])
+    # The record keeps the count a shard was checked for: another count is checked again.
+    with pytest.raises(shard_check.CorruptShardError, match="holds 3 windows .* give it 4"):
+        shard_check.verify_shards(str(tmp_path), [str(tmp_path / "a.gz")], record, windows=[4])
 
 
 def test_whole_gzip_data_that_ends_inside_a_tfrecord_is_refused(tmp_path):
     raw = _raw_records(tmp_path / "raw", [[1, 2, 3]] * 2)
-    (tmp_path / "cut.gz").write_bytes(gzip.compress(raw[:-7]))  # a GZIP stream, whole
-    with pytest.raises(shard_check.CorruptShardError, match="ends inside TFRecord 2"):
-        shard_check.verify_shards(str(tmp_path), [str(tmp_path / "cut.gz")])
+    one = len(raw) // 2
+    for cut, inside in ((len(raw) - 7, 2), (one + 5, 2), (one - 3, 1)):  # data, header, data
+        (tmp_path / "cut.gz").write_bytes(gzip.compress(raw[:cut]))  # a GZIP stream, whole
+        with pytest.raises(shard_check.CorruptShardError, match=f"inside TFRecord {inside};"):
+            shard_check.verify_shards(str(tmp_path), [str(tmp_path / "cut.gz")])
 
 
 def test_records_are_counted_whatever_pieces_the_stream_comes_in(tmp_path):

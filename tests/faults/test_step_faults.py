@@ -176,10 +176,9 @@ def test_the_train_step_fails_with_the_damaged_shard_as_its_first_line(dataset, 
 
 
 def test_every_shard_the_tokenize_step_writes_passes_the_check(dataset):
-    for split in ("train", "eval"):
-        shard_check.verify_shards(
-            dataset.uri, data.split_files(dataset.uri, dataset.manifest, split)
-        )
+    for split in ("train", "eval"):  # each shard holds the windows the manifest gives it
+        shards = data.split_shards(dataset.uri, dataset.manifest, split)
+        shard_check.verify_shards(dataset.uri, shards.files, windows=shards.windows)
 
 
 # ---- a NaN loss: not blessed, not pushed -----------------------------------------------------
@@ -499,6 +498,7 @@ def test_tokenize_killed_between_shards_leaves_no_dataset_and_a_rerun_succeeds(t
         version,
     )
     for split in ("train", "eval"):
-        shard_check.verify_shards(again.uri, data.split_files(again.uri, again.manifest, split))
+        shards = data.split_shards(again.uri, again.manifest, split)
+        shard_check.verify_shards(again.uri, shards.files, windows=shards.windows)
     visible = [entry.name for entry in datasets.iterdir() if not entry.name.startswith(".")]
     assert visible == [version]
