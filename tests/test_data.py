@@ -15,8 +15,9 @@ from trainer import data, shard_check
 from trainer.config import resolve_config
 
 
-def _write_windows(path, windows):
-    with tf.io.TFRecordWriter(str(path), options="GZIP") as w:
+def _write_windows(path, windows, compression="GZIP"):
+    """`windows` as tf.train.Examples of `input_ids`, one TFRecord each, as tokenize writes."""
+    with tf.io.TFRecordWriter(str(path), options=compression) as w:
         for window in windows:
             feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
             ex = tf.train.Example(features=tf.train.Features(feature={"input_ids": feature}))
@@ -102,11 +103,7 @@ def test_a_record_that_cannot_be_written_costs_only_the_next_start_a_full_read(t
 
 def _raw_records(path, windows):
     """The TFRecord bytes of `windows`, uncompressed."""
-    with tf.io.TFRecordWriter(str(path)) as w:
-        for window in windows:
-            feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
-            ex = tf.train.Example(features=tf.train.Features(feature={"input_ids": feature}))
-            w.write(ex.SerializeToString())
+    _write_windows(path, windows, compression="")
     return Path(path).read_bytes()
 
 

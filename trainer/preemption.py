@@ -72,8 +72,8 @@ def preemption_agreement(strategy: tf.distribute.Strategy, workers: int) -> Agre
 
 def backed_up_step(backup_dir: str) -> int:
     """The step of the backup that PreemptibleBackup (Keras' BackupAndRestore) will restore from
-    `backup_dir`, or 0 without one: read before training, so that the input can skip the
-    batches those steps consumed. BackupAndRestore reads `<backup_dir>/chief`
+    `backup_dir`, or 0 without one: read before training, so that the input can start where
+    those steps left it (data.TrainOrder). BackupAndRestore reads `<backup_dir>/chief`
     (tf_keras/src/distribute/worker_training_state.py) and restores the optimizer's step counter.
     """
     latest = tf.train.latest_checkpoint(posixpath.join(backup_dir, "chief"))

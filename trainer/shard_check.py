@@ -116,8 +116,9 @@ def _stat(path: str) -> list[int]:
 
 
 def _read_record(record: str) -> dict[str, list[int | None]]:
-    """The shards `record` lists as checked: {path: _stat(path)}; none when it is absent or
-    cannot be read (then every shard is read again: the record only saves time)."""
+    """The shards `record` lists as checked: {path: [*_stat(path), the count checked for]};
+    none when it is absent or cannot be read (then every shard is read again: the record only
+    saves time)."""
     try:
         with tf.io.gfile.GFile(record, "r") as f:
             checked = json.load(f)["checked"]
