@@ -20,11 +20,12 @@ process (the precision policy is global):
   back to the host after every step, as the trainer's callbacks did when issue 13 was filed.
 
 tokens/s is timed from a synchronised start after WARMUP_STEPS (compiling, autotuning) to the
-end of TIMED_STEPS more, read back. MFU is model FLOPs (6 N + 6 L T d per token, bench/flops.py)
-over the chip's dense bf16 peak, looked up from the device name (H100 and H200: 989 TFLOP/s,
-A100: 312, L4: 121; other chips: null). The JSON line has tokens/s per configuration, MFU, the
-mixed-precision speed-up (bf16 / fp32), the XLA speed-up (bf16_xla / bf16), the host-sync cost
-and the MirroredStrategy scaling (mirrored / (GPUs x bf16)). Without a GPU it prints
+end of TIMED_STEPS more, read back. MFU is model FLOPs (6 N + 6 L T d per token, as
+trainer/flops.py counts them for the trainer's own telemetry) over the chip's dense bf16 peak,
+looked up from the device name (H100 SXM and H200: 989 TFLOP/s, H100 PCIe: 756, A100: 312;
+other chips: null). The JSON line has tokens/s per configuration, MFU, the mixed-precision
+speed-up (bf16 / fp32), the XLA speed-up (bf16_xla / bf16), the host-sync cost and the
+MirroredStrategy scaling (mirrored / (GPUs x bf16)). Without a GPU it prints
 {"skipped": true, ...} and exits 0. Configurations that would not finish before DEADLINE_S are
 reported as not run, so the script always ends, in time, with its line.
 """
@@ -41,8 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import flops
 from bench.results import Figure, Target
+from trainer import flops
 
 TIER = "gpu"  # only when named: `python -m bench gpu`, or bench/gpu.sh
 TARGET = Target(">=", 0.45)
@@ -168,7 +169,7 @@ def measure_one(name: str, shape: str, batch: int) -> dict[str, Any]:
     params = gpt.count_params()
     return {
         "tokens_per_s": TIMED_STEPS * global_batch * m.seq_len / timer.seconds,
-        "flops_per_token": flops.flops_per_token(params, m.n_layer, m.seq_len, m.d_model),
+        "flops_per_token": flops.flops_per_token(m),
         "params": params,
         "replicas": replicas,
         "global_batch": global_batch,
@@ -240,7 +241,8 @@ def run_all(shape: str, batch: int, allow_cpu: bool, deadline_s: float = DEADLIN
             runs[name] = {"error": "not run: out of time"}
             continue
         runs[name] = _child(["--one", name, "--shape", shape, "--batch", str(batch)], left - 5)
-    peak = flops.bf16_peak_tflops(found["device"]) if found["gpus"] else None
+    peak_flops = flops.peak_flops(found["device"]) if found["gpus"] else None
+    peak = peak_flops / 1e12 if peak_flops else None
     return {
         **base,
         "skipped": False,

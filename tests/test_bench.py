@@ -1,5 +1,6 @@
-"""The benchmark suite's own logic: FLOP counting, the table, tiers, the pure helpers of each
-benchmark, and bench/gpu.sh's skip on a machine without a GPU. Nothing here is timed."""
+"""The benchmark suite's own logic: the peer's parameter count, the table, tiers, the pure
+helpers of each benchmark, and bench/gpu.sh's skip on a machine without a GPU. Nothing here is
+timed."""
 
 import importlib
 import json
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench import __main__ as runner
-from bench import flops, gpu_bench, orchestration_bench, peer_env, peer_gpt2, quality_bench
+from bench import gpu_bench, orchestration_bench, peer_env, peer_gpt2, quality_bench, workloads
 from bench.results import (
     Figure,
     Target,
@@ -22,6 +23,7 @@ from bench.results import (
     memory_gib,
     report,
 )
+from trainer import flops
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,52 +31,13 @@ REPO = Path(__file__).resolve().parents[1]
 # ---- FLOPs --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "shape",
-    [
-        dict(vocab_size=10, seq_len=8, n_layer=2, n_head=2, d_model=4, d_ff=16),
-        dict(vocab_size=37, seq_len=5, n_layer=1, n_head=3, d_model=6, d_ff=7),
-    ],
-)
-def test_param_count_is_the_trainer_models_count_params(shape):
-    from trainer.config import ModelConfig
-    from trainer.model import build_gpt
-
-    gpt = build_gpt(ModelConfig(**shape))
-    expected = flops.param_count(
-        shape["vocab_size"], shape["seq_len"], shape["n_layer"], shape["d_model"], shape["d_ff"]
-    )
-    assert gpt.count_params() == expected
-
-
 def test_param_count_at_issue_13s_shape_matches_kerashub_gpt2():
     # KerasHub's GPT2Backbone + tied head at 4L d512 T256 V2048 reports 13,790,208 parameters
     # (peer_gpt2's `params`): both models have the same parameters, so the same FLOPs.
-    assert flops.param_count(2048, 256, 4, 512, 2048) == 13_790_208
+    from trainer.config import resolve_config
 
-
-def test_flops_per_token_is_six_n_plus_the_causal_attention_term():
-    n = flops.param_count(2048, 256, 4, 512, 2048)
-    assert flops.attention_flops_per_token(4, 256, 512) == 6 * 4 * 256 * 512
-    assert flops.flops_per_token(n, 4, 256, 512) == 6 * n + 6 * 4 * 256 * 512
-    assert flops.matmul_flops(2048) == 2 * 2048**3
-    assert flops.mfu(1000.0, 10**6, 2e9) == pytest.approx(0.5)
-
-
-@pytest.mark.parametrize(
-    ("name", "peak"),
-    [
-        ("NVIDIA H200", 989.0),
-        ("NVIDIA H100 80GB HBM3", 989.0),
-        ("NVIDIA A100-SXM4-80GB", 312.0),
-        ("NVIDIA L4", 121.0),
-        ("NVIDIA L40S", None),
-        ("Tesla T4", None),
-        ("cpu", None),
-    ],
-)
-def test_bf16_peak_is_looked_up_by_a_word_of_the_device_name(name, peak):
-    assert flops.bf16_peak_tflops(name) == peak
+    m = resolve_config("tiny", workloads.peer_shape(512)).model
+    assert flops.matmul_params(m) + m.seq_len * m.d_model == 13_790_208
 
 
 # ---- figures and the table ----------------------------------------------------------------

@@ -161,7 +161,14 @@ def test_manifest_and_split_files(tmp_path):
     files = data.split_files(str(tmp_path), manifest, "train")
     assert files == [str(tmp_path / "Split-train" / "data_tfrecord-00000-of-00001.gz")]
     with pytest.raises(UserError, match="is missing"):
-        data.split_files(str(tmp_path), manifest, "eval")
+        data.split_files(str(tmp_path), manifest, "eval")  # its folder is missing too
+    two = [
+        "Split-train/data_tfrecord-00000-of-00002.gz",
+        "Split-train/data_tfrecord-00001-of-00002.gz",
+    ]
+    _write_windows(tmp_path / two[0], [[1, 2, 3]])
+    with pytest.raises(UserError, match=f"shard {tmp_path / two[1]} is missing"):
+        data.split_files(str(tmp_path), _manifest(tmp_path, two, 2), "train")
 
 
 def test_split_shards_counts_each_file_as_tokenize_fills_them(tmp_path):

@@ -37,10 +37,8 @@ from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY, TRAIN_METRICS
 from contracts.errors import UserError
 from contracts.progress import PROGRESS_ENV, read_events
 from pipelines import tensorboard_cmd
-from trainer import flops
 from trainer.config import resolve_config
 from trainer.metrics_server import GpuCollector, MetricsServer
-from trainer.model import build_gpt
 from trainer.task import metrics_port
 
 STEPS, LOG_EVERY, VALIDATE_EVERY = 120, 10, 60
@@ -375,14 +373,3 @@ def test_a_busy_metrics_port_is_logged_and_training_goes_on(caplog):
         server.set(step=1)  # still usable, only not served
         server.close()
     assert "cannot serve on port" in caplog.text
-
-
-def test_flops_per_token_counts_every_matmul_parameter_once():
-    cfg = resolve_config("tiny").model
-    position_table = cfg.seq_len * cfg.d_model
-    assert flops.matmul_params(cfg) == build_gpt(cfg).count_params() - position_table
-    expected = 6 * flops.matmul_params(cfg) + 6 * cfg.n_layer * cfg.seq_len * cfg.d_model
-    assert flops.flops_per_token(cfg) == expected
-    assert flops.peak_flops("NVIDIA H200") == flops.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
-    assert flops.peak_flops("NVIDIA H100 PCIe") == 756e12
-    assert flops.peak_flops("CPU") is None and flops.peak_flops("NVIDIA GeForce GTX 1080") is None
