@@ -215,8 +215,15 @@ def _timer(warmup: int, host_syncs: bool) -> Any:
     return Timer()
 
 
-def run_all(shape: str, batch: int, allow_cpu: bool, deadline_s: float = DEADLINE_S) -> dict:
-    """Probe, run every configuration that fits before the deadline, summarise."""
+def run_all(
+    shape: str,
+    batch: int,
+    allow_cpu: bool,
+    deadline_s: float = DEADLINE_S,
+    only: tuple[str, ...] = (),
+) -> dict:
+    """Probe, run every configuration (or those in `only`) that fits before the deadline,
+    summarise."""
     started = time.perf_counter()
     found = _child(["--probe"], timeout=deadline_s)
     base = {
@@ -234,7 +241,7 @@ def run_all(shape: str, batch: int, allow_cpu: bool, deadline_s: float = DEADLIN
         return {**base, "skipped": True, "reason": reason, **found}
     runs: dict[str, dict[str, Any]] = {}
     for name, (_policy, _jit, all_gpus, _syncs) in RUNS.items():
-        if all_gpus and found["gpus"] < 2:
+        if (only and name not in only) or (all_gpus and found["gpus"] < 2):
             continue
         left = deadline_s - (time.perf_counter() - started)
         if left < 30:
@@ -286,6 +293,17 @@ def figures(full: bool) -> list[Figure]:
     ]
 
 
+def _run_names(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in RUNS]
+    if unknown or not names:
+        what = ", ".join(unknown) or repr(text)
+        raise argparse.ArgumentTypeError(
+            f"unknown configuration {what}: use some of {', '.join(RUNS)}"
+        )
+    return names
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.gpu_bench", description=__doc__.split("\n")[0]
@@ -293,6 +311,12 @@ def main(argv: list[str]) -> int:
     p.add_argument("--batch", type=int, default=8, help="sequences per GPU per step")
     p.add_argument("--shape", choices=sorted(SHAPES), default="gpt2-small")
     p.add_argument("--allow-cpu", action="store_true", help="run without a GPU (a dry run)")
+    p.add_argument(
+        "--runs",
+        type=_run_names,
+        default=(),
+        help=f"comma-separated configurations to run (default: all of {', '.join(RUNS)})",
+    )
     p.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--one", choices=sorted(RUNS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -301,7 +325,7 @@ def main(argv: list[str]) -> int:
     elif args.one:
         print(json.dumps(measure_one(args.one, args.shape, args.batch)))
     else:
-        print(json.dumps(run_all(args.shape, args.batch, args.allow_cpu)))
+        print(json.dumps(run_all(args.shape, args.batch, args.allow_cpu, only=args.runs)))
     return 0
 
 

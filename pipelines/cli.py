@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contracts.errors import UserError
-from pipelines import model_cmd, report_cmd, runs_cmd, tensorboard_cmd
+from pipelines import gpu_bench_cmd, model_cmd, report_cmd, runs_cmd, tensorboard_cmd
 from pipelines.cli_options import config_options, image_pull_secret_option, resolved_config
 from pipelines.config import DEFAULT_ROOT, RunConfig
 from pipelines.kfp_cli import add_kfp
@@ -55,6 +55,7 @@ def _parser() -> argparse.ArgumentParser:
         runs_cmd.add_parser,  # runs
         report_cmd.add_parser,  # report
         tensorboard_cmd.add_parser,  # tensorboard
+        gpu_bench_cmd.add_parser,  # gpu-bench
     ):
         add(sub)
     return parser

@@ -93,3 +93,21 @@ def test_lock_from_buildx_metadata(tmp_path):
 def test_dockerignore_keeps_the_build_context_small():
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", ".venv", "runs", "tests"} <= set(ignored)
+
+
+def test_the_image_holds_bench_where_gpu_bench_looks_for_it():
+    from pipelines import gpu_bench_cmd
+
+    steps = build.instructions(build.DOCKERFILE.read_text())
+    workdir = None
+    for keyword, rest in steps:
+        if keyword == "WORKDIR":
+            workdir = rest
+        if keyword == "COPY" and rest.split()[0] == "bench":
+            target = Path(workdir or "/") / rest.split()[1]
+            assert str(target) == f"{gpu_bench_cmd.BENCH_ROOT}/bench"
+            break
+    else:
+        pytest.fail("images/Dockerfile does not copy bench/")
+    ignored = (REPO / ".dockerignore").read_text().split()
+    assert "bench" not in ignored and "bench/.peer-venv" in ignored

@@ -1,0 +1,128 @@
+"""`gptpipe gpu-bench`: the GPU benchmark as a one-worker TFJob in the trainer image.
+
+The TFJob runs against the Kubernetes double with the Training Operator and a kubelet that runs
+the pod's command as a local process (tests/k8s_double.py, tests/kubelet_double.py), so the
+benchmark really runs: on this machine's CPU, as its dry run, or finding no GPU.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from cluster_fixture import LOCK, TRAINER_ENV
+from k8s_double import IMAGE_DIGEST, FakeKube
+from tfjob_fixtures import SCHEMA, schema_errors
+
+from bench import gpu_bench
+from components.train import tfjob_manifest
+from contracts.errors import UserError
+from pipelines import cli, gpu_bench_cmd
+
+REPO = Path(__file__).resolve().parents[1]
+IMAGE = f"registry.example/gptpipe-trainer@{IMAGE_DIGEST}"
+TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def test_manifest_asks_for_the_gpus_under_the_given_scheduling(capsys):
+    argv = ["gpu-bench", "--manifest", "--gpus", "8", "--image", IMAGE, "--namespace", "team-a"]
+    argv += ["--node-selector", "cloud.google.com/gke-accelerator=nvidia-h200-141gb"]
+    argv += ["--toleration", json.dumps(TOLERATION), "--runs", "bf16_xla,mirrored"]
+    argv += ["--service-account", "trainer", "--image-pull-secret", "regcred", "--memory", "64Gi"]
+    assert cli.main(argv) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    assert schema_errors(job, SCHEMA) == []
+    assert job["metadata"]["namespace"] == "team-a"
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 0  # a failed benchmark is not retried
+    worker = job["spec"]["tfReplicaSpecs"]["Worker"]
+    assert worker["replicas"] == 1 and worker["restartPolicy"] == "Never"
+    pod = worker["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"] == IMAGE
+    assert container["command"][:3] == ["python", "-m", "bench.gpu_bench"]
+    assert container["command"][container["command"].index("--runs") + 1] == "bf16_xla,mirrored"
+    assert {"name": "PYTHONPATH", "value": gpu_bench_cmd.BENCH_ROOT} in container["env"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert container["resources"]["limits"]["memory"] == "64Gi"
+    assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-h200-141gb"}
+    assert pod["tolerations"] == [TOLERATION]
+    assert pod["serviceAccountName"] == "trainer"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_manifest_defaults_to_the_digest_locks_trainer(capsys, monkeypatch):
+    from pipelines import compiler
+
+    monkeypatch.setattr(compiler, "DIGEST_LOCK", LOCK)
+    assert cli.main(["gpu-bench", "--manifest"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    (container,) = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    assert container["image"] == json.loads(LOCK.read_text())["trainer"]
+
+
+def test_two_benchmarks_started_together_are_two_jobs():
+    names = {gpu_bench_cmd.job_spec(IMAGE, 1).name for _ in range(2)}
+    assert len(names) == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--gpus", "0"], "needs at least 1 GPU"),
+        (["--node-selector", "accelerator"], "--node-selector 'accelerator': use KEY=VALUE"),
+        (["--toleration", "nvidia.com/gpu"], "is not a JSON object"),
+        (["--cpu", "four"], "cpu='four' is not a Kubernetes quantity"),
+        (["--image", "registry.example/gptpipe-trainer:latest"], "not pinned by digest"),
+    ],
+)
+def test_bad_options_are_one_line_naming_them(argv, message, capsys):
+    assert cli.main(["gpu-bench", "--manifest", "--image", IMAGE, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_the_json_line_is_found_in_the_streamed_log():
+    line = json.dumps({"bench": "gpu", "skipped": False, "mfu": 0.5})
+    lines = ["[gpubench-x-worker-0] loading", f"[gpubench-x-worker-0] {line}", "[p] {not json"]
+    assert gpu_bench_cmd.result_of(lines)["mfu"] == 0.5
+    assert gpu_bench_cmd.result_of([line])["mfu"] == 0.5
+    with pytest.raises(UserError, match="without its JSON line"):
+        gpu_bench_cmd.result_of(["[p] Traceback", '[p] {"other": 1}'])
+
+
+def test_the_bench_refuses_an_unknown_configuration(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        gpu_bench.main(["--runs", "bf16,fp64"])
+    assert exit_.value.code == 2
+    assert "unknown configuration fp64" in capsys.readouterr().err
+
+
+def _run(tmp_path: Path, spec_kwargs: dict, out: io.StringIO) -> dict:
+    spec = gpu_bench_cmd.job_spec(IMAGE, namespace="ml", bench_root=str(REPO), **spec_kwargs)
+    with FakeKube.running(tmp_path / "nodes", {**TRAINER_ENV, "HOME": str(tmp_path)}) as kube:
+        try:
+            return gpu_bench_cmd.run(spec, kube.api_client(), out=out)
+        finally:
+            (post,) = kube.calls("POST")
+            assert post.body == tfjob_manifest.build_manifest(spec)
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_as_a_tfjob_and_its_line_comes_back(tmp_path):
+    out = io.StringIO()
+    result = _run(tmp_path, {"gpus": 0, "allow_cpu": True, "shape": "tiny", "runs": ["fp32"]}, out)
+    assert result["skipped"] is False and result["device"] == "cpu"
+    assert set(result["runs"]) == {"fp32"}  # only the configuration asked for
+    assert result["tokens_per_s"]["fp32"] > 0
+    assert result["runs"]["fp32"]["policy"] == "float32"
+    assert "created TFJob ml/gpubench-" in out.getvalue()
+    assert '"bench": "gpu"' in out.getvalue()  # worker 0's log streamed meanwhile
+
+
+@pytest.mark.slow
+def test_a_pod_that_sees_no_gpu_fails_the_command_saying_so(tmp_path):
+    with pytest.raises(UserError, match="saw no GPU: no GPU visible to TensorFlow"):
+        _run(tmp_path, {"gpus": 1}, io.StringIO())
