@@ -237,7 +237,10 @@ def run_all(
     if found["gpus"] == 0 and not allow_cpu:
         reason = "no GPU visible to TensorFlow"
         if _has_nvidia_smi():
-            reason += " (nvidia-smi sees one: install tensorflow[and-cuda]==2.19.* in this venv)"
+            reason += (
+                " (nvidia-smi sees one: TensorFlow's CUDA libraries did not load; outside the"
+                " trainer image, install tensorflow[and-cuda]==2.19.* in this venv)"
+            )
         return {**base, "skipped": True, "reason": reason, **found}
     runs: dict[str, dict[str, Any]] = {}
     for name, (_policy, _jit, all_gpus, _syncs) in RUNS.items():

@@ -5,11 +5,12 @@
 
 It runs in the trainer image of the digest lock, on the nodes and under the scheduling the train
 step's TFJobs get (nodeSelector, tolerations, service account, pull secrets), through the same
-launcher (components/train/tfjob.py), so what it measures is what training there will see: the
-image's CUDA and cuDNN against the node's driver, the GPUs the device plugin hands the pod, NCCL
+TFJob launcher (components/train/tfjob.py), so what it measures is what training there will
+see: the image's CUDA libraries against the node's driver, the GPUs the pod is given, NCCL
 between them (MirroredStrategy over 2+ GPUs), and the trainer's own step at gpt2-small's shape.
-Worker 0's log streams to stderr; the benchmark's one JSON line goes to stdout (and `--output`).
-A pod that sees no GPU fails the command, naming what TensorFlow reported.
+Worker 0's log streams to stderr; the benchmark's one JSON line, read back from the finished
+pod's log, goes to stdout (and `--output`). A pod whose TensorFlow sees no GPU, a configuration
+that failed, and a job that failed or never got scheduled each fail the command, saying which.
 
 The trainer image holds bench/ at BENCH_ROOT (images/Dockerfile copies it there); the worker
 finds it through PYTHONPATH.
@@ -27,15 +28,20 @@ from pathlib import Path
 from secrets import token_hex
 from typing import Any, TextIO, cast
 
-from components.train.launcher import JobSpec, job_name, run_label
+from components.train.executor import CONTAINER_PYTHON
+from components.train.launcher import JobSpec, LaunchError, LaunchTimeout, job_name, run_label
 from contracts.errors import UserError
 from pipelines.cli_options import image_pull_secret_option
 
 BENCH_ROOT = "/opt/gptpipe"  # images/Dockerfile's WORKDIR for the sources, bench/ included
-CONTAINER_PYTHON = "python"  # the interpreter on the trainer image's PATH
-# bench/gpu_bench.py ends its runs by 440 s, after the image pull and the pod's start; the job's
-# own deadline stops a pod that never gets that far (stuck pulling, a hung driver).
-DEADLINE_S = 1200
+# bench/gpu_bench.py's configurations (its RUNS; tests/test_gpu_bench_job.py holds them equal):
+# named here too, so that a typo fails before a GPU node is taken and a large image pulled.
+RUNS = ("bf16_xla", "bf16", "fp32", "mirrored", "bf16_xla_host_syncs")
+SHAPES = ("gpt2-small", "tiny")  # its SHAPES: tiny only for a dry run on CPU
+# bench/gpu_bench.py ends its runs by 440 s once it starts; the job's deadline also covers the
+# wait for a GPU node (a node pool scaling from zero, its driver install) and the image pull.
+DEADLINE_S = 1800
+RESULT_LOG_LINES = 200  # of the finished pod's log, read back for the JSON line
 
 
 def job_spec(
@@ -47,16 +53,16 @@ def job_spec(
     runs: Sequence[str] = (),
     allow_cpu: bool = False,
     shape: str = "gpt2-small",
+    deadline_s: int = DEADLINE_S,
     bench_root: str = BENCH_ROOT,
     run_id: str = "",
     **placement: Any,
 ) -> JobSpec:
     """The benchmark's TFJob: one worker with `gpus` GPUs, no restarts (a benchmark that failed
-    once says so). `runs` is passed on as it is (bench/gpu_bench.py checks the names).
+    once says so). `allow_cpu` is the dry run on a CPU node, with no GPU asked for.
     `placement` is JobSpec's scheduling fields (node_selector, tolerations, service_account,
     image_pull_secrets, cpu, memory, allow_unpinned)."""
-    if gpus < 1 and not allow_cpu:
-        raise UserError(f"--gpus {gpus}: the benchmark needs at least 1 GPU (or --allow-cpu)")
+    _check(gpus, runs, allow_cpu)
     # Two benchmarks started in the same second are two jobs, not one re-attached to.
     run_id = run_id or time.strftime("gpu-bench-%Y%m%d-%H%M%S-", time.gmtime()) + token_hex(2)
     command = [CONTAINER_PYTHON, "-m", "bench.gpu_bench", "--batch", str(batch)]
@@ -69,13 +75,25 @@ def job_spec(
         namespace=namespace,
         run_id=run_label(run_id),
         workers=1,
-        gpus_per_worker=max(gpus, 0),
+        gpus_per_worker=gpus,
         restart_policy="Never",
         backoff_limit=0,
-        active_deadline_seconds=DEADLINE_S,
+        active_deadline_seconds=deadline_s,
         env={"PYTHONPATH": bench_root, "TF_CPP_MIN_LOG_LEVEL": "2"},
         **placement,
     )
+
+
+def _check(gpus: int, runs: Sequence[str], allow_cpu: bool) -> None:
+    if allow_cpu and gpus:
+        raise UserError(f"--allow-cpu is the dry run on a CPU node: drop --gpus {gpus}")
+    if gpus < 1 and not allow_cpu:
+        raise UserError(f"--gpus {gpus}: the benchmark needs at least 1 GPU (or --allow-cpu)")
+    unknown = [r for r in runs if r not in RUNS]
+    if unknown:
+        raise UserError(f"--runs {','.join(unknown)} is unknown: use some of {', '.join(RUNS)}")
+    if "mirrored" in runs and gpus < 2:
+        raise UserError(f"--runs mirrored needs --gpus 2 or more, not {gpus}")
 
 
 def result_of(log_lines: Iterable[str]) -> dict[str, Any]:
@@ -88,10 +106,12 @@ def result_of(log_lines: Iterable[str]) -> dict[str, Any]:
             continue
         if isinstance(found, dict) and found.get("bench") == "gpu":
             return found
-    raise UserError(
-        "the benchmark's pod ended without its JSON line: its log is above (an image without "
-        "bench/? build it again with `make images`)"
-    )
+    raise UserError("the benchmark's pod ended without its JSON line: its log is above")
+
+
+def failed_runs(result: dict[str, Any]) -> dict[str, str]:
+    """Configuration -> its error, for each one that ran and failed (out of memory, NCCL...)."""
+    return {name: run["error"] for name, run in result.get("runs", {}).items() if "error" in run}
 
 
 class _Tee(io.TextIOBase):
@@ -114,20 +134,46 @@ class _Tee(io.TextIOBase):
 
 
 def run(spec: JobSpec, api_client: Any = None, out: TextIO | None = None) -> dict[str, Any]:
-    """Run the benchmark's TFJob to the end; its JSON result. A pod that saw no GPU (the
-    benchmark skipped) is an error naming why."""
+    """Run the benchmark's TFJob to the end; its JSON result. A failed job, and a pod whose
+    TensorFlow saw no GPU (the benchmark skipped), are errors naming why."""
     from components.train.tfjob import TFJobLauncher
 
     tee = _Tee(out if out is not None else sys.stderr)
-    TFJobLauncher(api_client, out=cast(TextIO, tee), poll_seconds=10).run(spec)
-    result = result_of(tee.lines)
+    launcher = TFJobLauncher(api_client, out=cast(TextIO, tee), poll_seconds=10)
+    try:
+        launcher.run(spec)
+    except LaunchError as exc:
+        raise UserError(_failure(spec, exc)) from None
+    # The pod's own log first: a stream that dropped while the benchmark ran missed lines.
+    result = result_of([*tee.lines, *launcher.worker0_log(spec, RESULT_LOG_LINES)])
     if result.get("skipped"):
+        reason = str(result.get("reason", ""))
+        if reason.startswith("probe failed"):
+            raise UserError(f"TFJob {spec.namespace}/{spec.name}: the benchmark's {reason}")
         raise UserError(
-            f"TFJob {spec.namespace}/{spec.name} saw no GPU: {result.get('reason')} (the image's "
-            "CUDA against the node's driver, or the NVIDIA device plugin: `kubectl describe "
-            "node` shows nvidia.com/gpu)"
+            f"TFJob {spec.namespace}/{spec.name} was given {spec.gpus_per_worker} GPU(s) but "
+            f"TensorFlow saw none: {reason}. The trainer image's CUDA libraries do not load "
+            "against the node's driver, or the container runtime does not expose the GPUs "
+            "(the NVIDIA container toolkit); `nvidia-smi` in the pod tells which"
         )
     return result
+
+
+def _failure(spec: JobSpec, exc: LaunchError) -> str:
+    """A failed benchmark job's message, with what to look at."""
+    message = str(exc)
+    if any("No module named 'bench'" in line for line in exc.log_tail):
+        return (
+            f"{message}\nthe trainer image has no bench/: build it again from this checkout "
+            "(`make images REGISTRY=...`)"
+        )
+    if isinstance(exc, LaunchTimeout):
+        selector = f"training.kubeflow.org/job-name={spec.name}"
+        return (
+            f"{message}\na pod still Pending has found no node with {spec.gpus_per_worker} free "
+            f"nvidia.com/gpu: `kubectl -n {spec.namespace} describe pod -l {selector}`"
+        )
+    return message
 
 
 def add_parser(subparsers: Any) -> None:
@@ -135,11 +181,11 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "gpu-bench", help="benchmark the trainer on the cluster's GPU nodes (a one-worker TFJob)"
     )
-    p.add_argument("--gpus", type=int, default=1, help="GPUs of the worker (2+: MirroredStrategy)")
-    p.add_argument("--batch", type=int, default=8, help="sequences per GPU per step")
     p.add_argument(
-        "--runs", default="", help="comma-separated configurations (bench/gpu_bench.py's RUNS)"
+        "--gpus", type=int, default=None, help="GPUs of the worker (default 1; 2+: mirrored)"
     )
+    p.add_argument("--batch", type=int, default=8, help="sequences per GPU per step")
+    p.add_argument("--runs", default="", help=f"comma-separated, some of {', '.join(RUNS)}")
     p.add_argument("--namespace", default="kubeflow", help="where the TFJob goes")
     p.add_argument("--image", default=None, help="trainer image (default: the digest lock's)")
     p.add_argument("--allow-unpinned", action="store_true", help="allow an image by tag")
@@ -148,30 +194,38 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--toleration", action="append", default=[], metavar="JSON", help="repeatable")
     p.add_argument("--service-account", default=None, help="the worker's service account")
-    p.add_argument("--cpu", default=JobSpec.cpu, help=f"CPU of the worker (default {JobSpec.cpu})")
-    p.add_argument(
-        "--memory", default=JobSpec.memory, help=f"memory of the worker (default {JobSpec.memory})"
-    )
     image_pull_secret_option(p)
+    p.add_argument("--cpu", default=JobSpec.cpu, help=f"CPUs of the worker ({JobSpec.cpu})")
+    p.add_argument("--memory", default=JobSpec.memory, help=f"its memory ({JobSpec.memory})")
+    p.add_argument(
+        "--deadline", type=int, default=DEADLINE_S, help=f"seconds in all ({DEADLINE_S})"
+    )
     p.add_argument("--output", type=Path, default=None, help="also write the JSON line here")
     p.add_argument("--manifest", action="store_true", help="only print the TFJob manifest")
-    p.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # a dry run
-    p.add_argument("--shape", default="gpt2-small", help=argparse.SUPPRESS)  # tiny: a dry run
+    p.add_argument(
+        "--allow-cpu", action="store_true", help="a dry run on a CPU node: no GPU, the tiny model"
+    )
+    p.add_argument("--shape", choices=SHAPES, default=None, help=argparse.SUPPRESS)
     p.set_defaults(func=cmd_gpu_bench)
 
 
 def cmd_gpu_bench(args: argparse.Namespace) -> int:
-    """Print the manifest, or run the benchmark and print its JSON line."""
+    """Print the manifest, or run the benchmark and print its JSON line; 1 if a configuration
+    failed."""
     from components.train import tfjob_manifest
 
+    if args.output is not None:
+        _check_output(args.output, args.manifest)
+    gpus = args.gpus if args.gpus is not None else (0 if args.allow_cpu else 1)
     spec = job_spec(
         args.image or _locked_trainer_image(args.allow_unpinned),
-        args.gpus,
+        gpus,
         namespace=args.namespace,
         batch=args.batch,
         runs=[r for r in args.runs.split(",") if r],
         allow_cpu=args.allow_cpu,
-        shape=args.shape,
+        shape=args.shape or ("tiny" if args.allow_cpu else "gpt2-small"),
+        deadline_s=args.deadline,
         node_selector=dict(_key_value(kv) for kv in args.node_selector),
         tolerations=[_toleration(t) for t in args.toleration],
         service_account=args.service_account,
@@ -183,11 +237,27 @@ def cmd_gpu_bench(args: argparse.Namespace) -> int:
     if args.manifest:
         print(tfjob_manifest.render_yaml(spec), end="")
         return 0
-    line = json.dumps(run(spec))
+    result = run(spec)
+    line = json.dumps(result)
     print(line)
     if args.output is not None:
-        args.output.write_text(line + "\n", encoding="utf-8")
-    return 0
+        try:
+            args.output.write_text(line + "\n", encoding="utf-8")
+        except OSError as exc:
+            raise UserError(f"--output {args.output}: {exc.strerror}") from None
+    failed = failed_runs(result)
+    for name, error in failed.items():
+        print(f"gptpipe gpu-bench: {name} failed: {error}", file=sys.stderr)
+    if not result.get("tokens_per_s"):
+        raise UserError("no configuration was measured (see each one's error above)")
+    return 1 if failed else 0
+
+
+def _check_output(path: Path, manifest: bool) -> None:
+    if manifest:
+        raise UserError("--output is for the benchmark's result: --manifest prints to stdout")
+    if not path.parent.is_dir():
+        raise UserError(f"--output {path}: the folder {path.parent} does not exist")
 
 
 def _locked_trainer_image(allow_unpinned: bool) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -18,7 +19,7 @@ from k8s_double import IMAGE_DIGEST, FakeKube
 from tfjob_fixtures import SCHEMA, schema_errors
 
 from bench import gpu_bench
-from components.train import tfjob_manifest
+from components.train import tfjob_logs, tfjob_manifest
 from contracts.errors import UserError
 from pipelines import cli, gpu_bench_cmd
 
@@ -76,12 +77,52 @@ def test_two_benchmarks_started_together_are_two_jobs():
         (["--toleration", "nvidia.com/gpu"], "is not a JSON object"),
         (["--cpu", "four"], "cpu='four' is not a Kubernetes quantity"),
         (["--image", "registry.example/gptpipe-trainer:latest"], "not pinned by digest"),
+        (["--runs", "bf16,fp64"], "--runs fp64 is unknown: use some of bf16_xla, bf16"),
+        (["--runs", "mirrored", "--gpus", "1"], "--runs mirrored needs --gpus 2 or more, not 1"),
+        (["--allow-cpu", "--gpus", "2"], "--allow-cpu is the dry run on a CPU node"),
+        (["--output", "out.json"], "--output is for the benchmark's result"),
     ],
 )
 def test_bad_options_are_one_line_naming_them(argv, message, capsys):
     assert cli.main(["gpu-bench", "--manifest", "--image", IMAGE, *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_output_into_a_missing_folder_is_refused_before_any_job(tmp_path, capsys):
+    argv = ["gpu-bench", "--image", IMAGE, "--output", str(tmp_path / "no" / "out.json")]
+    assert cli.main(argv) == 2  # no cluster is contacted: the check comes first
+    assert "the folder" in capsys.readouterr().err
+
+
+def test_the_configurations_named_here_are_the_benchs():
+    assert tuple(gpu_bench.RUNS) == gpu_bench_cmd.RUNS
+    assert set(gpu_bench.SHAPES) == set(gpu_bench_cmd.SHAPES)
+
+
+def test_the_dry_run_asks_for_no_gpu_and_runs_the_tiny_model(capsys):
+    assert cli.main(["gpu-bench", "--manifest", "--image", IMAGE, "--allow-cpu"]) == 0
+    job = yaml.safe_load(capsys.readouterr().out)
+    (container,) = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    command = container["command"]
+    assert command[command.index("--shape") + 1] == "tiny" and "--allow-cpu" in command
+
+
+def test_a_failed_configuration_fails_the_command_after_printing_the_line(monkeypatch, capsys):
+    result = {
+        "bench": "gpu",
+        "tokens_per_s": {"bf16_xla": 9e4},
+        "runs": {"bf16_xla": {"tokens_per_s": 9e4}, "fp32": {"error": "exit 1: OOM"}},
+    }
+    monkeypatch.setattr(gpu_bench_cmd, "run", lambda spec: result)
+    assert cli.main(["gpu-bench", "--image", IMAGE]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out) == result
+    assert "gptpipe gpu-bench: fp32 failed: exit 1: OOM" in captured.err
+    monkeypatch.setattr(gpu_bench_cmd, "run", lambda spec: {**result, "tokens_per_s": {}})
+    assert cli.main(["gpu-bench", "--image", IMAGE]) == 2
+    assert "no configuration was measured" in capsys.readouterr().err
 
 
 def test_the_json_line_is_found_in_the_streamed_log():
@@ -100,14 +141,24 @@ def test_the_bench_refuses_an_unknown_configuration(capsys):
     assert "unknown configuration fp64" in capsys.readouterr().err
 
 
-def _run(tmp_path: Path, spec_kwargs: dict, out: io.StringIO) -> dict:
-    spec = gpu_bench_cmd.job_spec(IMAGE, namespace="ml", bench_root=str(REPO), **spec_kwargs)
-    with FakeKube.running(tmp_path / "nodes", {**TRAINER_ENV, "HOME": str(tmp_path)}) as kube:
+def _run(tmp_path: Path, spec_kwargs: dict, out: io.StringIO | None = None) -> dict:
+    """The benchmark's job against the double; its pods run here, seeing no GPU whatever this
+    machine has."""
+    spec_kwargs = {"bench_root": str(REPO), **spec_kwargs}
+    spec = gpu_bench_cmd.job_spec(IMAGE, namespace="ml", **spec_kwargs)
+    env = {**TRAINER_ENV, "HOME": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    with FakeKube.running(tmp_path / "nodes", env) as kube:
         try:
-            return gpu_bench_cmd.run(spec, kube.api_client(), out=out)
-        finally:
-            (post,) = kube.calls("POST")
-            assert post.body == tfjob_manifest.build_manifest(spec)
+            result = gpu_bench_cmd.run(spec, kube.api_client(), out=out or io.StringIO())
+        except UserError:
+            _assert_submitted(kube, spec)
+            raise
+        _assert_submitted(kube, spec)
+        return result
+
+
+def _assert_submitted(kube: FakeKube, spec: Any) -> None:
+    assert [c.body for c in kube.calls("POST")] == [tfjob_manifest.build_manifest(spec)]
 
 
 @pytest.mark.slow
@@ -124,5 +175,22 @@ def test_the_benchmark_runs_as_a_tfjob_and_its_line_comes_back(tmp_path):
 
 @pytest.mark.slow
 def test_a_pod_that_sees_no_gpu_fails_the_command_saying_so(tmp_path):
-    with pytest.raises(UserError, match="saw no GPU: no GPU visible to TensorFlow"):
-        _run(tmp_path, {"gpus": 1}, io.StringIO())
+    with pytest.raises(UserError, match="was given 1 GPU.s. but TensorFlow saw none"):
+        _run(tmp_path, {"gpus": 1})
+
+
+@pytest.mark.slow
+def test_the_line_is_read_back_from_the_pod_when_the_log_stream_dropped(tmp_path, monkeypatch):
+    # A follow stream cut early (an idle timeout between here and the API server): the
+    # follower never sees the pod's output, and the line comes from the finished pod's log.
+    monkeypatch.setattr(tfjob_logs.LogFollower, "_follow", lambda self, pod: None)
+    out = io.StringIO()
+    with pytest.raises(UserError, match="TensorFlow saw none"):
+        _run(tmp_path, {"gpus": 1}, out)
+    assert '"bench": "gpu"' not in out.getvalue()  # nothing came through the stream
+
+
+def test_an_image_without_bench_is_named(tmp_path):
+    with pytest.raises(UserError, match="the trainer image has no bench/") as err:
+        _run(tmp_path, {"gpus": 1, "bench_root": str(tmp_path / "empty")})
+    assert "No module named 'bench'" in str(err.value)  # the worker's own last lines

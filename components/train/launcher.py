@@ -2,7 +2,8 @@
 
 Every `Launcher` runs the same `JobSpec` with the same semantics and returns the same
 `LaunchResult`. This module imports no implementation; each imports it, and the train executor
-(`executor.make_launcher`) is the one place that picks one:
+(`executor.make_launcher`) is the one place that picks one for training (`gptpipe gpu-bench`,
+pipelines/gpu_bench_cmd.py, runs only as a TFJob):
 
 - `local` (components/train/local_launcher.py): worker processes on this machine, with TF_CONFIG
   written as the Training Operator writes it. For tests, laptops and `kfp.local`.

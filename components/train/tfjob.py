@@ -37,6 +37,7 @@ from components.train.tfjob_manifest import (
     CONTAINER,
     GROUP,
     LABEL_JOB_NAME,
+    LABEL_REPLICA_INDEX,
     LABEL_RUN_ID,
     PLURAL,
     VERSION,
@@ -344,17 +345,39 @@ class TFJobLauncher:
             if any(r.get("uid") == job_uid for r in p["metadata"].get("ownerReferences") or [])
         ]
 
-    def _log_tail(self, spec: JobSpec, pod_name: str) -> list[str]:
+    def worker0_log(self, spec: JobSpec, tail_lines: int) -> list[str]:
+        """The last `tail_lines` lines of worker 0's log, read from its newest pod once the job
+        has ended: a finished pod stays until the TFJob's TTL (cleanPodPolicy `Running`
+        deletes only running ones), so this does not depend on the stream that followed it."""
+        pods = [
+            p
+            for p in self._pods(spec)
+            if (p["metadata"].get("labels") or {}).get(LABEL_REPLICA_INDEX) == "0"
+        ]
+        if not pods:
+            return []
+        newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
+        return self._log_tail(spec, newest["metadata"]["name"], tail_lines)
+
+    def _log_tail(self, spec: JobSpec, pod_name: str, lines: int | None = None) -> list[str]:
         from kubernetes.client.exceptions import ApiException
 
+        lines = lines or self.log_tail_lines
         try:
-            text = self.core.read_namespaced_pod_log(
-                pod_name, spec.namespace, container=CONTAINER, tail_lines=self.log_tail_lines
+            # The raw body: deserialised, a log that is one JSON value comes back as its
+            # Python repr (kubernetes-client/python#811, #1354).
+            response = self.core.read_namespaced_pod_log(
+                pod_name,
+                spec.namespace,
+                container=CONTAINER,
+                tail_lines=lines,
+                _preload_content=False,
             )
+            text = response.data.decode("utf-8", errors="replace")
         except ApiException as exc:
             self._say(f"could not read the log of {pod_name}: {exc.status} {exc.reason}")
             return []
-        return text.splitlines()[-self.log_tail_lines :]
+        return text.splitlines()[-lines:]
 
     def _failure(
         self, spec: JobSpec, condition: Mapping[str, Any], worker0_tail: list[str]
