@@ -58,10 +58,14 @@ def job_spec(
     run_id: str = "",
     **placement: Any,
 ) -> JobSpec:
-    """The benchmark's TFJob: one worker with `gpus` GPUs, no restarts (a benchmark that failed
-    once says so). `allow_cpu` is the dry run on a CPU node, with no GPU asked for.
-    `placement` is JobSpec's scheduling fields (node_selector, tolerations, service_account,
-    image_pull_secrets, cpu, memory, allow_unpinned)."""
+    """The benchmark's TFJob: one worker with `gpus` GPUs. Under the `ExitCode` policy a worker
+    that exits 1-127 fails the job at once and its pod stays, log included; one killed by a
+    signal (preemption, out of memory) is tried once more. Not a backoff limit of 0: the
+    operator deletes every pod of a job past its limit, so the first failure would take the log
+    with it (common/job.go; tests/operator_double.py `_past_limits`). `allow_cpu` is the dry
+    run on a CPU node, with no GPU asked for. `placement` is JobSpec's scheduling fields
+    (node_selector, tolerations, service_account, image_pull_secrets, cpu, memory,
+    allow_unpinned)."""
     _check(gpus, runs, allow_cpu)
     # Two benchmarks started in the same second are two jobs, not one re-attached to.
     run_id = run_id or time.strftime("gpu-bench-%Y%m%d-%H%M%S-", time.gmtime()) + token_hex(2)
@@ -76,8 +80,8 @@ def job_spec(
         run_id=run_label(run_id),
         workers=1,
         gpus_per_worker=gpus,
-        restart_policy="Never",
-        backoff_limit=0,
+        restart_policy="ExitCode",
+        backoff_limit=1,
         active_deadline_seconds=deadline_s,
         env={"PYTHONPATH": bench_root, "TF_CPP_MIN_LOG_LEVEL": "2"},
         **placement,
@@ -143,7 +147,8 @@ def run(spec: JobSpec, api_client: Any = None, out: TextIO | None = None) -> dic
     try:
         launcher.run(spec)
     except LaunchError as exc:
-        raise UserError(_failure(spec, exc)) from None
+        tail = list(exc.log_tail) or launcher.worker0_log(spec, RESULT_LOG_LINES)
+        raise UserError(_failure(spec, exc, tail)) from None
     # The pod's own log first: a stream that dropped while the benchmark ran missed lines.
     result = result_of([*tee.lines, *launcher.worker0_log(spec, RESULT_LOG_LINES)])
     if result.get("skipped"):
@@ -159,10 +164,13 @@ def run(spec: JobSpec, api_client: Any = None, out: TextIO | None = None) -> dic
     return result
 
 
-def _failure(spec: JobSpec, exc: LaunchError) -> str:
-    """A failed benchmark job's message, with what to look at."""
+def _failure(spec: JobSpec, exc: LaunchError, tail: Sequence[str]) -> str:
+    """A failed benchmark job's message (`tail`: the failing worker's last lines, if the
+    launcher had none), with what to look at."""
     message = str(exc)
-    if any("No module named 'bench'" in line for line in exc.log_tail):
+    if tail and not exc.log_tail:
+        message += "\n" + "\n".join(f"  | {line}" for line in tail)
+    if any("No module named 'bench'" in line for line in tail):
         return (
             f"{message}\nthe trainer image has no bench/: build it again from this checkout "
             "(`make images REGISTRY=...`)"

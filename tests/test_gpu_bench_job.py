@@ -37,9 +37,9 @@ def test_manifest_asks_for_the_gpus_under_the_given_scheduling(capsys):
     job = yaml.safe_load(capsys.readouterr().out)
     assert schema_errors(job, SCHEMA) == []
     assert job["metadata"]["namespace"] == "team-a"
-    assert job["spec"]["runPolicy"]["backoffLimit"] == 0  # a failed benchmark is not retried
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 1  # one more try after a preemption
     worker = job["spec"]["tfReplicaSpecs"]["Worker"]
-    assert worker["replicas"] == 1 and worker["restartPolicy"] == "Never"
+    assert worker["replicas"] == 1 and worker["restartPolicy"] == "ExitCode"
     pod = worker["template"]["spec"]
     (container,) = pod["containers"]
     assert container["image"] == IMAGE

@@ -216,3 +216,18 @@ def test_cpu_bfloat16_needs_every_worker_to_have_it(
     policy, jit = precision.set_precision_and_choose_xla(cfg, 2, 2, agree)
     assert (policy, jit, flags) == (expected, False, [0.0])
     assert keras.mixed_precision.global_policy().name == expected
+
+
+@pytest.mark.parametrize(("native", "warned"), [(False, True), (True, False)])
+def test_bfloat16_asked_for_on_a_cpu_that_emulates_it_is_warned_about(
+    monkeypatch, policy_reset, caplog, native, warned
+):
+    from trainer import precision
+
+    monkeypatch.setattr(precision, "device_kind", lambda: ("cpu", None))
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda cpuinfo=None: native)
+    cfg = resolve_config("tiny", (*TINY_OVERRIDES, "train.precision=mixed_bfloat16"))
+    with caplog.at_level("WARNING", logger="trainer"):
+        policy, _ = precision.set_precision_and_choose_xla(cfg, 1, 1)
+    assert policy == "mixed_bfloat16"  # obeyed, and said
+    assert (precision.EMULATED_BF16 in caplog.text) is warned

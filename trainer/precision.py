@@ -6,12 +6,16 @@ module asks TensorFlow which device it runs on and applies them.
 
 from __future__ import annotations
 
+import logging
+
 import tensorflow as tf
 import tf_keras as keras
 
 from trainer import config as config_lib
 from trainer.config import Config
 from trainer.preemption import Agreement
+
+log = logging.getLogger("trainer")
 
 
 def device_kind() -> tuple[str, tuple[int, int] | None]:
@@ -27,6 +31,15 @@ def device_kind() -> tuple[str, tuple[int, int] | None]:
 # and later Xeons: AMX; AMD Zen 4 and later: AVX512-BF16). oneDNN, which TensorFlow's x86 CPU
 # kernels use, dispatches bfloat16 MatMul to them.
 CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
+# Said once when train.precision=mixed_bfloat16 is asked for on a CPU without them (`auto` never
+# picks it there): TensorFlow then emulates bfloat16, and its softmax rounds the intermediate
+# values (2.8% largest relative error over 256-long rows on an AVX2 EPYC; within one bfloat16
+# ulp where the instructions exist: tests/test_model.py).
+EMULATED_BF16 = (
+    "train.precision=mixed_bfloat16 on a CPU without bfloat16 instructions (AVX512-BF16, AMX): "
+    "TensorFlow emulates it, slower than float32 and with a less exact attention softmax; "
+    "train.precision=auto picks float32 here"
+)
 
 
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
@@ -81,6 +94,8 @@ def set_precision_and_choose_xla(
     """
     kind, capability = device_kind()
     policy = _policy(cfg.train.precision, kind, capability, agree)
+    if policy == "mixed_bfloat16" and kind == "cpu" and not cpu_has_bf16():
+        log.warning(EMULATED_BF16)
     keras.mixed_precision.set_global_policy(policy)
     jit = config_lib.use_jit_compile(cfg.train.jit_compile, kind, workers, replicas)
     return policy, jit
