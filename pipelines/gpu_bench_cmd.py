@@ -19,11 +19,12 @@ finds it through PYTHONPATH.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from secrets import token_hex
 from typing import Any, TextIO, cast
@@ -138,19 +139,21 @@ class _Tee(io.TextIOBase):
 
 
 def run(spec: JobSpec, api_client: Any = None, out: TextIO | None = None) -> dict[str, Any]:
-    """Run the benchmark's TFJob to the end; its JSON result. A failed job, and a pod whose
-    TensorFlow saw no GPU (the benchmark skipped), are errors naming why."""
+    """Run the benchmark's TFJob to the end; its JSON result. A failed job, a pod whose
+    TensorFlow saw no GPU (the benchmark skipped), and a cluster that cannot be reached or
+    refuses the job are errors naming why."""
     from components.train.tfjob import TFJobLauncher
 
     tee = _Tee(out if out is not None else sys.stderr)
-    launcher = TFJobLauncher(api_client, out=cast(TextIO, tee), poll_seconds=10)
-    try:
-        launcher.run(spec)
-    except LaunchError as exc:
-        tail = list(exc.log_tail) or launcher.worker0_log(spec, RESULT_LOG_LINES)
-        raise UserError(_failure(spec, exc, tail)) from None
+    with _cluster_errors(spec):
+        launcher = TFJobLauncher(api_client, out=cast(TextIO, tee), poll_seconds=10)
+        try:
+            launcher.run(spec)
+        except LaunchError as exc:
+            tail = list(exc.log_tail) or _worker0_log(launcher, spec)
+            raise UserError(_failure(spec, exc, tail)) from None
     # The pod's own log first: a stream that dropped while the benchmark ran missed lines.
-    result = result_of([*tee.lines, *launcher.worker0_log(spec, RESULT_LOG_LINES)])
+    result = result_of([*tee.lines, *_worker0_log(launcher, spec)])
     if result.get("skipped"):
         reason = str(result.get("reason", ""))
         if reason.startswith("probe failed"):
@@ -164,22 +167,60 @@ def run(spec: JobSpec, api_client: Any = None, out: TextIO | None = None) -> dic
     return result
 
 
+@contextlib.contextmanager
+def _cluster_errors(spec: JobSpec) -> Iterator[None]:
+    """The Kubernetes client's errors (no credentials, a refused request, no answer) as one
+    line naming the cluster problem: this command runs from a user's own machine."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    where = f"TFJob {spec.namespace}/{spec.name}"
+    try:
+        yield
+    except ConfigException as exc:
+        raise UserError(f"no Kubernetes credentials (in-cluster, ~/.kube/config): {exc}") from None
+    except ApiException as exc:
+        raise UserError(
+            f"the Kubernetes API refused {where}: {exc.status} {exc.reason} "
+            f"{_api_message(exc)}".rstrip()
+        ) from None
+    except HTTPError as exc:
+        raise UserError(f"cannot reach the Kubernetes API for {where}: {exc}") from None
+
+
+def _api_message(exc: Any) -> str:
+    try:
+        return str(json.loads(exc.body).get("message", ""))
+    except (TypeError, ValueError, AttributeError):
+        return ""
+
+
+def _worker0_log(launcher: Any, spec: JobSpec) -> list[str]:
+    """Worker 0's finished log, or none when it cannot be listed (the stream had it anyway)."""
+    try:
+        return list(launcher.worker0_log(spec, RESULT_LOG_LINES))
+    except Exception:  # a convenience on top of the streamed log, never a second failure
+        return []
+
+
 def _failure(spec: JobSpec, exc: LaunchError, tail: Sequence[str]) -> str:
-    """A failed benchmark job's message (`tail`: the failing worker's last lines, if the
-    launcher had none), with what to look at."""
+    """A failed benchmark job's message (`tail`: the failing worker's last lines, or worker 0's
+    when the launcher had none), with what to look at."""
     message = str(exc)
     if tail and not exc.log_tail:
-        message += "\n" + "\n".join(f"  | {line}" for line in tail)
+        message += "\nworker 0's last lines:\n" + "\n".join(f"  | {line}" for line in tail)
     if any("No module named 'bench'" in line for line in tail):
         return (
             f"{message}\nthe trainer image has no bench/: build it again from this checkout "
             "(`make images REGISTRY=...`)"
         )
-    if isinstance(exc, LaunchTimeout):
-        selector = f"training.kubeflow.org/job-name={spec.name}"
+    if isinstance(exc, LaunchTimeout) and not tail:
+        pod = f"{spec.name}-worker-0"
         return (
-            f"{message}\na pod still Pending has found no node with {spec.gpus_per_worker} free "
-            f"nvidia.com/gpu: `kubectl -n {spec.namespace} describe pod -l {selector}`"
+            f"{message}\nno log came back: the pod may never have been scheduled (no node with "
+            f"{spec.gpus_per_worker} free nvidia.com/gpu) or pulled its image: "
+            f"`kubectl -n {spec.namespace} get events --field-selector involvedObject.name={pod}`"
         )
     return message
 
@@ -245,7 +286,11 @@ def cmd_gpu_bench(args: argparse.Namespace) -> int:
     if args.manifest:
         print(tfjob_manifest.render_yaml(spec), end="")
         return 0
-    result = run(spec)
+    try:
+        result = run(spec)
+    except KeyboardInterrupt:  # the launcher has deleted the job by now
+        print(f"gptpipe gpu-bench: interrupted; TFJob {spec.name} deleted", file=sys.stderr)
+        return 130
     line = json.dumps(result)
     print(line)
     if args.output is not None:

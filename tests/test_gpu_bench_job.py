@@ -194,3 +194,40 @@ def test_an_image_without_bench_is_named(tmp_path):
     with pytest.raises(UserError, match="the trainer image has no bench/") as err:
         _run(tmp_path, {"gpus": 1, "bench_root": str(tmp_path / "empty")})
     assert "No module named 'bench'" in str(err.value)  # the worker's own last lines
+
+
+def test_no_kubernetes_credentials_is_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)  # not in a pod
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert cli.main(["gpu-bench", "--image", IMAGE]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gptpipe: error: no Kubernetes credentials") and "\n" not in err
+
+
+def test_an_unreachable_api_server_is_one_line():
+    from kubernetes import client
+
+    config = client.Configuration(host="http://127.0.0.1:9")  # discard: nothing listens
+    config.retries = 0
+    spec = gpu_bench_cmd.job_spec(IMAGE, 1)
+    with pytest.raises(UserError, match="cannot reach the Kubernetes API for TFJob kubeflow/"):
+        gpu_bench_cmd.run(spec, client.ApiClient(config), out=io.StringIO())
+
+
+def test_a_request_the_api_server_refuses_names_its_status_and_message(monkeypatch):
+    # kubernetes/client/rest.py raises ApiException for a non-2xx answer, with the Status body.
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = json.dumps({"kind": "Status", "message": 'TFJob "x" is invalid: tolerations[0]'})
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        error = ApiException(status=422, reason="Unprocessable Entity")
+        error.body = body
+        raise error
+
+    monkeypatch.setattr(client.CustomObjectsApi, "create_namespaced_custom_object", refuse)
+    with FakeKube() as kube, pytest.raises(UserError) as err:
+        gpu_bench_cmd.run(gpu_bench_cmd.job_spec(IMAGE, 1), kube.api_client(), io.StringIO())
+    assert "refused TFJob kubeflow/gpubench-" in str(err.value)
+    assert '422 Unprocessable Entity TFJob "x" is invalid: tolerations[0]' in str(err.value)
