@@ -46,7 +46,10 @@ def test_two_runs_at_once_both_finish_tokenize_once_and_serve_whole_versions(tmp
 
     results = run_together([script, script], env, timeout=900)
 
-    assert [r.returncode for r in results] == [0, 0], [r.stderr[-3000:] for r in results]
+    # A string, so pytest shows it whole (a list is cut to a short repr): the failing step's
+    # own error sits above the runner's traceback.
+    tails = "\n\n".join(f"run {i}:\n{r.stderr[-8000:]}" for i, r in enumerate(results))
+    assert [r.returncode for r in results] == [0, 0], tails
     summaries = [json.loads(r.stdout.strip().splitlines()[-1]) for r in results]
     assert len({s["run_id"] for s in summaries}) == 2
     assert {s["dataset_version"] for s in summaries} == {summaries[0]["dataset_version"]}
