@@ -215,7 +215,9 @@ def _failure(spec: JobSpec, exc: LaunchError, tail: Sequence[str]) -> str:
             f"{message}\nthe trainer image has no bench/: build it again from this checkout "
             "(`make images REGISTRY=...`)"
         )
-    if isinstance(exc, LaunchTimeout) and not tail:
+    # The operator's own deadline (activeDeadlineSeconds) fails the job before the launcher's
+    # timeout does: either way, a job that left no log never ran.
+    if not tail and (isinstance(exc, LaunchTimeout) or "deadline" in message):
         pod = f"{spec.name}-worker-0"
         return (
             f"{message}\nno log came back: the pod may never have been scheduled (no node with "

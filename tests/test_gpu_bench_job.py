@@ -20,6 +20,7 @@ from tfjob_fixtures import SCHEMA, schema_errors
 
 from bench import gpu_bench
 from components.train import tfjob_logs, tfjob_manifest
+from components.train.launcher import LaunchError
 from contracts.errors import UserError
 from pipelines import cli, gpu_bench_cmd
 
@@ -231,3 +232,14 @@ def test_a_request_the_api_server_refuses_names_its_status_and_message(monkeypat
         gpu_bench_cmd.run(gpu_bench_cmd.job_spec(IMAGE, 1), kube.api_client(), io.StringIO())
     assert "refused TFJob kubeflow/gpubench-" in str(err.value)
     assert '422 Unprocessable Entity TFJob "x" is invalid: tolerations[0]' in str(err.value)
+
+
+def test_a_job_past_its_deadline_with_no_log_points_at_the_pods_events():
+    # The operator's message for a job past activeDeadlineSeconds (common/job.go); no pod ran.
+    spec = gpu_bench_cmd.job_spec(IMAGE, 8, namespace="team-a")
+    message = f"Job {spec.name} has failed because it was active longer than specified deadline"
+    error = LaunchError(message, reason="DeadlineExceeded", job_name=spec.name)
+    text = gpu_bench_cmd._failure(spec, error, [])
+    assert "no node with 8 free nvidia.com/gpu" in text
+    assert f"involvedObject.name={spec.name}-worker-0" in text
+    assert "no node" not in gpu_bench_cmd._failure(spec, error, ["step 3 loss 2.1"])
