@@ -347,8 +347,10 @@ class TFJobLauncher:
 
     def worker0_log(self, spec: JobSpec, tail_lines: int) -> list[str]:
         """The last `tail_lines` lines of worker 0's log, read from its newest pod once the job
-        has ended: a finished pod stays until the TFJob's TTL (cleanPodPolicy `Running`
-        deletes only running ones), so this does not depend on the stream that followed it."""
+        has ended, so not from the stream that followed it. A job that succeeded, or failed by
+        a worker's exit, keeps its pods until its TTL (cleanPodPolicy `Running` deletes only
+        running ones); one the operator failed past its deadline or backoff limit has none
+        left (it deletes them all), and then this is []."""
         pods = [
             p
             for p in self._pods(spec)
