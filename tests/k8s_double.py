@@ -5,8 +5,9 @@ for errors (404 NotFound, 409 AlreadyExists), `?watch=true` as newline-delimited
 a chunked response (honouring resourceVersion, fieldSelector and timeoutSeconds), TFJob lists
 and pod lists by labelSelector, merge PATCH of a TFJob, DELETE with a propagationPolicy, single
 pods by name (`Cluster.add_pod` adds one outside any TFJob, such as a KFP executor pod), and pod
-logs (`follow=true` streams until the container ends, `tailLines`). The objects and what the
-apiserver does with them live in k8s_store.py. Every request is recorded.
+logs (`follow=true` streams until the container ends, `tailLines`, `sinceSeconds`,
+`timestamps`; `cut_follows` ends streams early, as a proxy's idle timeout does). The objects
+and what the apiserver does with them live in k8s_store.py. Every request is recorded.
 
 Behind it plays one of:
 - a scripted operator (k8s_scenarios.py): a list of steps, fast and deterministic;
@@ -34,7 +35,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from k8s_scenarios import COMPLETION_TIME, IMAGE_DIGEST, START_TIME, Script, Step, scenarios
-from k8s_store import Cluster, status_object
+from k8s_store import Cluster, PodLog, status_object
 from kubelet_double import Kubelet
 from kubernetes import client
 from operator_double import TrainingOperator
@@ -236,29 +237,35 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(404, _not_found("pods", name))
             uid = pod["metadata"]["uid"]
             if not _true(query.get("follow")):
-                lines = list(cluster.logs.get(uid, []))
+                log = cluster.logs.get(uid) or PodLog()
+                first = 0
                 if "tailLines" in query:
-                    lines = lines[-int(query["tailLines"]) :]
-                body = "".join(f"{line}\n" for line in lines).encode()
+                    first = max(0, len(log) - int(query["tailLines"]))
+                body = "".join(_log_lines(log, first, query)).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
                 return None
-        self._follow_log(ns, name, uid)
+        self._follow_log(ns, name, uid, query)
 
-    def _follow_log(self, ns: str, name: str, uid: str) -> None:
+    def _follow_log(self, ns: str, name: str, uid: str, query: dict[str, str]) -> None:
         cluster = self.kube.cluster
         self._start_stream("text/plain")
         sent = 0
+        cut = self.kube.cut_follows > 0
+        if cut:
+            self.kube.cut_follows -= 1
         try:
             with cluster.cond:
                 while not cluster.closed:
-                    lines = cluster.logs.get(uid, [])
-                    for line in lines[sent:]:
-                        self._chunk(f"{line}\n".encode())
-                    sent = len(lines)
+                    log = cluster.logs.get(uid) or PodLog()
+                    for line in _log_lines(log, sent, query):
+                        self._chunk(line.encode())
+                    sent = len(log)
+                    if cut and sent:  # a proxy's idle timeout: the stream ends, the pod runs on
+                        break
                     pod = cluster.pods.get((ns, name))
                     if pod is None or pod["metadata"]["uid"] != uid or _ended(pod):
                         break
@@ -266,6 +273,31 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+
+def _log_lines(log: PodLog, first: int, query: dict[str, str]) -> list[str]:
+    """`log[first:]` as the kubelet writes it (pkg/kubelet/kuberuntime/logs/logs.go): lines
+    older than `sinceSeconds` before now skipped (`NewLogOptions`, `logWriter.write`), each
+    prefixed with its time in RFC3339NanoFixed and a space under `timestamps=true`."""
+    since = 0
+    if "sinceSeconds" in query:
+        since = time.time_ns() - int(query["sinceSeconds"]) * 1_000_000_000
+    stamped = _true(query.get("timestamps"))
+    lines = []
+    for line, stamp in zip(log[first:], log.stamps[first:], strict=True):
+        if stamp < since:
+            continue
+        prefix = f"{_rfc3339_nano_fixed(stamp)} " if stamped else ""
+        lines.append(f"{prefix}{line}\n")
+    return lines
+
+
+def _rfc3339_nano_fixed(ns: int) -> str:
+    """pkg/kubelet/types/constants.go `RFC3339NanoFixed`, "2006-01-02T15:04:05.000000000Z07:00",
+    in UTC."""
+    seconds, nanos = divmod(ns, 1_000_000_000)
+    whole = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{whole}.{nanos:09d}Z"
 
 
 def _ended(pod: dict[str, Any]) -> bool:
@@ -282,6 +314,7 @@ class FakeKube:
         self.requests: list[Request] = []
         self.output = ""  # a test may keep the launcher's output here
         self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
+        self.cut_follows = 0  # the next this-many log follow streams end after their first lines
         self.operator: TrainingOperator | None = None
         self.kubelet: Kubelet | None = None
         self._player: threading.Thread | None = None

@@ -12,6 +12,9 @@ Each behaviour follows the Kubernetes source named beside it:
   only once the garbage collector (pkg/controller/garbagecollector/garbagecollector.go) has
   deleted every pod it owns; Background, the default for custom resources, removes it at once
   and the collector deletes its pods after; Orphan leaves them;
+- a pod's log is its lines, each stamped with the time it was written, as the container
+  runtime's CRI log file has them (`2016-10-06T00:17:09.669794202Z stdout F ...`, parsed by
+  pkg/kubelet/kuberuntime/logs/logs.go, `parseCRILog`);
 - pod deletion is graceful (pkg/registry/core/pod/strategy.go, `CheckGracefulDelete`): the pod
   gets deletionTimestamp and deletionGracePeriodSeconds (its terminationGracePeriodSeconds), and
   the kubelet removes it once its containers stopped (`on_pod_deleting`). Without a kubelet (the
@@ -76,6 +79,22 @@ def job_label(pod: dict[str, Any]) -> str:
     return (pod["metadata"].get("labels") or {}).get("training.kubeflow.org/job-name", "")
 
 
+class PodLog(list):
+    """One pod's log lines, with `stamps`: when each was written (ns since the epoch)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stamps: list[int] = []
+
+    def append(self, line: str) -> None:
+        super().append(line)
+        self.stamps.append(time.time_ns())
+
+    def extend(self, lines: Any) -> None:
+        for line in lines:
+            self.append(line)
+
+
 @dataclass
 class Cluster:
     """The double's objects. Callers hold `cond` (the one lock) while reading or changing them."""
@@ -83,7 +102,7 @@ class Cluster:
     cond: threading.Condition = field(default_factory=threading.Condition)
     tfjobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    logs: dict[str, list[str]] = field(default_factory=dict)  # pod uid -> lines
+    logs: dict[str, PodLog] = field(default_factory=dict)  # pod uid -> lines
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # rv, type, obj
     rv: int = 100
     closed: bool = False
@@ -175,7 +194,7 @@ class Cluster:
         pod["spec"].setdefault("terminationGracePeriodSeconds", self.default_grace_seconds)
         pod["status"] = {"phase": "Pending"}
         self.pods[(meta["namespace"], meta["name"])] = pod
-        self.logs[meta["uid"]] = []
+        self.logs[meta["uid"]] = PodLog()
         self.cond.notify_all()
         return pod
 

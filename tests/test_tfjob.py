@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import io
 import signal
+import time
 from typing import Any
 
 import pytest
 from k8s_double import IMAGE_DIGEST, FakeKube, scenarios
 from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
-from components.train import tfjob, tfjob_manifest
+from components.train import tfjob, tfjob_logs, tfjob_manifest
 from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
 from components.train.tfjob_restarts import RestartLedger
 from contracts.errors import UserError
@@ -45,6 +46,44 @@ def test_success_reports_gpu_hours_digests_and_streams_worker0_log():
     (post,) = kube.calls("POST")
     assert schema_errors(post.body, SCHEMA) == []
     assert not kube.calls("DELETE")  # a finished job is left to ttlSecondsAfterFinished
+
+
+def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
+    # A proxy's idle timeout ends the follow stream three times while worker 0 runs on: each
+    # line still reaches the step's log once, in order, the later streams from where the last
+    # one stopped (timestamps and sinceSeconds, as tfjob_logs asks the kubelet).
+    lines = [f"step {i} loss {5 - i / 10:.1f}" for i in range(1, 7)]
+    paced: list[Any] = []
+    for line in lines:
+        paced += [lambda c: time.sleep(0.6), lambda c, line=line: c.log(0, line)]
+    steps = scenarios.success()
+    with FakeKube([*steps[:3], *paced, *steps[4:]]) as kube:
+        kube.cut_follows = 3
+        _, out = run_tfjob(kube)
+    worker0 = [x for x in out.splitlines() if x.startswith("[train-run-1-worker-0] ")]
+    assert worker0 == [f"[train-run-1-worker-0] {line}" for line in lines]
+    logs = kube.calls("GET", "-worker-0/log")
+    follows = [r for r in logs if r.query.get("follow", "").lower() == "true"]
+    assert len(follows) >= 4 and kube.cut_follows == 0
+    assert all(r.query.get("timestamps", "").lower() == "true" for r in follows)
+    assert "sinceSeconds" not in follows[0].query  # the first from the start
+    assert all(int(r.query["sinceSeconds"]) >= 1 for r in follows[1:])
+
+
+def test_lines_at_one_timestamp_are_told_apart_across_streams():
+    place = tfjob_logs.LogPlace()
+    first = ["2026-12-01T10:00:00.000000001Z a", "2026-12-01T10:00:00.000000001Z b"]
+    again = [*first, "2026-12-01T10:00:00.000000001Z c", "2026-12-01T11:00:00+01:00 d"]
+    written = []
+    for stream in (first, again):
+        place.next_stream()
+        for raw in stream:
+            stamp, line = tfjob_logs.split_stamp(raw)
+            if place.is_new(stamp):
+                written.append(line)
+    assert written == ["a", "b", "c"]  # d is at 10:00:00 UTC, before the others' nanosecond
+    assert tfjob_logs.split_stamp("no stamp here") == (None, "no stamp here")
+    assert tfjob_logs.split_stamp("2026-12-01T10:00:00.5Z x")[0][1] == 500_000_000
 
 
 def test_failure_carries_reason_exit_code_and_last_log_lines():

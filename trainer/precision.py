@@ -6,6 +6,7 @@ module asks TensorFlow which device it runs on and applies them.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import tensorflow as tf
@@ -42,15 +43,21 @@ EMULATED_BF16 = (
 )
 
 
+@functools.cache
+def _host_cpuinfo() -> str:
+    """/proc/cpuinfo's text, read once per process ("" where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
 def cpu_has_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU has bfloat16 dot-product instructions (`cpuinfo`: /proc/cpuinfo's text;
     read from the host when None; False where there is none, as on macOS)."""
     if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return False
+        cpuinfo = _host_cpuinfo()
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
         if key.strip() == "flags":

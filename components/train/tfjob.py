@@ -18,7 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from components import kube
@@ -37,11 +37,11 @@ from components.train.tfjob_manifest import (
     CONTAINER,
     GROUP,
     LABEL_JOB_NAME,
-    LABEL_REPLICA_INDEX,
     LABEL_RUN_ID,
     PLURAL,
     VERSION,
     build_manifest,
+    worker0_selector,
 )
 from components.train.tfjob_restarts import RestartLedger
 from components.train.tfjob_status import (
@@ -55,6 +55,7 @@ from contracts.errors import UserError
 
 TIMEOUT_SLACK_SECONDS = 900  # default launcher timeout beyond active_deadline_seconds
 DELETE_WAIT_SECONDS = 300  # how long a re-attach waits for a Failed job to be deleted
+_EPOCH = datetime.fromtimestamp(0, UTC)
 MAX_API_FAULTS = 10  # transient API failures in a row (about 2.5 min of backoff) before failing
 
 
@@ -351,15 +352,13 @@ class TFJobLauncher:
         a worker's exit, keeps its pods until its TTL (cleanPodPolicy `Running` deletes only
         running ones); one the operator failed past its deadline or backoff limit has none
         left (it deletes them all), and then this is []."""
-        pods = [
-            p
-            for p in self._pods(spec)
-            if (p["metadata"].get("labels") or {}).get(LABEL_REPLICA_INDEX) == "0"
-        ]
+        pods = self.core.list_namespaced_pod(
+            spec.namespace, label_selector=worker0_selector(spec.name)
+        ).items
         if not pods:
             return []
-        newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp") or "")
-        return self._log_tail(spec, newest["metadata"]["name"], tail_lines)
+        newest = max(pods, key=lambda p: p.metadata.creation_timestamp or _EPOCH)
+        return self._log_tail(spec, newest.metadata.name, tail_lines)
 
     def _log_tail(self, spec: JobSpec, pod_name: str, lines: int | None = None) -> list[str]:
         from kubernetes.client.exceptions import ApiException
@@ -446,7 +445,9 @@ def _setup_problem(spec: JobSpec, status: int) -> str:
     if status == 403:
         return (
             f"not allowed to create TFJobs in namespace {spec.namespace}: apply "
-            "deploy/rbac.yaml there, for the service account the pipeline's steps run as"
+            "deploy/rbac.yaml there, for the service account the pipeline's steps run as; run "
+            "from your own machine (gptpipe gpu-bench), your kubeconfig's user needs the rights "
+            "that file's Role grants"
         )
     return (
         f"the cluster has no TFJob resource ({GROUP}/{VERSION} {PLURAL}): install the Kubeflow "

@@ -49,6 +49,11 @@ METRICS_PORT_NAME = "metrics"  # the container port's name, which deploy/podmoni
 METRICS_PATH = "/metrics"
 
 
+def worker0_selector(job_name: str) -> str:
+    """The label selector of worker 0's pods (each incarnation) of TFJob `job_name`."""
+    return f"{LABEL_JOB_NAME}={job_name},{LABEL_REPLICA_TYPE}=worker,{LABEL_REPLICA_INDEX}=0"
+
+
 def metrics_port(command: Sequence[str]) -> int | None:
     """The port a trainer command serves Prometheus metrics on (`--metrics-port N`), or None."""
     args = list(command)
