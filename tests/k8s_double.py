@@ -5,8 +5,8 @@ for errors (404 NotFound, 409 AlreadyExists), `?watch=true` as newline-delimited
 a chunked response (honouring resourceVersion, fieldSelector and timeoutSeconds), TFJob lists
 and pod lists by labelSelector, merge PATCH of a TFJob, DELETE with a propagationPolicy, single
 pods by name (`Cluster.add_pod` adds one outside any TFJob, such as a KFP executor pod), and pod
-logs (`follow=true` streams until the container ends, `tailLines`, `sinceSeconds`,
-`timestamps`; `cut_follows` ends streams early, as a proxy's idle timeout does). The objects
+logs (`follow=true` streams until the container ends, `tailLines`, `sinceSeconds`, `sinceTime`,
+`timestamps`; `cut_follows` drops streams early, as a proxy's idle timeout does). The objects
 and what the apiserver does with them live in k8s_store.py. Every request is recorded.
 
 Behind it plays one of:
@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -241,7 +242,7 @@ class _Handler(BaseHTTPRequestHandler):
                 first = 0
                 if "tailLines" in query:
                     first = max(0, len(log) - int(query["tailLines"]))
-                body = "".join(_log_lines(log, first, query)).encode()
+                body = "".join(_log_lines(log, first, _log_since(query), query)).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain")
                 self.send_header("Content-Length", str(len(body)))
@@ -252,6 +253,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _follow_log(self, ns: str, name: str, uid: str, query: dict[str, str]) -> None:
         cluster = self.kube.cluster
+        since = _log_since(query)  # once, at the request (NewLogOptions(apiOpts, now))
         self._start_stream("text/plain")
         sent = 0
         cut = self.kube.cut_follows > 0
@@ -261,11 +263,14 @@ class _Handler(BaseHTTPRequestHandler):
             with cluster.cond:
                 while not cluster.closed:
                     log = cluster.logs.get(uid) or PodLog()
-                    for line in _log_lines(log, sent, query):
+                    for line in _log_lines(log, sent, since, query):
                         self._chunk(line.encode())
                     sent = len(log)
-                    if cut and sent:  # a proxy's idle timeout: the stream ends, the pod runs on
-                        break
+                    if cut and sent:
+                        # A proxy's idle timeout: the connection closes without the last chunk
+                        # while the container runs on.
+                        self.close_connection = True
+                        return
                     pod = cluster.pods.get((ns, name))
                     if pod is None or pod["metadata"]["uid"] != uid or _ended(pod):
                         break
@@ -275,13 +280,22 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-def _log_lines(log: PodLog, first: int, query: dict[str, str]) -> list[str]:
-    """`log[first:]` as the kubelet writes it (pkg/kubelet/kuberuntime/logs/logs.go): lines
-    older than `sinceSeconds` before now skipped (`NewLogOptions`, `logWriter.write`), each
-    prefixed with its time in RFC3339NanoFixed and a space under `timestamps=true`."""
+def _log_since(query: dict[str, str]) -> int:
+    """The earliest stamp (ns) a log request wants: `sinceSeconds` before now, or `sinceTime`
+    (RFC 3339) if later (pkg/kubelet/kuberuntime/logs/logs.go, `NewLogOptions`)."""
     since = 0
     if "sinceSeconds" in query:
         since = time.time_ns() - int(query["sinceSeconds"]) * 1_000_000_000
+    if "sinceTime" in query:
+        when = datetime.fromisoformat(query["sinceTime"].replace("Z", "+00:00"))
+        since = max(since, int(when.timestamp()) * 1_000_000_000 + when.microsecond * 1000)
+    return since
+
+
+def _log_lines(log: PodLog, first: int, since: int, query: dict[str, str]) -> list[str]:
+    """`log[first:]` as the kubelet writes it (logs.go, `logWriter.write`): lines stamped before
+    `since` skipped, each prefixed with its time in RFC3339NanoFixed and a space under
+    `timestamps=true`."""
     stamped = _true(query.get("timestamps"))
     lines = []
     for line, stamp in zip(log[first:], log.stamps[first:], strict=True):

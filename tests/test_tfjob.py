@@ -49,9 +49,9 @@ def test_success_reports_gpu_hours_digests_and_streams_worker0_log():
 
 
 def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
-    # A proxy's idle timeout ends the follow stream three times while worker 0 runs on: each
-    # line still reaches the step's log once, in order, the later streams from where the last
-    # one stopped (timestamps and sinceSeconds, as tfjob_logs asks the kubelet).
+    # A proxy's idle timeout drops the follow stream three times while worker 0 runs on: each
+    # line still reaches the step's log once, in order, the later streams from shortly before
+    # the last line written (timestamps and sinceTime, as tfjob_logs asks the kubelet).
     lines = [f"step {i} loss {5 - i / 10:.1f}" for i in range(1, 7)]
     paced: list[Any] = []
     for line in lines:
@@ -66,24 +66,40 @@ def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
     follows = [r for r in logs if r.query.get("follow", "").lower() == "true"]
     assert len(follows) >= 4 and kube.cut_follows == 0
     assert all(r.query.get("timestamps", "").lower() == "true" for r in follows)
-    assert "sinceSeconds" not in follows[0].query  # the first from the start
-    assert all(int(r.query["sinceSeconds"]) >= 1 for r in follows[1:])
+    assert "sinceTime" not in follows[0].query  # the first from the start
+    assert all(r.query["sinceTime"].endswith("Z") for r in follows[1:])
+    assert out.count("worker 0's log stream: ProtocolError; trying again") == 1  # said once
 
 
-def test_lines_at_one_timestamp_are_told_apart_across_streams():
-    place = tfjob_logs.LogPlace()
-    first = ["2026-12-01T10:00:00.000000001Z a", "2026-12-01T10:00:00.000000001Z b"]
-    again = [*first, "2026-12-01T10:00:00.000000001Z c", "2026-12-01T11:00:00+01:00 d"]
+def _written(place: tfjob_logs.LogPlace, *streams: list[str]) -> list[str]:
+    """What the follower writes of these streams of one container, one after another."""
     written = []
-    for stream in (first, again):
+    for stream in streams:
         place.next_stream()
-        for raw in stream:
-            stamp, line = tfjob_logs.split_stamp(raw)
-            if place.is_new(stamp):
-                written.append(line)
-    assert written == ["a", "b", "c"]  # d is at 10:00:00 UTC, before the others' nanosecond
+        written += [tfjob_logs.split_stamp(raw)[1] for raw in stream if place.is_new(raw)]
+    return written
+
+
+def test_a_resumed_stream_skips_the_lines_already_written_and_no_others():
+    t = "2026-12-01T10:00:0{}.{:09d}Z {}".format
+    # stderr's line stamped before stdout's reaches the file after it (containerd copies each
+    # stream in its own goroutine): both are written, and again only once after the cut.
+    first = [t(1, 200, "a"), t(1, 100, "b (stderr)"), t(1, 200, "c")]
+    again = [*first, t(1, 200, "c2"), t(2, 0, "d")]  # from sinceTime: a suffix, then new lines
+    place = tfjob_logs.LogPlace()
+    assert _written(place, first, again) == ["a", "b (stderr)", "c", "c2", "d"]
+    assert place.next_stream() == "2026-12-01T10:00:00Z"  # the latest stamp (d's), less 2 s
+    # A server that gives no stamps: the whole log again, the lines written skipped by count.
+    plain = tfjob_logs.LogPlace()
+    assert _written(plain, ["x", "y"], ["x", "y", "y", "z"]) == ["x", "y", "y", "z"]
+    assert plain.next_stream() is None
+
+
+def test_split_stamp_reads_the_kubelets_prefix():
     assert tfjob_logs.split_stamp("no stamp here") == (None, "no stamp here")
-    assert tfjob_logs.split_stamp("2026-12-01T10:00:00.5Z x")[0][1] == 500_000_000
+    stamp, text = tfjob_logs.split_stamp("2026-12-01T11:00:00.5+01:00 x y")
+    assert (stamp, text) == ((1796119200, 500_000_000), "x y")
+    assert tfjob_logs.split_stamp("2026-12-01T10:00:00.000000000Z ") == ((1796119200, 0), "")
 
 
 def test_failure_carries_reason_exit_code_and_last_log_lines():

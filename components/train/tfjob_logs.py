@@ -1,12 +1,23 @@
 """Worker 0's log, streamed from its pods into the train step's log while the TFJob runs.
 
-A follow stream can end before its container does: an idle timeout in a proxy or load balancer
-between here and the API server, the API server restarting, a kubelet's streaming connection
-closing. The follower then follows the same pod again from where it stopped, as `kubectl logs
--f` does not: it asks for timestamps (`timestamps=true`: the kubelet puts each line's RFC 3339
-time with nanoseconds in front of it, pkg/kubelet/kuberuntime/logs/logs.go, `timeFormatOut`)
-and for the lines of the last seconds (`sinceSeconds`; the Python client has no `sinceTime`),
-and drops those it already wrote. A pod is done once a stream ended after its container had.
+The kubelet ends a follow stream cleanly once the container has stopped and its log is read to
+the end (pkg/kubelet/kuberuntime/logs/logs.go, `ReadLogs`: `if !found { return nil }`). A stream
+cut before that (a proxy's or load balancer's idle timeout between here and the API server, an
+API server restarting) ends without HTTP's last chunk, an error here. The follower then asks
+again for the same container from shortly before the last line it wrote, as `kubectl logs -f`
+does not:
+
+- with `timestamps=true`, the kubelet puts each line's time in front of it (RFC3339NanoFixed and
+  a space: logs.go, `logWriter.write`), and `sinceTime` (the node's own clock, so no skew, lag
+  or suspended laptop in between) skips lines stamped before it (`NewLogOptions`);
+- the lines it brings again are recognised by their text and stamp among the last ones written,
+  in order, and skipped: stdout and stderr lines can reach the log file slightly out of their
+  stamps' order (containerd copies each stream in its own goroutine), so lines are matched, not
+  compared by time.
+
+A container is done once its stream ended cleanly. Progress is kept per container (the pod's uid
+and the container's ID), so a pod the operator recreates under the same name, and a container
+the kubelet restarts in place (restartPolicy OnFailure), are each followed from their start.
 """
 
 from __future__ import annotations
@@ -14,11 +25,8 @@ from __future__ import annotations
 import collections
 import datetime as dt
 import logging
-import math
 import re
 import threading
-import time
-from dataclasses import dataclass
 from typing import Any, TextIO
 
 from components.train.launcher import JobSpec
@@ -26,11 +34,10 @@ from components.train.tfjob_manifest import CONTAINER, worker0_selector
 
 log = logging.getLogger(__name__)
 
-# Lines of up to this many seconds before the last one received are asked for again when a
-# stream is resumed: the time a line spends between the container and here (the runtime's log
-# file, the kubelet, the API server) is under it.
-RESUME_MARGIN_SECONDS = 10
-REFOLLOW_PAUSE_SECONDS = 0.5  # between a stream that ended early and the next on that pod
+RESUME_BACK_SECONDS = 2  # sinceTime this long before the last line: out-of-order stamps
+RECENT_LINES = 4096  # lines kept to recognise in a resumed stream
+PAUSE_SECONDS = 0.5  # between streams of one container, and between listings with nothing new
+MAX_BACKOFF_SECONDS = 30.0  # the longest wait after failed requests in a row
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ")
 
 
@@ -46,104 +53,143 @@ def split_stamp(line: str) -> tuple[tuple[int, int] | None, str]:
     return (int(when.timestamp()), nanos), line[found.end() :]
 
 
-@dataclass
 class LogPlace:
-    """How far one pod's log has been written: the last line's timestamp, how many lines bore
-    exactly that timestamp, and when (this process's monotonic clock) the last line came."""
+    """How far one container's log has been written: the latest stamp seen, how many lines, and
+    the last RECENT_LINES of them as they came (stamp included), to skip when a resumed stream
+    brings them again."""
 
-    stamp: tuple[int, int] | None = None
-    at_stamp: int = 0
-    received: float = 0.0
-    _repeat: int = 0  # lines at `stamp` in the current stream
+    def __init__(self) -> None:
+        self.latest: tuple[int, int] | None = None
+        self.written = 0
+        self.recent: collections.deque[str] = collections.deque(maxlen=RECENT_LINES)
+        self._replay: list[str] | None = None
+        self._at = 0
+        self._unstamped = 0  # lines of a resumed whole-log stream (no stamps) still to skip
 
-    def next_stream(self) -> int | None:
-        """Start a stream: the `sinceSeconds` to ask for (None: the whole log)."""
-        self._repeat = 0
-        if self.stamp is None:
+    def next_stream(self) -> str | None:
+        """Start a stream: its `sinceTime` (None: the whole log, the first time or where the
+        server gave no stamps)."""
+        if self.latest is None:  # the whole log again: skip as many lines as were written
+            self._replay, self._unstamped = None, self.written
             return None
-        return math.ceil(time.monotonic() - self.received) + RESUME_MARGIN_SECONDS
+        self._replay, self._at, self._unstamped = (list(self.recent) or None), 0, 0
+        start = dt.datetime.fromtimestamp(self.latest[0] - RESUME_BACK_SECONDS, dt.UTC)
+        return start.strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    def is_new(self, stamp: tuple[int, int] | None) -> bool:
-        """Whether a line of the current stream is past this place (moving the place if so)."""
-        if stamp is None:  # no timestamp to tell by: write it
-            return True
-        if self.stamp is not None and stamp < self.stamp:
+    def is_new(self, raw: str) -> bool:
+        """Whether a line of the current stream was not written before (and note it if so)."""
+        if self._unstamped > 0:
+            self._unstamped -= 1
             return False
-        if stamp == self.stamp:
-            self._repeat += 1
-            if self._repeat <= self.at_stamp:  # written from an earlier stream
+        if self._replay is not None:
+            try:
+                self._at = self._replay.index(raw, self._at) + 1
+            except ValueError:  # the first line not written before: the rest are new too
+                self._replay = None
+            else:
+                if self._at == len(self._replay):
+                    self._replay = None
                 return False
-            self.at_stamp += 1
-        else:
-            self.stamp, self.at_stamp, self._repeat = stamp, 1, 1
-        self.received = time.monotonic()
+        self.recent.append(raw)
+        self.written += 1
+        stamp, _ = split_stamp(raw)
+        if stamp is not None and (self.latest is None or stamp > self.latest):
+            self.latest = stamp
         return True
 
 
 class LogFollower(threading.Thread):
-    """Streams worker 0's log into `out`, each incarnation of its pod (a restart is a new pod)
-    from its first line to its last, each line once."""
+    """Streams worker 0's log into `out`: each container of each of its pods (a restart is a
+    new pod, or a new container in the same one) from its first line to its last, each once."""
 
     def __init__(self, core: Any, spec: JobSpec, out: TextIO, tail_lines: int) -> None:
         super().__init__(name=f"logs-{spec.name}", daemon=True)
         self.core, self.spec, self.out = core, spec, out
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
-        self.streams = 0  # follow requests made, resumed ones included
         self._halt = threading.Event()
         self._final = threading.Event()
-        self._places: dict[str, LogPlace] = {}
-        self._done: set[str] = set()
+        self._places: dict[tuple[str, str], LogPlace] = {}
+        self._done: set[tuple[str, str]] = set()
+        self._said: set[str] = set()
 
     def run(self) -> None:
+        pause, failures = 0.0, 0
         while not self._halt.is_set():
+            if pause:  # before listing: the container listed is the one then asked for
+                self._halt.wait(pause)
             try:
                 pods = self.core.list_namespaced_pod(
                     self.spec.namespace, label_selector=worker0_selector(self.spec.name)
                 ).items
                 ready = [p for p in pods if p.status and p.status.phase != "Pending"]
-                todo = [p for p in ready if p.metadata.uid not in self._done]
+                todo = [p for p in ready if _container_key(p) not in self._done]
                 if not todo:
                     if self._final.is_set():
                         return
-                    self._halt.wait(REFOLLOW_PAUSE_SECONDS)
+                    pause = PAUSE_SECONDS
                     continue
-                pod = todo[0]
-                uid = pod.metadata.uid
-                ended = _container_ended(pod)  # before the stream: all its lines are in it
-                resumed = uid in self._places
-                place = self._places.setdefault(uid, LogPlace())
-                if resumed:
-                    self._halt.wait(REFOLLOW_PAUSE_SECONDS)
-                self._follow(pod.metadata.name, place)
-                if ended:
-                    self._done.add(uid)
+                key = _container_key(todo[0])
+                place = self._places.setdefault(key, LogPlace())
+                if self._follow(todo[0].metadata.name, place):
+                    self._done.add(key)
+                    pause = 0.0
+                else:
+                    pause = PAUSE_SECONDS
+                failures = 0
             except Exception as exc:  # the log is a convenience; never fail the job over it
-                log.debug("following worker-0 log: %s", exc)
-                self._halt.wait(REFOLLOW_PAUSE_SECONDS)
+                failures += 1
+                pause = min(MAX_BACKOFF_SECONDS, PAUSE_SECONDS * 2**failures)
+                self._note(exc)
 
-    def _follow(self, pod_name: str, place: LogPlace) -> None:
+    def _follow(self, pod_name: str, place: LogPlace) -> bool:
+        """Write the container's new lines as they come; True when the kubelet ended the
+        stream (the container has stopped), False when it stopped early (the halt)."""
         from kubernetes.watch.watch import iter_resp_lines
 
-        options: dict[str, Any] = {"follow": True, "timestamps": True}
+        query: list[tuple[str, str]] = [
+            ("container", CONTAINER),
+            ("follow", "true"),
+            ("timestamps", "true"),
+        ]
         since = place.next_stream()
         if since is not None:
-            options["since_seconds"] = since
-        self.streams += 1
-        resp = self.core.read_namespaced_pod_log(
-            pod_name, self.spec.namespace, container=CONTAINER, _preload_content=False, **options
+            query.append(("sinceTime", since))
+        # read_namespaced_pod_log's own request (core_v1_api.py), with the sinceTime of the
+        # API's PodLogOptions, which the generated method does not take.
+        resp = self.core.api_client.call_api(
+            "/api/v1/namespaces/{namespace}/pods/{name}/log",
+            "GET",
+            {"namespace": self.spec.namespace, "name": pod_name},
+            query,
+            {"Accept": "text/plain"},
+            response_type="str",
+            auth_settings=["BearerToken"],
+            _return_http_data_only=True,
+            _preload_content=False,
         )
         try:
             for raw in iter_resp_lines(resp):
                 if self._halt.is_set():
-                    return
-                stamp, line = split_stamp(raw)
-                if not place.is_new(stamp):
+                    return False
+                if not place.is_new(raw):
                     continue
+                _, line = split_stamp(raw)
                 self.tail.append(line)
                 self.out.write(f"[{pod_name}] {line}\n")
                 self.out.flush()
         finally:
             resp.release_conn()
+        return True
+
+    def _note(self, exc: Exception) -> None:
+        """Say once per kind of failure that the log could not be followed (it is retried)."""
+        status = getattr(exc, "status", None)
+        what = f"{status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
+        log.debug("following worker-0 log: %s", exc)
+        if what not in self._said:
+            self._said.add(what)
+            self.out.write(f"[logs] worker 0's log stream: {what}; trying again\n")
+            self.out.flush()
 
     def finish(self, timeout: float) -> None:
         """Let the current stream drain (the pod has ended), then stop."""
@@ -157,11 +203,10 @@ class LogFollower(threading.Thread):
         self._halt.set()
 
 
-def _container_ended(pod: Any) -> bool:
-    """Whether the pod's trainer container has terminated (or the pod has ended)."""
-    if pod.status.phase in ("Succeeded", "Failed"):
-        return True
+def _container_key(pod: Any) -> tuple[str, str]:
+    """The pod's uid and its trainer container's ID (new at each restart in place; "" until
+    the container has one)."""
     for status in pod.status.container_statuses or []:
-        if status.name == CONTAINER and status.state and status.state.terminated:
-            return True
-    return False
+        if status.name == CONTAINER:
+            return pod.metadata.uid, status.container_id or ""
+    return pod.metadata.uid, ""
