@@ -152,8 +152,10 @@ def run(spec: JobSpec, api_client: Any = None, out: TextIO | None = None) -> dic
         except LaunchError as exc:
             tail = list(exc.log_tail) or _worker0_log(launcher, spec)
             raise UserError(_failure(spec, exc, tail)) from None
-    # The pod's own log first: a stream that dropped while the benchmark ran missed lines.
-    result = result_of([*tee.lines, *_worker0_log(launcher, spec)])
+    try:
+        result = result_of(tee.lines)
+    except UserError:  # not streamed (the follower gave up at the job's end): the pod's log
+        result = result_of([*tee.lines, *_worker0_log(launcher, spec)])
     if result.get("skipped"):
         reason = str(result.get("reason", ""))
         if reason.startswith("probe failed"):
