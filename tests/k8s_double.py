@@ -6,8 +6,9 @@ a chunked response (honouring resourceVersion, fieldSelector and timeoutSeconds)
 and pod lists by labelSelector, merge PATCH of a TFJob, DELETE with a propagationPolicy, single
 pods by name (`Cluster.add_pod` adds one outside any TFJob, such as a KFP executor pod), and pod
 logs (`follow=true` streams until the container ends, `tailLines`, `sinceSeconds`, `sinceTime`,
-`timestamps`; `cut_follows` drops streams early, as a proxy's idle timeout does). The objects
-and what the apiserver does with them live in k8s_store.py. Every request is recorded.
+`timestamps`, Accept negotiated as the API server does; `cut_follows` drops streams early, as a
+proxy's idle timeout does, `end_follows` ends them cleanly while the container runs on). The
+objects and what the apiserver does with them live in k8s_store.py. Every request is recorded.
 
 Behind it plays one of:
 - a scripted operator (k8s_scenarios.py): a list of steps, fast and deterministic;
@@ -237,6 +238,9 @@ class _Handler(BaseHTTPRequestHandler):
             if pod is None:
                 return self._send_json(404, _not_found("pods", name))
             uid = pod["metadata"]["uid"]
+            accept = self.headers.get("Accept") or "*/*"
+            if not any(t in accept for t in _LOG_MEDIA_TYPES):
+                return self._send_json(406, _not_acceptable(accept))
             if not _true(query.get("follow")):
                 log = cluster.logs.get(uid) or PodLog()
                 first = 0
@@ -257,8 +261,11 @@ class _Handler(BaseHTTPRequestHandler):
         self._start_stream("text/plain")
         sent = 0
         cut = self.kube.cut_follows > 0
+        end = not cut and self.kube.end_follows > 0
         if cut:
             self.kube.cut_follows -= 1
+        elif end:
+            self.kube.end_follows -= 1
         try:
             with cluster.cond:
                 while not cluster.closed:
@@ -271,6 +278,11 @@ class _Handler(BaseHTTPRequestHandler):
                         # while the container runs on.
                         self.close_connection = True
                         return
+                    if end and sent:
+                        # The API server's leg to the kubelet broke (or the kubelet's 4-hour
+                        # write timeout): it ends the response with its last chunk all the same
+                        # (apiserver handlers/responsewriters/writers.go, StreamObject).
+                        break
                     pod = cluster.pods.get((ns, name))
                     if pod is None or pod["metadata"]["uid"] != uid or _ended(pod):
                         break
@@ -278,6 +290,26 @@ class _Handler(BaseHTTPRequestHandler):
             self._chunk(b"")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+
+# What the API server serves a pod's log as: it negotiates Accept against these before it
+# streams (staging/src/k8s.io/apiserver/pkg/endpoints/handlers/negotiation/negotiate.go,
+# NegotiateOutputMediaType), so text/plain alone gets 406 (kubernetes/kubernetes#61450).
+_LOG_MEDIA_TYPES = (
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+    "*/*",
+)
+
+
+def _not_acceptable(accept: str) -> dict[str, Any]:
+    return status_object(
+        406,
+        "NotAcceptable",
+        f"only the following media types are accepted: {', '.join(_LOG_MEDIA_TYPES[:3])} "
+        f"(asked: {accept})",
+    )
 
 
 def _log_since(query: dict[str, str]) -> int:
@@ -328,7 +360,8 @@ class FakeKube:
         self.requests: list[Request] = []
         self.output = ""  # a test may keep the launcher's output here
         self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
-        self.cut_follows = 0  # the next this-many log follow streams end after their first lines
+        self.cut_follows = 0  # the next this-many log follow streams drop after their first lines
+        self.end_follows = 0  # then this many end cleanly after them, the container running on
         self.operator: TrainingOperator | None = None
         self.kubelet: Kubelet | None = None
         self._player: threading.Thread | None = None

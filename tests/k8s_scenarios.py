@@ -149,6 +149,9 @@ class Script:
                     "name": "tensorflow",
                     "image": container["image"],
                     "imageID": container["image"].split("@")[0] + "@" + IMAGE_DIGEST,
+                    # the runtime's ID of this container (pkg/kubelet/kubelet_pods.go,
+                    # convertToAPIContainerStatuses: ContainerID = cs.ID.String())
+                    "containerID": "containerd://" + pod["metadata"]["uid"].replace("-", ""),
                     "ready": True,
                     "restartCount": 0,
                     "started": True,

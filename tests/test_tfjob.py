@@ -49,22 +49,23 @@ def test_success_reports_gpu_hours_digests_and_streams_worker0_log():
 
 
 def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
-    # A proxy's idle timeout drops the follow stream three times while worker 0 runs on: each
-    # line still reaches the step's log once, in order, the later streams from shortly before
-    # the last line written (timestamps and sinceTime, as tfjob_logs asks the kubelet).
+    # A proxy's idle timeout drops the follow stream twice while worker 0 runs on, and the API
+    # server ends it cleanly twice (its leg to the kubelet broke): each line still reaches the
+    # step's log once, in order, the later streams from shortly before the last line written
+    # (timestamps and sinceTime, as tfjob_logs asks the kubelet).
     lines = [f"step {i} loss {5 - i / 10:.1f}" for i in range(1, 7)]
     paced: list[Any] = []
     for line in lines:
         paced += [lambda c: time.sleep(0.6), lambda c, line=line: c.log(0, line)]
     steps = scenarios.success()
     with FakeKube([*steps[:3], *paced, *steps[4:]]) as kube:
-        kube.cut_follows = 3
+        kube.cut_follows, kube.end_follows = 2, 2  # dropped twice, then ended twice
         _, out = run_tfjob(kube)
     worker0 = [x for x in out.splitlines() if x.startswith("[train-run-1-worker-0] ")]
     assert worker0 == [f"[train-run-1-worker-0] {line}" for line in lines]
     logs = kube.calls("GET", "-worker-0/log")
     follows = [r for r in logs if r.query.get("follow", "").lower() == "true"]
-    assert len(follows) >= 4 and kube.cut_follows == 0
+    assert len(follows) >= 5 and kube.cut_follows == kube.end_follows == 0
     assert all(r.query.get("timestamps", "").lower() == "true" for r in follows)
     assert "sinceTime" not in follows[0].query  # the first from the start
     assert all(r.query["sinceTime"].endswith("Z") for r in follows[1:])
@@ -80,7 +81,7 @@ def _written(place: tfjob_logs.LogPlace, *streams: list[str]) -> list[str]:
     return written
 
 
-def test_a_resumed_stream_skips_the_lines_already_written_and_no_others():
+def test_a_resumed_stream_skips_the_lines_already_written_and_no_others(monkeypatch):
     t = "2026-12-01T10:00:0{}.{:09d}Z {}".format
     # stderr's line stamped before stdout's reaches the file after it (containerd copies each
     # stream in its own goroutine): both are written, and again only once after the cut.
@@ -89,6 +90,11 @@ def test_a_resumed_stream_skips_the_lines_already_written_and_no_others():
     place = tfjob_logs.LogPlace()
     assert _written(place, first, again) == ["a", "b (stderr)", "c", "c2", "d"]
     assert place.next_stream() == "2026-12-01T10:00:00Z"  # the latest stamp (d's), less 2 s
+    # More lines since sinceTime than are remembered: those before the oldest one are old too.
+    monkeypatch.setattr(tfjob_logs, "RECENT_LINES", 2)
+    small = tfjob_logs.LogPlace()
+    old = [t(i, 0, f"line {i}") for i in range(4)]
+    assert _written(small, old, [*old, t(5, 0, "new")]) == [*(f"line {i}" for i in range(4)), "new"]
     # A server that gives no stamps: the whole log again, the lines written skipped by count.
     plain = tfjob_logs.LogPlace()
     assert _written(plain, ["x", "y"], ["x", "y", "y", "z"]) == ["x", "y", "y", "z"]

@@ -1,23 +1,26 @@
 """Worker 0's log, streamed from its pods into the train step's log while the TFJob runs.
 
-The kubelet ends a follow stream cleanly once the container has stopped and its log is read to
-the end (pkg/kubelet/kuberuntime/logs/logs.go, `ReadLogs`: `if !found { return nil }`). A stream
-cut before that (a proxy's or load balancer's idle timeout between here and the API server, an
-API server restarting) ends without HTTP's last chunk, an error here. The follower then asks
-again for the same container from shortly before the last line it wrote, as `kubectl logs -f`
-does not:
+A follow stream can end while its container runs on: an idle timeout in a proxy or load
+balancer between here and the API server, the kubelet's 4-hour write timeout on its HTTP server
+(pkg/kubelet/server/server.go), a broken API-server-to-kubelet connection, which the API server
+ends cleanly (apiserver handlers/responsewriters/writers.go, `StreamObject`: `io.Copy`, its
+error dropped). So how a stream ended says nothing: the pod's status decides. A container is
+done once a stream ended after the listing showed it terminated; while it runs, the follower
+asks again from shortly before the last line it wrote, as `kubectl logs -f` does not:
 
 - with `timestamps=true`, the kubelet puts each line's time in front of it (RFC3339NanoFixed and
-  a space: logs.go, `logWriter.write`), and `sinceTime` (the node's own clock, so no skew, lag
-  or suspended laptop in between) skips lines stamped before it (`NewLogOptions`);
+  a space: pkg/kubelet/kuberuntime/logs/logs.go, `logWriter.write`), and `sinceTime` (the node's
+  own clock, so no skew, lag or suspended laptop in between) skips lines stamped before it
+  (`NewLogOptions`);
 - the lines it brings again are recognised by their text and stamp among the last ones written,
   in order, and skipped: stdout and stderr lines can reach the log file slightly out of their
   stamps' order (containerd copies each stream in its own goroutine), so lines are matched, not
   compared by time.
 
-A container is done once its stream ended cleanly. Progress is kept per container (the pod's uid
-and the container's ID), so a pod the operator recreates under the same name, and a container
-the kubelet restarts in place (restartPolicy OnFailure), are each followed from their start.
+Progress is kept per container (the pod's uid and the runtime's container ID), so a pod the
+operator recreates under the same name, and a container the kubelet restarts in place
+(restartPolicy OnFailure), are each followed from their start. A container with no ID yet (or
+none any more) is not asked for: the kubelet would serve an earlier container's log for it.
 """
 
 from __future__ import annotations
@@ -37,7 +40,18 @@ log = logging.getLogger(__name__)
 RESUME_BACK_SECONDS = 2  # sinceTime this long before the last line: out-of-order stamps
 RECENT_LINES = 4096  # lines kept to recognise in a resumed stream
 PAUSE_SECONDS = 0.5  # between streams of one container, and between listings with nothing new
+FINAL_PAUSE_SECONDS = 0.2  # the same once the job has ended (finish)
 MAX_BACKOFF_SECONDS = 30.0  # the longest wait after failed requests in a row
+CONNECT_SECONDS, SILENT_SECONDS = 30, 600  # the stream's timeouts: a silent one is asked again
+# The media types of read_namespaced_pod_log (core_v1_api.py); the client picks JSON of them.
+# The API server negotiates a log request's Accept against JSON, YAML and protobuf before it
+# streams, so text/plain alone is refused with 406 (kubernetes/kubernetes#61450).
+_LOG_ACCEPT = [
+    "text/plain",
+    "application/json",
+    "application/yaml",
+    "application/vnd.kubernetes.protobuf",
+]
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d) ")
 
 
@@ -65,6 +79,8 @@ class LogPlace:
         self._replay: list[str] | None = None
         self._at = 0
         self._unstamped = 0  # lines of a resumed whole-log stream (no stamps) still to skip
+        self._oldest: tuple[int, int] | None = None  # the stamp of recent[0] at the stream's start
+        self.ended = False  # whether the last stream ended after the container had stopped
 
     def next_stream(self) -> str | None:
         """Start a stream: its `sinceTime` (None: the whole log, the first time or where the
@@ -73,6 +89,7 @@ class LogPlace:
             self._replay, self._unstamped = None, self.written
             return None
         self._replay, self._at, self._unstamped = (list(self.recent) or None), 0, 0
+        self._oldest = split_stamp(self.recent[0])[0] if self.recent else None
         start = dt.datetime.fromtimestamp(self.latest[0] - RESUME_BACK_SECONDS, dt.UTC)
         return start.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -84,8 +101,11 @@ class LogPlace:
         if self._replay is not None:
             try:
                 self._at = self._replay.index(raw, self._at) + 1
-            except ValueError:  # the first line not written before: the rest are new too
-                self._replay = None
+            except ValueError:
+                stamp, oldest = split_stamp(raw)[0], self._oldest
+                if stamp is not None and oldest is not None and stamp < oldest:
+                    return False  # before every line remembered: written, and forgotten since
+                self._replay = None  # the first line not written before: the rest are new too
             else:
                 if self._at == len(self._replay):
                     self._replay = None
@@ -108,6 +128,7 @@ class LogFollower(threading.Thread):
         self.tail: collections.deque[str] = collections.deque(maxlen=tail_lines)
         self._halt = threading.Event()
         self._final = threading.Event()
+        self._wake = threading.Event()  # ends a pause: set by finish and stop
         self._places: dict[tuple[str, str], LogPlace] = {}
         self._done: set[tuple[str, str]] = set()
         self._said: set[str] = set()
@@ -115,36 +136,58 @@ class LogFollower(threading.Thread):
     def run(self) -> None:
         pause, failures = 0.0, 0
         while not self._halt.is_set():
-            if pause:  # before listing: the container listed is the one then asked for
-                self._halt.wait(pause)
+            if pause:
+                self._pause(pause)
             try:
                 pods = self.core.list_namespaced_pod(
                     self.spec.namespace, label_selector=worker0_selector(self.spec.name)
                 ).items
-                ready = [p for p in pods if p.status and p.status.phase != "Pending"]
-                todo = [p for p in ready if _container_key(p) not in self._done]
+                todo = self._todo(pods)
                 if not todo:
                     if self._final.is_set():
                         return
                     pause = PAUSE_SECONDS
                     continue
-                key = _container_key(todo[0])
+                name, key, stopped = todo[0]
                 place = self._places.setdefault(key, LogPlace())
-                if self._follow(todo[0].metadata.name, place):
-                    self._done.add(key)
-                    pause = 0.0
+                before = place.written
+                how = self._follow(name, place)
+                place.ended = how == "ended" and stopped
+                if how == "dropped" and place.written == before:
+                    failures += 1  # a stream that breaks at once, again and again: back off
                 else:
-                    pause = PAUSE_SECONDS
-                failures = 0
+                    failures = 0
+                pause = 0.0 if stopped else PAUSE_SECONDS * 2**failures
             except Exception as exc:  # the log is a convenience; never fail the job over it
                 failures += 1
-                pause = min(MAX_BACKOFF_SECONDS, PAUSE_SECONDS * 2**failures)
+                pause = PAUSE_SECONDS * 2**failures
                 self._note(exc)
+            pause = min(pause, MAX_BACKOFF_SECONDS)
 
-    def _follow(self, pod_name: str, place: LogPlace) -> bool:
-        """Write the container's new lines as they come; True when the kubelet ended the
-        stream (the container has stopped), False when it stopped early (the halt)."""
+    def _todo(self, pods: list[Any]) -> list[tuple[str, tuple[str, str], bool]]:
+        """(pod name, container key, whether it has stopped) of each container to ask for."""
+        todo = []
+        for pod in pods:
+            key, stopped = _container(pod)
+            if key is None or key in self._done:
+                continue
+            if stopped and key in self._places and self._places[key].ended:
+                self._done.add(key)  # a stream ended after it had stopped: all of it came
+                continue
+            todo.append((pod.metadata.name, key, stopped))
+        return todo
+
+    def _pause(self, seconds: float) -> None:
+        if self._final.is_set():  # the job has ended: its pods' last lines are due
+            self._halt.wait(min(seconds, FINAL_PAUSE_SECONDS))
+        else:
+            self._wake.wait(seconds)
+
+    def _follow(self, pod_name: str, place: LogPlace) -> str:
+        """Write the container's new lines as they come, until the stream ends ("ended"),
+        breaks ("dropped": said once) or the follower is stopped ("halted")."""
         from kubernetes.watch.watch import iter_resp_lines
+        from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
         query: list[tuple[str, str]] = [
             ("container", CONTAINER),
@@ -156,30 +199,36 @@ class LogFollower(threading.Thread):
             query.append(("sinceTime", since))
         # read_namespaced_pod_log's own request (core_v1_api.py), with the sinceTime of the
         # API's PodLogOptions, which the generated method does not take.
-        resp = self.core.api_client.call_api(
+        api = self.core.api_client
+        resp = api.call_api(
             "/api/v1/namespaces/{namespace}/pods/{name}/log",
             "GET",
             {"namespace": self.spec.namespace, "name": pod_name},
             query,
-            {"Accept": "text/plain"},
+            {"Accept": api.select_header_accept(_LOG_ACCEPT)},
             response_type="str",
             auth_settings=["BearerToken"],
             _return_http_data_only=True,
             _preload_content=False,
+            _request_timeout=(CONNECT_SECONDS, SILENT_SECONDS),
         )
         try:
             for raw in iter_resp_lines(resp):
                 if self._halt.is_set():
-                    return False
+                    return "halted"
                 if not place.is_new(raw):
                     continue
                 _, line = split_stamp(raw)
                 self.tail.append(line)
                 self.out.write(f"[{pod_name}] {line}\n")
                 self.out.flush()
-        finally:
+        except (ProtocolError, ReadTimeoutError) as exc:
+            self._note(exc)
+            return "dropped"
+        finally:  # as kubernetes.watch.Watch.stream ends its responses
+            resp.close()
             resp.release_conn()
-        return True
+        return "ended"
 
     def _note(self, exc: Exception) -> None:
         """Say once per kind of failure that the log could not be followed (it is retried)."""
@@ -194,6 +243,7 @@ class LogFollower(threading.Thread):
     def finish(self, timeout: float) -> None:
         """Let the current stream drain (the pod has ended), then stop."""
         self._final.set()
+        self._wake.set()
         self.join(timeout)
         self.stop()
 
@@ -201,12 +251,17 @@ class LogFollower(threading.Thread):
         """Stop writing. A stream still open is left to end with its pod: closing a response
         another thread is reading blocks on the reader's lock."""
         self._halt.set()
+        self._wake.set()
 
 
-def _container_key(pod: Any) -> tuple[str, str]:
-    """The pod's uid and its trainer container's ID (new at each restart in place; "" until
-    the container has one)."""
+def _container(pod: Any) -> tuple[tuple[str, str] | None, bool]:
+    """The pod's trainer container as (pod uid, the runtime's container ID), None while it has
+    no ID; and whether it has stopped (terminated, or the pod has ended)."""
+    ended = pod.status.phase in ("Succeeded", "Failed")
     for status in pod.status.container_statuses or []:
         if status.name == CONTAINER:
-            return pod.metadata.uid, status.container_id or ""
-    return pod.metadata.uid, ""
+            stopped = ended or bool(status.state and status.state.terminated)
+            return (
+                (pod.metadata.uid, status.container_id) if status.container_id else None
+            ), stopped
+    return None, ended
