@@ -238,6 +238,9 @@ class _Handler(BaseHTTPRequestHandler):
             if pod is None:
                 return self._send_json(404, _not_found("pods", name))
             uid = pod["metadata"]["uid"]
+            if self.kube.forbid_logs:  # RBAC without `get` on pods/log
+                message = f'pods "{name}" is forbidden: cannot get resource "pods/log"'
+                return self._send_json(403, status_object(403, "Forbidden", message, name))
             accept = self.headers.get("Accept") or "*/*"
             if not any(t in accept for t in _LOG_MEDIA_TYPES):
                 return self._send_json(406, _not_acceptable(accept))
@@ -362,6 +365,7 @@ class FakeKube:
         self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
         self.cut_follows = 0  # the next this-many log follow streams drop after their first lines
         self.end_follows = 0  # then this many end cleanly after them, the container running on
+        self.forbid_logs = False  # pod logs answer 403 (RBAC)
         self.operator: TrainingOperator | None = None
         self.kubelet: Kubelet | None = None
         self._player: threading.Thread | None = None

@@ -72,6 +72,42 @@ def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
     assert out.count("worker 0's log stream: ProtocolError; trying again") == 1  # said once
 
 
+def test_no_right_to_read_logs_is_said_once_and_not_asked_again():
+    with FakeKube(scenarios.success()) as kube:
+        kube.forbid_logs = True
+        result, out = run_tfjob(kube)  # the job itself succeeds
+    assert result.attempts == 1
+    assert out.count("403 Forbidden; not allowed: `get` on pods/log") == 1
+    assert len(kube.calls("GET", "-worker-0/log")) == 1
+
+
+def test_which_containers_are_asked_for_and_which_have_stopped():
+    from kubernetes import client as k8s
+
+    def pod(state: dict[str, Any], container_id: str = "containerd://abc") -> Any:
+        status = k8s.V1ContainerStatus(
+            name="tensorflow",
+            container_id=container_id,
+            state=k8s.V1ContainerState(**state),
+            image="i",
+            image_id="d",
+            ready=False,
+            restart_count=0,
+        )
+        return k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(uid="u1"),
+            status=k8s.V1PodStatus(phase="Running", container_statuses=[status]),
+        )
+
+    running = {"running": k8s.V1ContainerStateRunning()}
+    waiting = {"waiting": k8s.V1ContainerStateWaiting(reason="CrashLoopBackOff")}
+    ended = {"terminated": k8s.V1ContainerStateTerminated(exit_code=1)}
+    assert tfjob_logs._container(pod(running)) == (("u1", "containerd://abc"), False)
+    assert tfjob_logs._container(pod(waiting)) == (("u1", "containerd://abc"), True)
+    assert tfjob_logs._container(pod(ended)) == (("u1", "containerd://abc"), True)
+    assert tfjob_logs._container(pod(running, container_id=""))[0] is None  # not asked for
+
+
 def _written(place: tfjob_logs.LogPlace, *streams: list[str]) -> list[str]:
     """What the follower writes of these streams of one container, one after another."""
     written = []

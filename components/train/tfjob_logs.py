@@ -42,6 +42,7 @@ RECENT_LINES = 4096  # lines kept to recognise in a resumed stream
 PAUSE_SECONDS = 0.5  # between streams of one container, and between listings with nothing new
 FINAL_PAUSE_SECONDS = 0.2  # the same once the job has ended (finish)
 MAX_BACKOFF_SECONDS = 30.0  # the longest wait after failed requests in a row
+BACKOFF_DOUBLINGS = 6  # of PAUSE_SECONDS, at most: 32 s, capped to MAX_BACKOFF_SECONDS
 CONNECT_SECONDS, SILENT_SECONDS = 30, 600  # the stream's timeouts: a silent one is asked again
 # The media types of read_namespaced_pod_log (core_v1_api.py); the client picks JSON of them.
 # The API server negotiates a log request's Accept against JSON, YAML and protobuf before it
@@ -103,7 +104,7 @@ class LogPlace:
                 self._at = self._replay.index(raw, self._at) + 1
             except ValueError:
                 stamp, oldest = split_stamp(raw)[0], self._oldest
-                if stamp is not None and oldest is not None and stamp < oldest:
+                if stamp is not None and oldest is not None and stamp <= oldest:
                     return False  # before every line remembered: written, and forgotten since
                 self._replay = None  # the first line not written before: the rest are new too
             else:
@@ -157,12 +158,17 @@ class LogFollower(threading.Thread):
                     failures += 1  # a stream that breaks at once, again and again: back off
                 else:
                     failures = 0
-                pause = 0.0 if stopped else PAUSE_SECONDS * 2**failures
+                pause = 0.0 if stopped and not failures else PAUSE_SECONDS
             except Exception as exc:  # the log is a convenience; never fail the job over it
+                if getattr(exc, "status", None) in (401, 403):
+                    self._note(exc, "not allowed: `get` on pods/log (deploy/rbac.yaml grants it)")
+                    return  # for good: it will not stream
+                if self._final.is_set():
+                    return  # the job has ended: no waiting out a server that fails
                 failures += 1
-                pause = PAUSE_SECONDS * 2**failures
+                pause = PAUSE_SECONDS
                 self._note(exc)
-            pause = min(pause, MAX_BACKOFF_SECONDS)
+            pause = min(pause * 2 ** min(failures, BACKOFF_DOUBLINGS), MAX_BACKOFF_SECONDS)
 
     def _todo(self, pods: list[Any]) -> list[tuple[str, tuple[str, str], bool]]:
         """(pod name, container key, whether it has stopped) of each container to ask for."""
@@ -185,7 +191,8 @@ class LogFollower(threading.Thread):
 
     def _follow(self, pod_name: str, place: LogPlace) -> str:
         """Write the container's new lines as they come, until the stream ends ("ended"),
-        breaks ("dropped": said once) or the follower is stopped ("halted")."""
+        breaks ("dropped": said once), stays silent for SILENT_SECONDS ("silent") or the
+        follower is stopped ("halted")."""
         from kubernetes.watch.watch import iter_resp_lines
         from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
@@ -222,7 +229,9 @@ class LogFollower(threading.Thread):
                 self.tail.append(line)
                 self.out.write(f"[{pod_name}] {line}\n")
                 self.out.flush()
-        except (ProtocolError, ReadTimeoutError) as exc:
+        except ReadTimeoutError:  # nothing for SILENT_SECONDS: ask again, as after a cut
+            return "silent"
+        except ProtocolError as exc:
             self._note(exc)
             return "dropped"
         finally:  # as kubernetes.watch.Watch.stream ends its responses
@@ -230,14 +239,14 @@ class LogFollower(threading.Thread):
             resp.release_conn()
         return "ended"
 
-    def _note(self, exc: Exception) -> None:
-        """Say once per kind of failure that the log could not be followed (it is retried)."""
+    def _note(self, exc: Exception, what_now: str = "trying again") -> None:
+        """Say once per kind of failure that the log could not be followed, and what next."""
         status = getattr(exc, "status", None)
         what = f"{status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
         log.debug("following worker-0 log: %s", exc)
-        if what not in self._said:
+        if what not in self._said and not self._halt.is_set():
             self._said.add(what)
-            self.out.write(f"[logs] worker 0's log stream: {what}; trying again\n")
+            self.out.write(f"[logs] worker 0's log stream: {what}; {what_now}\n")
             self.out.flush()
 
     def finish(self, timeout: float) -> None:
@@ -256,11 +265,12 @@ class LogFollower(threading.Thread):
 
 def _container(pod: Any) -> tuple[tuple[str, str] | None, bool]:
     """The pod's trainer container as (pod uid, the runtime's container ID), None while it has
-    no ID; and whether it has stopped (terminated, or the pod has ended)."""
+    no ID; and whether it has stopped (not running, or the pod has ended)."""
     ended = pod.status.phase in ("Succeeded", "Failed")
     for status in pod.status.container_statuses or []:
         if status.name == CONTAINER:
-            stopped = ended or bool(status.state and status.state.terminated)
+            # Waiting (CrashLoopBackOff) counts as stopped: the ID is still the last container's
+            stopped = ended or not (status.state and status.state.running)
             return (
                 (pod.metadata.uid, status.container_id) if status.container_id else None
             ), stopped
