@@ -5,8 +5,9 @@ balancer between here and the API server, the kubelet's 4-hour write timeout on 
 (pkg/kubelet/server/server.go), a broken API-server-to-kubelet connection, which the API server
 ends cleanly (apiserver handlers/responsewriters/writers.go, `StreamObject`: `io.Copy`, its
 error dropped). So how a stream ended says nothing: the pod's status decides. A container is
-done once a stream ended after the listing showed it terminated; while it runs, the follower
-asks again from shortly before the last line it wrote, as `kubectl logs -f` does not:
+done once a stream ended after the listing showed it stopped (terminated, or waiting to be
+restarted); while it runs, the follower asks again from shortly before the last line it wrote,
+as `kubectl logs -f` does not:
 
 - with `timestamps=true`, the kubelet puts each line's time in front of it (RFC3339NanoFixed and
   a space: pkg/kubelet/kuberuntime/logs/logs.go, `logWriter.write`), and `sinceTime` (the node's
