@@ -108,6 +108,28 @@ def test_which_containers_are_asked_for_and_which_have_stopped():
     assert tfjob_logs._container(pod(running, container_id=""))[0] is None  # not asked for
 
 
+def test_the_jobs_end_cuts_a_back_off_short(monkeypatch):
+    # The API server is down while the job ends: the follower, waiting out its back-off, tries
+    # once more when finish() comes, and stops (not after the 20 s pause, nor the join's 3 s).
+    monkeypatch.setattr(tfjob_logs, "PAUSE_SECONDS", 10.0)
+    lists: list[int] = []
+
+    class Down:
+        def list_namespaced_pod(self, *args: Any, **kwargs: Any) -> Any:
+            lists.append(1)
+            raise ConnectionError("the API server is down")
+
+    out = io.StringIO()
+    follower = tfjob_logs.LogFollower(Down(), make_spec(), out, 10)
+    follower.start()
+    while not lists:
+        time.sleep(0.01)
+    follower.finish(timeout=3)
+    assert not follower.is_alive()
+    assert len(lists) == 2
+    assert out.getvalue() == "[logs] worker 0's log stream: ConnectionError; trying again\n"
+
+
 def _written(place: tfjob_logs.LogPlace, *streams: list[str]) -> list[str]:
     """What the follower writes of these streams of one container, one after another."""
     written = []
