@@ -106,6 +106,7 @@ def test_which_containers_are_asked_for_and_which_have_stopped():
     assert tfjob_logs._container(pod(waiting)) == (("u1", "containerd://abc"), True)
     assert tfjob_logs._container(pod(ended)) == (("u1", "containerd://abc"), True)
     assert tfjob_logs._container(pod(running, container_id=""))[0] is None  # not asked for
+    assert tfjob_logs._container(k8s.V1Pod(metadata=k8s.V1ObjectMeta(uid="u2"))) == (None, False)
 
 
 def test_the_jobs_end_cuts_a_back_off_short(monkeypatch):

@@ -267,6 +267,8 @@ class LogFollower(threading.Thread):
 def _container(pod: Any) -> tuple[tuple[str, str] | None, bool]:
     """The pod's trainer container as (pod uid, the runtime's container ID), None while it has
     no ID; and whether it has stopped (not running, or the pod has ended)."""
+    if pod.status is None:  # not yet given one
+        return None, False
     ended = pod.status.phase in ("Succeeded", "Failed")
     for status in pod.status.container_statuses or []:
         if status.name == CONTAINER:
