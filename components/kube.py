@@ -32,6 +32,12 @@ class PodIdentity:
     namespace: str = ""  # from POD_NAMESPACE_ENV (metadata.namespace), else the service account
 
 
+def api_error_brief(exc: Exception) -> str:
+    """An API failure in a few words: "403 Forbidden" for an ApiException, else its type."""
+    status = getattr(exc, "status", None)
+    return f"{status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
+
+
 def pod_identity(
     env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
 ) -> PodIdentity:

@@ -265,7 +265,7 @@ class TFJobLauncher:
         if not transient or faults + 1 >= MAX_API_FAULTS:
             raise exc
         delay = min(2.0**faults, 30.0)
-        self._say(f"API unavailable ({_brief(exc)}); retrying in {delay:.0f} s")
+        self._say(f"API unavailable ({kube.api_error_brief(exc)}); retrying in {delay:.0f} s")
         time.sleep(delay)
         return faults + 1
 
@@ -433,11 +433,6 @@ class TFJobLauncher:
     def _say(self, message: str) -> None:
         self.out.write(f"[tfjob] {message}\n")
         self.out.flush()
-
-
-def _brief(exc: Exception) -> str:
-    status = getattr(exc, "status", None)
-    return f"{status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
 
 
 def _setup_problem(spec: JobSpec, status: int) -> str:

@@ -33,6 +33,7 @@ import re
 import threading
 from typing import Any, TextIO
 
+from components import kube
 from components.train.launcher import JobSpec
 from components.train.tfjob_manifest import CONTAINER, worker0_selector
 
@@ -242,8 +243,7 @@ class LogFollower(threading.Thread):
 
     def _note(self, exc: Exception, what_now: str = "trying again") -> None:
         """Say once per kind of failure that the log could not be followed, and what next."""
-        status = getattr(exc, "status", None)
-        what = f"{status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
+        what = kube.api_error_brief(exc)
         log.debug("following worker-0 log: %s", exc)
         if what not in self._said and not self._halt.is_set():
             self._said.add(what)
