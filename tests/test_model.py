@@ -42,6 +42,26 @@ def test_output_projection_is_tied_to_token_embedding(gpt):
     assert not any("logits" in n for n in names)
 
 
+def test_only_attention_runs_batched_matmuls(gpt):
+    """Projections are 2-D MatMuls (trainer/model.py's docstring): in the train step's graph,
+    forward and backward, every BatchMatMul is attention's, over (B, H, T, hd) operands. A
+    (B, T, C) operand would be a projection broadcast into one, which measured slower."""
+    ids = tf.random.uniform((2, 8), maxval=TINY.vocab_size, dtype=tf.int32)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(gpt(ids, training=True)))
+        return tape.gradient(loss, gpt.trainable_weights)
+
+    graph = step.get_concrete_function(ids).graph
+    ops = [op for op in graph.get_operations() if op.type.startswith("BatchMatMul")]
+    # Per layer: scores and A.V forward, two products for each one's gradient.
+    assert len(ops) == 6 * TINY.n_layer, [op.name for op in ops]
+    ranks = {op.name: [x.shape.rank for x in op.inputs] for op in ops}
+    assert all(r == [4, 4] for r in ranks.values()), ranks
+
+
 def test_causality_future_tokens_do_not_change_earlier_logits(gpt):
     ids = np.random.default_rng(0).integers(0, TINY.vocab_size, (1, 12)).astype("int32")
     changed = ids.copy()
