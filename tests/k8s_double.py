@@ -328,16 +328,17 @@ def _log_since(query: dict[str, str]) -> int:
 
 
 def _log_lines(log: PodLog, first: int, since: int, query: dict[str, str]) -> list[str]:
-    """`log[first:]` as the kubelet writes it (logs.go, `logWriter.write`): lines stamped before
-    `since` skipped, each prefixed with its time in RFC3339NanoFixed and a space under
-    `timestamps=true`."""
+    """`log[first:]` as the kubelet writes it (logs.go, `logWriter.write`): records stamped
+    before `since` skipped, each prefixed with its time in RFC3339NanoFixed and a space under
+    `timestamps=true`, a partial one without the newline (`parseCRILog` trims it)."""
     stamped = _true(query.get("timestamps"))
     lines = []
-    for line, stamp in zip(log[first:], log.stamps[first:], strict=True):
+    rows = zip(log[first:], log.stamps[first:], log.partial[first:], strict=True)
+    for line, stamp, partial in rows:
         if stamp < since:
             continue
         prefix = f"{_rfc3339_nano_fixed(stamp)} " if stamped else ""
-        lines.append(f"{prefix}{line}\n")
+        lines.append(f"{prefix}{line}" + ("" if partial else "\n"))
     return lines
 
 

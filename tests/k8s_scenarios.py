@@ -164,9 +164,13 @@ class Script:
         ns, name = self.cluster.job_key
         return self.cluster.pods[(ns, f"{name}-worker-{index}")]
 
-    def log(self, index: int, *lines: str) -> None:
+    def log(self, index: int, *lines: str, unfinished: str = "") -> None:
+        """Worker `index` writes `lines`, then `unfinished` without a newline, if given."""
         with self.cluster.cond:
-            self.cluster.logs[self.pod(index)["metadata"]["uid"]].extend(lines)
+            log = self.cluster.logs[self.pod(index)["metadata"]["uid"]]
+            log.extend(lines)
+            if unfinished:
+                log.append(unfinished, partial=True)
             self.cluster.cond.notify_all()
 
     def exit(self, index: int, code: int, reason: str = "") -> None:

@@ -80,15 +80,19 @@ def job_label(pod: dict[str, Any]) -> str:
 
 
 class PodLog(list):
-    """One pod's log lines, with `stamps`: when each was written (ns since the epoch)."""
+    """One pod's log records, with `stamps`: when each was written (ns since the epoch), and
+    `partial`: whether it is a partial record, output not ended by a newline (the runtime's
+    "P" tag, pkg/kubelet/kuberuntime/logs/logs.go `parseCRILog`), served without one."""
 
     def __init__(self) -> None:
         super().__init__()
         self.stamps: list[int] = []
+        self.partial: list[bool] = []
 
-    def append(self, line: str) -> None:
+    def append(self, line: str, partial: bool = False) -> None:
         super().append(line)
         self.stamps.append(time.time_ns())
+        self.partial.append(partial)
 
     def extend(self, lines: Any) -> None:
         for line in lines:

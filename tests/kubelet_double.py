@@ -231,9 +231,10 @@ class Kubelet:
 
     def _read(self, uid: str, proc: subprocess.Popen[bytes]) -> None:
         assert proc.stdout is not None
-        for raw in proc.stdout:
+        for raw in proc.stdout:  # the last may lack its newline: a partial record then
+            line = raw.decode("utf-8", "replace")
             with self.cluster.cond:
-                self.cluster.logs[uid].append(raw.decode("utf-8", "replace").rstrip("\n"))
+                self.cluster.logs[uid].append(line.rstrip("\n"), not line.endswith("\n"))
                 self.cluster.cond.notify_all()
 
     def _terminated(self, pod: dict[str, Any], code: int, reason: str, started: str) -> None:

@@ -72,6 +72,36 @@ def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
     assert out.count("worker 0's log stream: ProtocolError; trying again") == 1  # said once
 
 
+def test_a_last_line_without_newline_is_written():
+    # The worker's last output has no newline (a partial record: the kubelet serves it without
+    # one) and the container exits: the line reaches the step's log all the same, once.
+    steps = scenarios.success()
+    steps[3] = lambda c: c.log(0, "step 1 loss 4.2", unfinished="fatal: NCCL timeout")
+    with FakeKube(steps) as kube:
+        _, out = run_tfjob(kube)
+    worker0 = [x for x in out.splitlines() if x.startswith("[train-run-1-worker-0] ")]
+    assert worker0 == [
+        "[train-run-1-worker-0] step 1 loss 4.2",
+        "[train-run-1-worker-0] fatal: NCCL timeout",
+    ]
+
+
+def test_log_lines_split_as_the_client_does_and_keep_what_follows_the_last_newline():
+    class Response:
+        def __init__(self, *chunks: bytes) -> None:
+            self.chunks = chunks
+
+        def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+            return iter(self.chunks)
+
+    # Lines across chunks, an empty line, a character split between chunks, an invalid byte.
+    chunks = (b"ste", b"p 1\n\nst", b"ep 2 \xe2\x9c", b"\x93\n\xff", b"50%")
+    expected = [("step 1", True), ("step 2 \u2713", True), ("\ufffd50%", False)]
+    assert list(tfjob_logs._lines(Response(*chunks))) == expected
+    assert list(tfjob_logs._lines(Response(b"a\n"))) == [("a", True)]
+    assert list(tfjob_logs._lines(Response())) == []
+
+
 def test_no_right_to_read_logs_is_said_once_and_not_asked_again():
     with FakeKube(scenarios.success()) as kube:
         kube.forbid_logs = True

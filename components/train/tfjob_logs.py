@@ -18,6 +18,12 @@ as `kubectl logs -f` does not:
   stamps' order (containerd copies each stream in its own goroutine), so lines are matched, not
   compared by time.
 
+A line the container left unfinished when it stopped (its last output without a newline: the
+runtime's partial record, which the kubelet writes without one, `parseCRILog`) ends the stream
+with no newline after it; it is written too, where `kubernetes.watch`'s `iter_resp_lines` would
+drop it. While the container runs, an unfinished line at a stream's end is left for the next
+stream, which brings it again.
+
 Progress is kept per container (the pod's uid and the runtime's container ID), so a pod the
 operator recreates under the same name, and a container the kubelet restarts in place
 (restartPolicy OnFailure), are each followed from their start. A container with no ID yet (or
@@ -31,6 +37,7 @@ import datetime as dt
 import logging
 import re
 import threading
+from collections.abc import Iterator
 from typing import Any, TextIO
 
 from components import kube
@@ -68,6 +75,25 @@ def split_stamp(line: str) -> tuple[tuple[int, int] | None, str]:
     when = dt.datetime.fromisoformat(whole + ("+00:00" if zone == "Z" else zone))
     nanos = int((fraction or "0").ljust(9, "0"))
     return (int(when.timestamp()), nanos), line[found.end() :]
+
+
+def _lines(resp: Any) -> Iterator[tuple[str, bool]]:
+    """The lines of a log response as (line, finished), as `kubernetes.watch`'s
+    `iter_resp_lines` splits them (UTF-8, invalid bytes replaced, empty lines skipped), and then
+    what followed the last newline, if anything, with finished False."""
+    buffer = bytearray()
+    for chunk in resp.stream(amt=None, decode_content=False):
+        data = chunk.encode() if isinstance(chunk, str) else chunk
+        buffer.extend(data)
+        if b"\n" not in data:
+            continue
+        *complete, rest = buffer.split(b"\n")
+        buffer = bytearray(rest)
+        for line in complete:
+            if line:
+                yield line.decode("utf-8", errors="replace"), True
+    if buffer:
+        yield buffer.decode("utf-8", errors="replace"), False
 
 
 class LogPlace:
@@ -154,7 +180,7 @@ class LogFollower(threading.Thread):
                 name, key, stopped = todo[0]
                 place = self._places.setdefault(key, LogPlace())
                 before = place.written
-                how = self._follow(name, place)
+                how = self._follow(name, place, stopped)
                 place.ended = how == "ended" and stopped
                 if how == "dropped" and place.written == before:
                     failures += 1  # a stream that breaks at once, again and again: back off
@@ -191,11 +217,11 @@ class LogFollower(threading.Thread):
         else:
             self._wake.wait(seconds)
 
-    def _follow(self, pod_name: str, place: LogPlace) -> str:
+    def _follow(self, pod_name: str, place: LogPlace, stopped: bool) -> str:
         """Write the container's new lines as they come, until the stream ends ("ended"),
         breaks ("dropped": said once), stays silent for SILENT_SECONDS ("silent") or the
-        follower is stopped ("halted")."""
-        from kubernetes.watch.watch import iter_resp_lines
+        follower is stopped ("halted"). `stopped`: the container had stopped before the request,
+        so a line unfinished at the stream's end is its last (module docstring)."""
         from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
         query: list[tuple[str, str]] = [
@@ -222,9 +248,11 @@ class LogFollower(threading.Thread):
             _request_timeout=(CONNECT_SECONDS, SILENT_SECONDS),
         )
         try:
-            for raw in iter_resp_lines(resp):
+            for raw, finished in _lines(resp):
                 if self._halt.is_set():
                     return "halted"
+                if not finished and not stopped:
+                    break  # the next stream brings it again, finished or not
                 if not place.is_new(raw):
                     continue
                 _, line = split_stamp(raw)
