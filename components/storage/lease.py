@@ -4,7 +4,16 @@ Two runs started on the same data both need its dataset version tokenized; witho
 would tokenize it and one would throw its work away. `hold_or_wait` makes the first caller the
 holder (a create-only lease file) while the others wait for `done()`. The holder rewrites the
 lease every `heartbeat_s`, so a holder that died (SIGKILL, a lost node) is noticed once its
-heartbeat is `stale_after_s` old, and a waiter takes over.
+lease has not changed for `stale_after_s`, and a waiter takes over.
+
+"Has not changed" is measured on the waiter's own monotonic clock, from when it first saw the
+lease as it is (the object's generation on GCS, its bytes on disk), never from the time written
+in it, as Kubernetes' leader election does (client-go tools/leaderelection/leaderelection.go:
+`observedTime`, "tolerant to arbitrary clock skew, but not ... to arbitrary clock skew rate").
+Runs on different nodes do not share a clock: a holder whose clock is behind would otherwise
+lose a live lease, and one whose clock is ahead would, dead, keep it for as long. The cost: a
+waiter that arrives at a lease left by a holder long dead waits `stale_after_s` before taking
+over. The written `heartbeat` time stays, for people reading the lease.
 """
 
 from __future__ import annotations
@@ -45,13 +54,14 @@ def hold_or_wait(
     stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
     poll_s = POLL_S if poll_s is None else poll_s
     token = secrets.token_hex(8)
+    seen = _Seen()
     while True:
         if done():
             yield False
             return
-        if create_exclusive(uri, _record(token)):
+        if create_exclusive(uri, _record(token, 0)):
             break
-        _take_over_if_stale(uri, stale_after_s)
+        _take_over_if_stale(uri, stale_after_s, seen)
         time.sleep(poll_s)
     stop = threading.Event()
     beat = threading.Thread(target=_heartbeat, args=(uri, token, heartbeat_s, stop), daemon=True)
@@ -65,8 +75,26 @@ def hold_or_wait(
             delete_file(uri)
 
 
-def _record(token: str) -> bytes:
-    return json.dumps({"holder": token, "heartbeat": time.time()}).encode()
+def _record(token: str, beat: int) -> bytes:
+    """The lease's bytes; `beat` counts the holder's heartbeats, so that every one changes them
+    whatever its wall clock does."""
+    return json.dumps({"holder": token, "beat": beat, "heartbeat": time.time()}).encode()
+
+
+class _Seen:
+    """What one waiter last saw of a lease (its generation or bytes), and since when (its own
+    monotonic clock)."""
+
+    def __init__(self) -> None:
+        self.marker: object = None
+        self.since = 0.0
+
+    def unchanged_for(self, marker: object) -> float:
+        """Seconds the lease has looked like `marker`: 0 when it just changed."""
+        now = time.monotonic()
+        if marker != self.marker:
+            self.marker, self.since = marker, now
+        return now - self.since
 
 
 class _Lost(Exception):
@@ -75,9 +103,10 @@ class _Lost(Exception):
 
 def _heartbeat(uri: str, token: str, every_s: float, stop: threading.Event) -> None:
     def beat(old: bytes | None) -> bytes:
-        if old is None or json.loads(old).get("holder") != token:
+        record = json.loads(old) if old is not None else {}
+        if record.get("holder") != token:
             raise _Lost(uri)
-        return _record(token)
+        return _record(token, int(record.get("beat", 0)) + 1)
 
     while not stop.wait(every_s):
         try:
@@ -88,23 +117,16 @@ def _heartbeat(uri: str, token: str, every_s: float, stop: threading.Event) -> N
             continue
 
 
-def _take_over_if_stale(uri: str, stale_after_s: float) -> None:
-    """Delete the lease if its holder stopped beating, unless it changed since we read it."""
+def _take_over_if_stale(uri: str, stale_after_s: float, seen: _Seen) -> None:
+    """Delete the lease if it has not changed for `stale_after_s` of this waiter's watching,
+    unless it changed since we read it."""
     if is_gcs(uri):
         data, generation = gcs.read_generation(uri)
-        if data is not None and _stale(data, stale_after_s):
+        if data is not None and seen.unchanged_for(generation) > stale_after_s:
             gcs.delete_if_generation(uri, generation)
         return
     with local.exclusive_lock(Path(uri)):  # the heartbeat's rename cannot slip in between
         path = Path(uri)
         with contextlib.suppress(FileNotFoundError):
-            if _stale(path.read_bytes(), stale_after_s):
+            if seen.unchanged_for(path.read_bytes()) > stale_after_s:
                 path.unlink()
-
-
-def _stale(data: bytes, stale_after_s: float) -> bool:
-    try:
-        beat = float(json.loads(data)["heartbeat"])
-    except (ValueError, KeyError, TypeError):
-        return True  # not a lease we can read: nobody can be keeping it alive
-    return time.time() - beat > stale_after_s

@@ -108,6 +108,63 @@ def wait_briefly(uri: str) -> bool:
         return held
 
 
+HOLD_WITH_SKEWED_CLOCK = """
+import time
+real = time.time
+time.time = lambda: real() + {skew!r}  # this node's clock is off by `skew` seconds
+from components.storage import lease
+with lease.hold_or_wait({uri!r}, done=lambda: False, heartbeat_s=0.2):
+    print("holding", flush=True)
+    time.sleep(600)
+"""
+
+
+def lease_uri(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if where == "local":
+        return str(tmp_path / "datasets" / ".v1.lease")
+    return request.getfixturevalue("gcs_strict").uri("datasets/.v1.lease")
+
+
+@pytest.mark.fault("a live lease holder's clock is an hour behind the waiter's")
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_live_holder_with_a_slow_clock_keeps_its_lease(where, tmp_path, request):
+    """A live holder whose clock is slow keeps its lease.
+
+    Staleness is the waiter's own watching of the lease not changing, not the time written in
+    it (as client-go's leader election has it)."""
+    uri = lease_uri(where, tmp_path, request)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WITH_SKEWED_CLOCK.format(uri=uri, skew=-3600.0)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=child_env(),
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        assert wait_briefly(uri) is False  # its heartbeats read an hour old: still alive
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.fault("a dead lease holder's clock was an hour ahead of the waiter's")
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_dead_holder_with_a_fast_clock_is_taken_over(where, tmp_path, request):
+    """A dead holder whose clock was fast is taken over once its lease stops changing.
+
+    Not an hour later, when the time written in it would be 60 s old."""
+    uri = lease_uri(where, tmp_path, request)
+    record = {"holder": "dead", "beat": 7, "heartbeat": time.time() + 3600}
+    assert storage.create_exclusive(uri, json.dumps(record).encode())
+    deadline = time.monotonic() + 30  # not a timing test: it just must not wait the hour
+    with lease.hold_or_wait(
+        uri, done=lambda: time.monotonic() > deadline, stale_after_s=1.0, poll_s=0.05
+    ) as held:
+        assert held is True
+        assert json.loads(storage.read_bytes(uri))["holder"] != "dead"
+
+
 def test_a_holder_that_fails_releases_the_lease_for_the_next_caller(tmp_path):
     uri = str(tmp_path / ".v.lease")
     with (
