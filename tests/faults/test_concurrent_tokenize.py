@@ -63,26 +63,34 @@ def test_racing_runs_tokenize_a_dataset_once(where, tmp_path, request, ledger):
 
 
 HOLD_THEN_HANG = """
+import time
+real = time.time
+time.time = lambda: real() + {skew!r}  # this node's clock is off by `skew` seconds
 from components.storage import lease
 with lease.hold_or_wait({uri!r}, done=lambda: False, heartbeat_s=0.2):
     print("holding", flush=True)
-    import time
     time.sleep(600)
 """
 
 
-@pytest.mark.fault("the process holding a dataset's lease is SIGKILLed")
-def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
-    uri = str(tmp_path / "datasets" / ".v1.lease")
+def start_holder(uri: str, skew: float = 0.0) -> subprocess.Popen[str]:
+    """A process that holds the lease at `uri`, beating every 0.2 s, until killed."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_THEN_HANG.format(uri=uri)],
+        [sys.executable, "-c", HOLD_THEN_HANG.format(uri=uri, skew=skew)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=REPO,
         env=child_env(),
     )
+    assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+    return holder
+
+
+@pytest.mark.fault("the process holding a dataset's lease is SIGKILLed")
+def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
+    uri = str(tmp_path / "datasets" / ".v1.lease")
+    holder = start_holder(uri)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         assert wait_briefly(uri) is False  # while the holder beats, a waiter keeps waiting ...
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
@@ -108,17 +116,6 @@ def wait_briefly(uri: str) -> bool:
         return held
 
 
-HOLD_WITH_SKEWED_CLOCK = """
-import time
-real = time.time
-time.time = lambda: real() + {skew!r}  # this node's clock is off by `skew` seconds
-from components.storage import lease
-with lease.hold_or_wait({uri!r}, done=lambda: False, heartbeat_s=0.2):
-    print("holding", flush=True)
-    time.sleep(600)
-"""
-
-
 def lease_uri(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     if where == "local":
         return str(tmp_path / "datasets" / ".v1.lease")
@@ -133,15 +130,8 @@ def test_a_live_holder_with_a_slow_clock_keeps_its_lease(where, tmp_path, reques
     Staleness is the waiter's own watching of the lease not changing, not the time written in
     it (as client-go's leader election has it)."""
     uri = lease_uri(where, tmp_path, request)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_WITH_SKEWED_CLOCK.format(uri=uri, skew=-3600.0)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=child_env(),
-    )
+    holder = start_holder(uri, skew=-3600.0)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         assert wait_briefly(uri) is False  # its heartbeats read an hour old: still alive
     finally:
         holder.kill()
