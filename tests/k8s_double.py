@@ -7,8 +7,9 @@ and pod lists by labelSelector, merge PATCH of a TFJob, DELETE with a propagatio
 pods by name (`Cluster.add_pod` adds one outside any TFJob, such as a KFP executor pod), and pod
 logs (`follow=true` streams until the container ends, `tailLines`, `sinceSeconds`, `sinceTime`,
 `timestamps`, Accept negotiated as the API server does; `cut_follows` drops streams early, as a
-proxy's idle timeout does, `end_follows` ends them cleanly while the container runs on). The
-objects and what the apiserver does with them live in k8s_store.py. Every request is recorded.
+proxy's idle timeout does, `end_follows` ends them cleanly while the container runs on,
+`end_follows_mid_line` in the middle of a line). The objects and what the apiserver does with
+them live in k8s_store.py. Every request is recorded.
 
 Behind it plays one of:
 - a scripted operator (k8s_scenarios.py): a list of steps, fast and deterministic;
@@ -265,15 +266,24 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         cut = self.kube.cut_follows > 0
         end = not cut and self.kube.end_follows > 0
+        short = not cut and not end and self.kube.end_follows_mid_line > 0
         if cut:
             self.kube.cut_follows -= 1
         elif end:
             self.kube.end_follows -= 1
+        elif short:
+            self.kube.end_follows_mid_line -= 1
         try:
             with cluster.cond:
                 while not cluster.closed:
                     log = cluster.logs.get(uid) or PodLog()
-                    for line in _log_lines(log, sent, since, query):
+                    lines = _log_lines(log, sent, since, query)
+                    if short and lines:
+                        # The leg to the kubelet broke in the middle of a record: the API
+                        # server ends the response cleanly all the same (as for `end`).
+                        self._chunk("".join(lines)[:-4].encode())
+                        break
+                    for line in lines:
                         self._chunk(line.encode())
                     sent = len(log)
                     if cut and sent:
@@ -366,6 +376,7 @@ class FakeKube:
         self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
         self.cut_follows = 0  # the next this-many log follow streams drop after their first lines
         self.end_follows = 0  # then this many end cleanly after them, the container running on
+        self.end_follows_mid_line = 0  # then this many end cleanly 4 bytes short of their lines
         self.forbid_logs = False  # pod logs answer 403 (RBAC)
         self.operator: TrainingOperator | None = None
         self.kubelet: Kubelet | None = None

@@ -84,6 +84,45 @@ def test_a_last_line_without_newline_is_written():
         "[train-run-1-worker-0] step 1 loss 4.2",
         "[train-run-1-worker-0] fatal: NCCL timeout",
     ]
+    # Written once a second stream ended on the same bytes (LogPlace.settled).
+    follows = [r for r in kube.calls("GET", "-worker-0/log") if r.query.get("follow") == "true"]
+    assert len(follows) >= 2
+
+
+def test_a_line_unfinished_when_a_stream_ends_is_written_once_finished():
+    # The worker writes part of a line (no newline yet) and the API server ends the stream
+    # there while the container runs on; the next stream brings the line again, finished.
+    steps = scenarios.success()
+    steps[3:4] = [
+        lambda c: c.log(0, "step 1 loss 4.2", unfinished="step 2 lo"),
+        lambda c: time.sleep(1.5),
+        lambda c: c.log(0, "ss 3.1"),  # the runtime's next record: the rest of the line
+    ]
+    with FakeKube(steps) as kube:
+        kube.end_follows = 1
+        _, out = run_tfjob(kube)
+    worker0 = [x for x in out.splitlines() if x.startswith("[train-run-1-worker-0] ")]
+    assert len(worker0) == 2 and worker0[0] == "[train-run-1-worker-0] step 1 loss 4.2"
+    # The one line, with the second record's stamp inside it, as the kubelet serves a line the
+    # runtime split (each record stamped): not "step 2 lo" on a line of its own.
+    assert worker0[1].startswith("[train-run-1-worker-0] step 2 lo") and worker0[1].endswith(
+        "Z ss 3.1"
+    )
+
+
+def test_a_stream_ended_in_the_middle_of_a_line_is_asked_again_after_the_worker_stopped():
+    # The worker has written its lines and exited; the stream of the rest of its log ends
+    # cleanly in the middle of a line (the API server's leg to the kubelet broke). The next
+    # stream brings the line whole, and each line is written once.
+    lines = ("step 1 loss 4.2", "step 2 loss 3.1", "done")
+    steps = scenarios.success(lines)
+    steps[4:5] = [lambda c: c.exit_all(0), lambda c: time.sleep(1.0)]
+    with FakeKube(steps) as kube:
+        kube.end_follows_mid_line = 1
+        _, out = run_tfjob(kube)
+    worker0 = [x for x in out.splitlines() if x.startswith("[train-run-1-worker-0] ")]
+    assert worker0 == [f"[train-run-1-worker-0] {line}" for line in lines]
+    assert kube.end_follows_mid_line == 0
 
 
 def test_log_lines_split_as_the_client_does_and_keep_what_follows_the_last_newline():

@@ -112,7 +112,7 @@ def step_matmuls(m: ModelConfig, batch_size: int) -> list[Matmul]:
     """The matmuls one training step of trainer/model.py's GPT runs on `batch_size` full
     windows, forward and backward, with the shapes it runs them at. Attention's run over the
     whole T x T scores (the mask is added after), which is twice the count of flops_per_token's
-    causal term; the head is the tied embedding's (B, T, C) x (V, C)ᵀ."""
+    causal term; the head is the tied embedding's (B*T, C) x (V, C)ᵀ."""
     b, t, c, h = batch_size, m.seq_len, m.d_model, m.n_head
     rows, hd = b * t, m.d_model // m.n_head
     heads, scores = (b, h, t, hd), (b, h, t, t)
@@ -132,8 +132,8 @@ def step_matmuls(m: ModelConfig, batch_size: int) -> list[Matmul]:
         + _dense(rows, m.d_ff, c)
     )
     head = [
-        Matmul((b, t, c), (m.vocab_size, c), transpose_b=True),  # logits
-        Matmul((b, t, m.vocab_size), (m.vocab_size, c)),  # d hidden
-        Matmul((b, t, m.vocab_size), (b, t, c), transpose_a=True),  # d embedding, per window
+        Matmul((rows, c), (m.vocab_size, c), transpose_b=True),  # logits
+        Matmul((rows, m.vocab_size), (m.vocab_size, c)),  # d hidden
+        Matmul((rows, m.vocab_size), (rows, c), transpose_a=True),  # d embedding
     ]
     return block * m.n_layer + head

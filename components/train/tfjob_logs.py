@@ -21,8 +21,9 @@ as `kubectl logs -f` does not:
 A line the container left unfinished when it stopped (its last output without a newline: the
 runtime's partial record, which the kubelet writes without one, `parseCRILog`) ends the stream
 with no newline after it; it is written too, where `kubernetes.watch`'s `iter_resp_lines` would
-drop it. While the container runs, an unfinished line at a stream's end is left for the next
-stream, which brings it again.
+drop it, once a second stream ends on the same bytes: a stream the API server ends early can
+end in the middle of a line, and the next one then brings the rest. While the container runs,
+an unfinished line at a stream's end is left for the next stream, which brings it again.
 
 Progress is kept per container (the pod's uid and the runtime's container ID), so a pod the
 operator recreates under the same name, and a container the kubelet restarts in place
@@ -52,6 +53,7 @@ PAUSE_SECONDS = 0.5  # between streams of one container, and between listings wi
 FINAL_PAUSE_SECONDS = 0.2  # the same once the job has ended (finish)
 MAX_BACKOFF_SECONDS = 30.0  # the longest wait after failed requests in a row
 BACKOFF_DOUBLINGS = 6  # of PAUSE_SECONDS, at most: 32 s, capped to MAX_BACKOFF_SECONDS
+UNFINISHED_STREAMS = 3  # a stopped container's last unfinished line: written after this many
 CONNECT_SECONDS, SILENT_SECONDS = 30, 600  # the stream's timeouts: a silent one is asked again
 # The media types of read_namespaced_pod_log (core_v1_api.py); the client picks JSON of them.
 # The API server negotiates a log request's Accept against JSON, YAML and protobuf before it
@@ -110,6 +112,7 @@ class LogPlace:
         self._unstamped = 0  # lines of a resumed whole-log stream (no stamps) still to skip
         self._oldest: tuple[int, int] | None = None  # the stamp of recent[0] at the stream's start
         self.ended = False  # whether the last stream ended after the container had stopped
+        self._unfinished: list[str] = []  # the unfinished lines that ended its streams
 
     def next_stream(self) -> str | None:
         """Start a stream: its `sinceTime` (None: the whole log, the first time or where the
@@ -121,6 +124,15 @@ class LogPlace:
         self._oldest = split_stamp(self.recent[0])[0] if self.recent else None
         start = dt.datetime.fromtimestamp(self.latest[0] - RESUME_BACK_SECONDS, dt.UTC)
         return start.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    def settled(self, raw: str) -> bool:
+        """Whether a stopped container's stream that ended on the unfinished line `raw` ended
+        where its log does: the stream before ended on the same bytes, or UNFINISHED_STREAMS
+        streams ended unfinished. A stream the API server ends early ends in the middle of a
+        line, which the next stream brings whole (module docstring)."""
+        self._unfinished.append(raw)
+        tries = self._unfinished
+        return len(tries) >= UNFINISHED_STREAMS or (len(tries) > 1 and tries[-2] == raw)
 
     def is_new(self, raw: str) -> bool:
         """Whether a line of the current stream was not written before (and note it if so)."""
@@ -218,10 +230,11 @@ class LogFollower(threading.Thread):
             self._wake.wait(seconds)
 
     def _follow(self, pod_name: str, place: LogPlace, stopped: bool) -> str:
-        """Write the container's new lines as they come, until the stream ends ("ended"),
-        breaks ("dropped": said once), stays silent for SILENT_SECONDS ("silent") or the
-        follower is stopped ("halted"). `stopped`: the container had stopped before the request,
-        so a line unfinished at the stream's end is its last (module docstring)."""
+        """Write the container's new lines as they come, until the stream ends ("ended", or
+        "unfinished": on a line with no newline, not yet written), breaks ("dropped": said
+        once), stays silent for SILENT_SECONDS ("silent") or the follower is stopped
+        ("halted"). `stopped`: the container had stopped before the request, so a line
+        unfinished at the stream's end may be its last (LogPlace.settled)."""
         from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
         query: list[tuple[str, str]] = [
@@ -251,8 +264,8 @@ class LogFollower(threading.Thread):
             for raw, finished in _lines(resp):
                 if self._halt.is_set():
                     return "halted"
-                if not finished and not stopped:
-                    break  # the next stream brings it again, finished or not
+                if not finished and not (stopped and place.settled(raw)):
+                    return "unfinished"  # the next stream brings it again
                 if not place.is_new(raw):
                     continue
                 _, line = split_stamp(raw)
