@@ -211,6 +211,9 @@ def _point(
 
 
 def _ceiling_figure(d_model: int, ceiling: float, samples: dict[int, float]) -> Figure:
+    # Above 100% is a measurement, not noise: on an AVX2-only EPYC the d_model 512 step's
+    # matmuls, smaller than the reference's, ran faster than it (2026-12-02: 107%).
+    note = "the step's matmul shapes run faster than the reference here" if ceiling > 1 else ""
     return Figure(
         name=f"MFU ceiling on CPU, d_model {d_model}: the step's matmuls alone, at the model's "
         f"shapes, over the {MATMUL_N}^2 matmul",
@@ -218,6 +221,7 @@ def _ceiling_figure(d_model: int, ceiling: float, samples: dict[int, float]) -> 
         unit="%",
         inputs={"matmuls": "trainer/flops.py step_matmuls", "threads": workloads.THREADS},
         details={"ceilings_by_d_model": samples},
+        note=note,
     )
 
 
@@ -242,6 +246,8 @@ def figures(full: bool) -> list[Figure]:
         points.append(_point(512, full, max(bf16), top, policy))
         points[-1].details["matmul_flops_per_s_samples"] = bf16
     for p in points:
+        if p.name.startswith("MFU ceiling"):
+            continue  # the ceiling can pass 100% (_ceiling_figure)
         if p.value is not None and p.value > 1.0:  # faster than a bare matmul: impossible
             p.note = (
                 f"{p.value:.0%} measured, impossible: other load slowed every matmul "

@@ -243,3 +243,23 @@ def test_the_peer_trains_in_the_policy_it_is_given(monkeypatch):
     assert peer_gpt2.parse_args().policy == "float32"  # Keras' own default
     monkeypatch.setattr(sys, "argv", [*base, "--policy", "mixed_bfloat16"])
     assert peer_gpt2.parse_args().policy == "mixed_bfloat16"
+
+
+def test_mfu_over_100_is_flagged_and_a_ceiling_over_100_is_shown(monkeypatch):
+    # Stand-ins for the timed parts: a reference matmul, the ceilings and the trainer's runs.
+    from bench import mfu_bench, trainer_run
+
+    monkeypatch.setattr(mfu_bench, "matmul_reference", lambda **kwargs: 1e11)
+    monkeypatch.setattr(mfu_bench, "ceilings", lambda d_models, full: {d: 1.07 for d in d_models})
+    monkeypatch.setattr(workloads, "auto_policy", lambda: "float32")
+
+    def run(preset, overrides, attempt=0):
+        d_model = next(int(o.split("=")[1]) for o in overrides if "d_model" in o)
+        return {"tokens_per_second": 1e6 if d_model == 128 else 100.0}  # 128: impossibly fast
+
+    monkeypatch.setattr(trainer_run, "run_trainer", run)
+    mfu_128, mfu_256, mfu_512, ceiling = mfu_bench.figures(full=False)
+    assert mfu_128.name.endswith("d_model 128") and ceiling.name.startswith("MFU ceiling")
+    assert mfu_128.value is None and "impossible" in mfu_128.note
+    assert mfu_512.value is not None and 0 < mfu_512.value < 1 and mfu_512.note.endswith("107.0%")
+    assert ceiling.value == pytest.approx(1.07) and "faster than the reference" in ceiling.note
