@@ -185,7 +185,7 @@ def test_the_line_is_read_back_from_the_pod_when_the_log_stream_dropped(tmp_path
     # Follow streams that bring nothing (each cut at once, by an idle timeout between here
     # and the API server): the follower never sees the pod's output, and the line comes from
     # the finished pod's log.
-    def dropped(self: Any, pod_name: str, place: Any, stopped: bool) -> str:
+    def dropped(self: Any, pod_name: str, place: Any) -> str:
         return "dropped"
 
     monkeypatch.setattr(tfjob_logs.LogFollower, "_follow", dropped)

@@ -110,35 +110,108 @@ def test_a_line_unfinished_when_a_stream_ends_is_written_once_finished():
     )
 
 
-def test_a_stream_ended_in_the_middle_of_a_line_is_asked_again_after_the_worker_stopped():
-    # The worker has written its lines and exited; the stream of the rest of its log ends
-    # cleanly in the middle of a line (the API server's leg to the kubelet broke). The next
-    # stream brings the line whole, and each line is written once.
-    lines = ("step 1 loss 4.2", "step 2 loss 3.1", "done")
-    steps = scenarios.success(lines)
-    steps[4:5] = [lambda c: c.exit_all(0), lambda c: time.sleep(1.0)]
-    with FakeKube(steps) as kube:
-        kube.end_follows_mid_line = 1
-        _, out = run_tfjob(kube)
-    worker0 = [x for x in out.splitlines() if x.startswith("[train-run-1-worker-0] ")]
-    assert worker0 == [f"[train-run-1-worker-0] {line}" for line in lines]
-    assert kube.end_follows_mid_line == 0
+def follow_stopped_worker0(
+    kube: FakeKube, records: list[tuple[str, bool]], core: Any = None
+) -> tuple[list[str], int]:
+    """Follow the log of a worker-0 pod whose container has already exited, holding `records`
+    ((text, partial) each), until the follower is done: the lines written, and how many
+    follow streams it took."""
+    from kubernetes import client as k8s
+
+    spec = make_spec()
+    cluster = kube.cluster
+    with cluster.cond:
+        labels = dict(
+            item.split("=") for item in tfjob_manifest.worker0_selector(spec.name).split(",")
+        )
+        pod = cluster.create_pod(
+            {
+                "metadata": {
+                    "name": f"{spec.name}-worker-0",
+                    "namespace": spec.namespace,
+                    "labels": labels,
+                },
+                "spec": {"containers": [{"name": "tensorflow", "image": "i"}]},
+            }
+        )
+        uid = pod["metadata"]["uid"]
+        pod["status"] = {
+            "phase": "Failed",
+            "containerStatuses": [
+                {
+                    "name": "tensorflow",
+                    "image": "i",
+                    "imageID": "i@sha256:0",
+                    "containerID": "containerd://" + uid.replace("-", ""),
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {"terminated": {"exitCode": 1}},
+                }
+            ],
+        }
+        for text, partial in records:
+            cluster.logs[uid].append(text, partial)
+    out = io.StringIO()
+    core = core or k8s.CoreV1Api(kube.api_client())
+    follower = tfjob_logs.LogFollower(core, spec, out, 10)
+    follower.start()
+    follower.finish(timeout=20)
+    assert not follower.is_alive()
+    follows = [r for r in kube.calls("GET", "-worker-0/log") if r.query.get("follow") == "true"]
+    prefix = f"[{spec.name}-worker-0] "
+    return [x.removeprefix(prefix) for x in out.getvalue().splitlines()], len(follows)
 
 
-def test_log_lines_split_as_the_client_does_and_keep_what_follows_the_last_newline():
-    class Response:
-        def __init__(self, *chunks: bytes) -> None:
-            self.chunks = chunks
+LINES = [("step 1 loss 4.2", False), ("step 2 loss 3.1", False), ("done", False)]
 
-        def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
-            return iter(self.chunks)
 
-    # Lines across chunks, an empty line, a character split between chunks, an invalid byte.
-    chunks = (b"ste", b"p 1\n\nst", b"ep 2 \xe2\x9c", b"\x93\n\xff", b"50%")
-    expected = [("step 1", True), ("step 2 \u2713", True), ("\ufffd50%", False)]
-    assert list(tfjob_logs._lines(Response(*chunks))) == expected
-    assert list(tfjob_logs._lines(Response(b"a\n"))) == [("a", True)]
-    assert list(tfjob_logs._lines(Response())) == []
+def test_a_stopped_workers_log_is_done_after_a_quiet_stream():
+    with FakeKube() as kube:
+        written, streams = follow_stopped_worker0(kube, LINES)
+    assert written == [text for text, _ in LINES]
+    assert streams == 2  # the log, then one that brings nothing new
+
+
+@pytest.mark.parametrize("end", ["end_follows_mid_line", "end_follows_after_a_line"])
+def test_a_stopped_workers_stream_ended_early_is_asked_again_for_the_rest(end):
+    # The API server's leg to the kubelet breaks in the middle of a line, or between two, and
+    # it ends the stream cleanly: the follower asks again and writes the rest, each line once.
+    with FakeKube() as kube:
+        setattr(kube, end, 1)
+        written, streams = follow_stopped_worker0(kube, LINES)
+        assert getattr(kube, end) == 0
+    assert written == [text for text, _ in LINES]
+    assert streams == 3  # cut short, the rest, then a quiet one
+
+
+def test_a_stopped_workers_unfinished_last_line_is_written_once():
+    with FakeKube() as kube:
+        kube.end_follows_mid_line = 1  # the first stream even ends inside that line
+        written, _ = follow_stopped_worker0(kube, [LINES[0], ("fatal: NCCL timeout", True)])
+    assert written == ["step 1 loss 4.2", "fatal: NCCL timeout"]
+
+
+def test_an_unfinished_last_line_is_written_when_the_pod_goes_before_a_quiet_stream():
+    from kubernetes import client as k8s
+
+    class GoneAfterOneStream:
+        """The official client, except that once a log has been asked for, worker 0's pod
+        is no longer listed (it was deleted)."""
+
+        def __init__(self, kube: FakeKube) -> None:
+            self.kube, self.real = kube, k8s.CoreV1Api(kube.api_client())
+            self.api_client = self.real.api_client
+
+        def list_namespaced_pod(self, *args: Any, **kwargs: Any) -> Any:
+            listed = self.real.list_namespaced_pod(*args, **kwargs)
+            if self.kube.calls("GET", "-worker-0/log"):
+                listed.items = []
+            return listed
+
+    with FakeKube() as kube:
+        records = [LINES[0], ("fatal: NCCL timeout", True)]
+        written, streams = follow_stopped_worker0(kube, records, GoneAfterOneStream(kube))
+    assert written == ["step 1 loss 4.2", "fatal: NCCL timeout"] and streams == 1
 
 
 def test_no_right_to_read_logs_is_said_once_and_not_asked_again():

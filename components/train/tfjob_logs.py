@@ -4,10 +4,11 @@ A follow stream can end while its container runs on: an idle timeout in a proxy 
 balancer between here and the API server, the kubelet's 4-hour write timeout on its HTTP server
 (pkg/kubelet/server/server.go), a broken API-server-to-kubelet connection, which the API server
 ends cleanly (apiserver handlers/responsewriters/writers.go, `StreamObject`: `io.Copy`, its
-error dropped). So how a stream ended says nothing: the pod's status decides. A container is
-done once a stream ended after the listing showed it stopped (terminated, or waiting to be
-restarted); while it runs, the follower asks again from shortly before the last line it wrote,
-as `kubectl logs -f` does not:
+error dropped), at the end of a line or in its middle. So how a stream ended says nothing: a
+container is done once the listing showed it stopped (terminated, or waiting to be restarted)
+and then a stream brought nothing new, which costs one more request per container. Until then
+the follower asks again from shortly before the last line it wrote, as `kubectl logs -f` does
+not:
 
 - with `timestamps=true`, the kubelet puts each line's time in front of it (RFC3339NanoFixed and
   a space: pkg/kubelet/kuberuntime/logs/logs.go, `logWriter.write`), and `sinceTime` (the node's
@@ -20,10 +21,9 @@ as `kubectl logs -f` does not:
 
 A line the container left unfinished when it stopped (its last output without a newline: the
 runtime's partial record, which the kubelet writes without one, `parseCRILog`) ends the stream
-with no newline after it; it is written too, where `kubernetes.watch`'s `iter_resp_lines` would
-drop it, once a second stream ends on the same bytes: a stream the API server ends early can
-end in the middle of a line, and the next one then brings the rest. While the container runs,
-an unfinished line at a stream's end is left for the next stream, which brings it again.
+with no newline after it. It is written once the container is done, where `kubernetes.watch`'s
+`iter_resp_lines` would drop it; until then each stream brings it again (finished, if the
+container went on).
 
 Progress is kept per container (the pod's uid and the runtime's container ID), so a pod the
 operator recreates under the same name, and a container the kubelet restarts in place
@@ -53,7 +53,7 @@ PAUSE_SECONDS = 0.5  # between streams of one container, and between listings wi
 FINAL_PAUSE_SECONDS = 0.2  # the same once the job has ended (finish)
 MAX_BACKOFF_SECONDS = 30.0  # the longest wait after failed requests in a row
 BACKOFF_DOUBLINGS = 6  # of PAUSE_SECONDS, at most: 32 s, capped to MAX_BACKOFF_SECONDS
-UNFINISHED_STREAMS = 3  # a stopped container's last unfinished line: written after this many
+RESTLESS_STREAMS = 3  # a stopped container's streams that change only their unfinished line
 CONNECT_SECONDS, SILENT_SECONDS = 30, 600  # the stream's timeouts: a silent one is asked again
 # The media types of read_namespaced_pod_log (core_v1_api.py); the client picks JSON of them.
 # The API server negotiates a log request's Accept against JSON, YAML and protobuf before it
@@ -111,8 +111,9 @@ class LogPlace:
         self._at = 0
         self._unstamped = 0  # lines of a resumed whole-log stream (no stamps) still to skip
         self._oldest: tuple[int, int] | None = None  # the stamp of recent[0] at the stream's start
-        self.ended = False  # whether the last stream ended after the container had stopped
-        self._unfinished: list[str] = []  # the unfinished lines that ended its streams
+        self.ended = False  # whether the container is done: stopped, and then a quiet stream
+        self.unfinished: str | None = None  # the line the last stream ended on, not yet written
+        self.restless = 0  # streams in a row after the stop that changed only `unfinished`
 
     def next_stream(self) -> str | None:
         """Start a stream: its `sinceTime` (None: the whole log, the first time or where the
@@ -125,14 +126,19 @@ class LogPlace:
         start = dt.datetime.fromtimestamp(self.latest[0] - RESUME_BACK_SECONDS, dt.UTC)
         return start.strftime("%Y-%m-%dT%H:%M:%SZ")
 
-    def settled(self, raw: str) -> bool:
-        """Whether a stopped container's stream that ended on the unfinished line `raw` ended
-        where its log does: the stream before ended on the same bytes, or UNFINISHED_STREAMS
-        streams ended unfinished. A stream the API server ends early ends in the middle of a
-        line, which the next stream brings whole (module docstring)."""
-        self._unfinished.append(raw)
-        tries = self._unfinished
-        return len(tries) >= UNFINISHED_STREAMS or (len(tries) > 1 and tries[-2] == raw)
+    def stream_ended(self, written_before: int, unfinished_before: str | None) -> bool:
+        """After a stream of a container that had stopped ended cleanly: whether it was quiet,
+        bringing no line not written before and ending where the one before did, so that the
+        container is done. A stream that changed only the unfinished line it ended on counts
+        as quiet after RESTLESS_STREAMS of them (a server that keeps ending streams early in
+        that line's middle)."""
+        if self.written != written_before:
+            self.restless = 0
+            return False
+        if self.unfinished == unfinished_before:
+            return True
+        self.restless += 1
+        return self.restless >= RESTLESS_STREAMS
 
     def is_new(self, raw: str) -> bool:
         """Whether a line of the current stream was not written before (and note it if so)."""
@@ -171,6 +177,7 @@ class LogFollower(threading.Thread):
         self._final = threading.Event()
         self._wake = threading.Event()  # ends a pause: set by finish and stop
         self._places: dict[tuple[str, str], LogPlace] = {}
+        self._pod_names: dict[tuple[str, str], str] = {}  # each container's pod, by key
         self._done: set[tuple[str, str]] = set()
         self._said: set[str] = set()
 
@@ -186,14 +193,18 @@ class LogFollower(threading.Thread):
                 todo = self._todo(pods)
                 if not todo:
                     if self._final.is_set():
+                        self._write_unfinished_lines()
                         return
                     pause = PAUSE_SECONDS
                     continue
                 name, key, stopped = todo[0]
                 place = self._places.setdefault(key, LogPlace())
-                before = place.written
-                how = self._follow(name, place, stopped)
-                place.ended = how == "ended" and stopped
+                self._pod_names[key] = name
+                before, unfinished = place.written, place.unfinished
+                how = self._follow(name, place)
+                if how == "ended" and stopped and place.stream_ended(before, unfinished):
+                    place.ended = True
+                    self._write_unfinished(name, place)
                 if how == "dropped" and place.written == before:
                     failures += 1  # a stream that breaks at once, again and again: back off
                 else:
@@ -203,8 +214,9 @@ class LogFollower(threading.Thread):
                 if getattr(exc, "status", None) in (401, 403):
                     self._note(exc, "not allowed: `get` on pods/log (deploy/rbac.yaml grants it)")
                     return  # for good: it will not stream
-                if self._final.is_set():
-                    return  # the job has ended: no waiting out a server that fails
+                if self._final.is_set():  # the job has ended: no waiting out a failing server
+                    self._write_unfinished_lines()
+                    return
                 failures += 1
                 pause = PAUSE_SECONDS
                 self._note(exc)
@@ -229,12 +241,11 @@ class LogFollower(threading.Thread):
         else:
             self._wake.wait(seconds)
 
-    def _follow(self, pod_name: str, place: LogPlace, stopped: bool) -> str:
-        """Write the container's new lines as they come, until the stream ends ("ended", or
-        "unfinished": on a line with no newline, not yet written), breaks ("dropped": said
-        once), stays silent for SILENT_SECONDS ("silent") or the follower is stopped
-        ("halted"). `stopped`: the container had stopped before the request, so a line
-        unfinished at the stream's end may be its last (LogPlace.settled)."""
+    def _follow(self, pod_name: str, place: LogPlace) -> str:
+        """Write the container's new lines as they come, until the stream ends ("ended"; a
+        line it ends on without a newline is kept as `place.unfinished`, not written), breaks
+        ("dropped": said once), stays silent for SILENT_SECONDS ("silent") or the follower is
+        stopped ("halted")."""
         from urllib3.exceptions import ProtocolError, ReadTimeoutError
 
         query: list[tuple[str, str]] = [
@@ -261,17 +272,14 @@ class LogFollower(threading.Thread):
             _request_timeout=(CONNECT_SECONDS, SILENT_SECONDS),
         )
         try:
+            place.unfinished = None
             for raw, finished in _lines(resp):
                 if self._halt.is_set():
                     return "halted"
-                if not finished and not (stopped and place.settled(raw)):
-                    return "unfinished"  # the next stream brings it again
-                if not place.is_new(raw):
-                    continue
-                _, line = split_stamp(raw)
-                self.tail.append(line)
-                self.out.write(f"[{pod_name}] {line}\n")
-                self.out.flush()
+                if not finished:
+                    place.unfinished = raw  # the stream's end: written once the container is done
+                elif place.is_new(raw):
+                    self._write(pod_name, raw)
         except ReadTimeoutError:  # nothing for SILENT_SECONDS: ask again, as after a cut
             return "silent"
         except ProtocolError as exc:
@@ -281,6 +289,26 @@ class LogFollower(threading.Thread):
             resp.close()
             resp.release_conn()
         return "ended"
+
+    def _write(self, pod_name: str, raw: str) -> None:
+        _, line = split_stamp(raw)
+        self.tail.append(line)
+        self.out.write(f"[{pod_name}] {line}\n")
+        self.out.flush()
+
+    def _write_unfinished(self, pod_name: str, place: LogPlace) -> None:
+        """Write the line the container's last stream ended on, if new: the container is done,
+        or nothing more will be asked of it."""
+        raw, place.unfinished = place.unfinished, None
+        if raw is not None and place.is_new(raw):
+            self._write(pod_name, raw)
+
+    def _write_unfinished_lines(self) -> None:
+        """As the job ends: the unfinished last lines of containers not done (a pod deleted
+        before a quiet stream, a server that failed), as the streams left them."""
+        for key, place in self._places.items():
+            if not place.ended:
+                self._write_unfinished(self._pod_names[key], place)
 
     def _note(self, exc: Exception, what_now: str = "trying again") -> None:
         """Say once per kind of failure that the log could not be followed, and what next."""
