@@ -27,11 +27,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from components.storage import gcs, local
-from components.storage.files import create_exclusive, delete_file, update_bytes
+from components.storage.files import create_exclusive, update_bytes
 from components.storage.uris import is_gcs
 
 HEARTBEAT_S = 10.0  # how often a holder says it is alive
-STALE_AFTER_S = 60.0  # a lease whose heartbeat is this old belongs to a dead holder
+STALE_AFTER_S = 60.0  # a lease a waiter has seen unchanged this long belongs to a dead holder
 POLL_S = 0.5  # how often a waiter looks again
 
 
@@ -72,7 +72,7 @@ def hold_or_wait(
         stop.set()
         beat.join()
         with contextlib.suppress(Exception):
-            delete_file(uri)
+            _release(uri, token)
 
 
 def _record(token: str, beat: int) -> bytes:
@@ -115,6 +115,27 @@ def _heartbeat(uri: str, token: str, every_s: float, stop: threading.Event) -> N
             return
         except Exception:  # noqa: S112 (a missed beat only risks a takeover later)
             continue
+
+
+def _release(uri: str, token: str) -> None:
+    """Delete the lease if it is still this holder's: one taken over (its beats failed for
+    `stale_after_s`, say through a storage outage) is its successor's now."""
+
+    def ours(data: bytes | None) -> bool:
+        with contextlib.suppress(ValueError, AttributeError):
+            return data is not None and json.loads(data).get("holder") == token
+        return False
+
+    if is_gcs(uri):
+        data, generation = gcs.read_generation(uri)
+        if ours(data):
+            gcs.delete_if_generation(uri, generation)
+        return
+    with local.exclusive_lock(Path(uri)):
+        path = Path(uri)
+        with contextlib.suppress(FileNotFoundError):
+            if ours(path.read_bytes()):
+                path.unlink()
 
 
 def _take_over_if_stale(uri: str, stale_after_s: float, seen: _Seen) -> None:

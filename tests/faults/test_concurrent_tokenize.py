@@ -107,11 +107,12 @@ def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
             holder.wait()
 
 
-def wait_briefly(uri: str) -> bool:
-    """Wait on a lease for 2 s (10 of its holder's heartbeats); True if it was taken over."""
-    deadline = time.monotonic() + 2.0
+def wait_briefly(uri: str, seconds: float = 2.0, stale_after_s: float = 1.5) -> bool:
+    """Wait on a lease for `seconds` (10 of its holder's heartbeats); True if it was taken
+    over."""
+    deadline = time.monotonic() + seconds
     with lease.hold_or_wait(
-        uri, done=lambda: time.monotonic() > deadline, stale_after_s=1.5, poll_s=0.05
+        uri, done=lambda: time.monotonic() > deadline, stale_after_s=stale_after_s, poll_s=0.05
     ) as held:
         return held
 
@@ -132,7 +133,9 @@ def test_a_live_holder_with_a_slow_clock_keeps_its_lease(where, tmp_path, reques
     uri = lease_uri(where, tmp_path, request)
     holder = start_holder(uri, skew=-3600.0)
     try:
-        assert wait_briefly(uri) is False  # its heartbeats read an hour old: still alive
+        # Its heartbeats read an hour old: still alive. (A wider margin than the SIGKILL row's:
+        # on gs:// the emulator serving the holder's beats shares this process with the waiter.)
+        assert wait_briefly(uri, seconds=4.0, stale_after_s=3.0) is False
     finally:
         holder.kill()
         holder.wait()
@@ -165,3 +168,17 @@ def test_a_holder_that_fails_releases_the_lease_for_the_next_caller(tmp_path):
         raise RuntimeError("tokenize failed")
     with lease.hold_or_wait(uri, done=lambda: False, poll_s=0.01) as held:
         assert held is True  # no waiting on a lease nobody holds
+
+
+@pytest.mark.fault("a lease holder's lease is taken over while it works (its beats failed)")
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_holder_taken_over_leaves_its_successors_lease_in_place(where, tmp_path, request):
+    """A holder taken over leaves its successor's lease in place when it finishes.
+
+    Deleting it would let a third run start the same work beside the successor."""
+    uri = lease_uri(where, tmp_path, request)
+    successor = json.dumps({"holder": "successor", "beat": 0, "heartbeat": time.time()})
+    with lease.hold_or_wait(uri, done=lambda: False) as held:
+        assert held is True
+        storage.write_bytes(uri, successor.encode())  # a waiter took it over meanwhile
+    assert json.loads(storage.read_bytes(uri))["holder"] == "successor"
