@@ -8,8 +8,8 @@ pods by name (`Cluster.add_pod` adds one outside any TFJob, such as a KFP execut
 logs (`follow=true` streams until the container ends, `tailLines`, `sinceSeconds`, `sinceTime`,
 `timestamps`, Accept negotiated as the API server does; `cut_follows` drops streams early, as a
 proxy's idle timeout does, `end_follows` ends them cleanly while the container runs on,
-`end_follows_mid_line` in the middle of a line, `end_follows_after_a_line` after one). The
-objects and what the apiserver does with them live in k8s_store.py. Every request is recorded.
+`end_follows_at` after so many characters, in a line or between two). The objects and what
+the apiserver does with them live in k8s_store.py. Every request is recorded.
 
 Behind it plays one of:
 - a scripted operator (k8s_scenarios.py): a list of steps, fast and deterministic;
@@ -266,25 +266,22 @@ class _Handler(BaseHTTPRequestHandler):
         sent = 0
         cut = self.kube.cut_follows > 0
         end = not cut and self.kube.end_follows > 0
-        short = not cut and not end and self.kube.end_follows_mid_line > 0
-        early = not (cut or end or short) and self.kube.end_follows_after_a_line > 0
+        at = None if cut or end or not self.kube.end_follows_at else self.kube.end_follows_at[0]
         if cut:
             self.kube.cut_follows -= 1
         elif end:
             self.kube.end_follows -= 1
-        elif short:
-            self.kube.end_follows_mid_line -= 1
-        elif early:
-            self.kube.end_follows_after_a_line -= 1
+        elif at is not None:
+            self.kube.end_follows_at.pop(0)
         try:
             with cluster.cond:
                 while not cluster.closed:
                     log = cluster.logs.get(uid) or PodLog()
                     lines = _log_lines(log, sent, since, query)
-                    if (short or early) and lines:
+                    if at is not None and lines:
                         # The leg to the kubelet broke in the middle of a record, or between
                         # two: the API server ends the response cleanly all the same (`end`).
-                        self._chunk(("".join(lines)[:-4] if short else lines[0]).encode())
+                        self._chunk("".join(lines)[:at].encode())
                         break
                     for line in lines:
                         self._chunk(line.encode())
@@ -379,8 +376,9 @@ class FakeKube:
         self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
         self.cut_follows = 0  # the next this-many log follow streams drop after their first lines
         self.end_follows = 0  # then this many end cleanly after them, the container running on
-        self.end_follows_mid_line = 0  # then this many end cleanly 4 bytes short of their lines
-        self.end_follows_after_a_line = 0  # then this many end cleanly after their first line
+        # then one stream each ends cleanly after so many characters of its first lines
+        # (negative: short of their end)
+        self.end_follows_at: list[int] = []
         self.forbid_logs = False  # pod logs answer 403 (RBAC)
         self.operator: TrainingOperator | None = None
         self.kubelet: Kubelet | None = None

@@ -84,7 +84,7 @@ def test_a_last_line_without_newline_is_written():
         "[train-run-1-worker-0] step 1 loss 4.2",
         "[train-run-1-worker-0] fatal: NCCL timeout",
     ]
-    # Written once a second stream ended on the same bytes (LogPlace.settled).
+    # Written once a stream after the exit brought nothing new (LogPlace.stream_ended).
     follows = [r for r in kube.calls("GET", "-worker-0/log") if r.query.get("follow") == "true"]
     assert len(follows) >= 2
 
@@ -172,46 +172,108 @@ def test_a_stopped_workers_log_is_done_after_a_quiet_stream():
     assert streams == 2  # the log, then one that brings nothing new
 
 
-@pytest.mark.parametrize("end", ["end_follows_mid_line", "end_follows_after_a_line"])
-def test_a_stopped_workers_stream_ended_early_is_asked_again_for_the_rest(end):
+def width(*texts: str) -> int:
+    """Characters the kubelet serves for these lines under timestamps=true: a 30-character
+    RFC3339NanoFixed stamp and a space before each, a newline after."""
+    return sum(31 + len(text) + 1 for text in texts)
+
+
+L1, L2, L3 = (text for text, _ in LINES)
+
+
+@pytest.mark.parametrize(
+    "ends_at",
+    [
+        [-4],  # inside the last line
+        [width(L1)],  # after the first line
+        [-4, width(L1)],  # then the second ends at a line inside the lines it brings again
+        [width(L1, L2), width(L1)],  # the same, after ending between lines
+        [width(L1, L2), width(L1) + 5],  # then the second ends in a line it brings again
+    ],
+)
+def test_a_stopped_workers_stream_ended_early_is_asked_again_for_the_rest(ends_at):
     # The API server's leg to the kubelet breaks in the middle of a line, or between two, and
     # it ends the stream cleanly: the follower asks again and writes the rest, each line once.
     with FakeKube() as kube:
-        setattr(kube, end, 1)
+        kube.end_follows_at = list(ends_at)
         written, streams = follow_stopped_worker0(kube, LINES)
-        assert getattr(kube, end) == 0
-    assert written == [text for text, _ in LINES]
-    assert streams == 3  # cut short, the rest, then a quiet one
+        assert kube.end_follows_at == []
+    assert written == [L1, L2, L3]
+    assert streams == 2 + len(ends_at)  # cut short, the rest, then a quiet one
 
 
-def test_a_stopped_workers_unfinished_last_line_is_written_once():
+@pytest.mark.parametrize(
+    "ends",
+    [
+        {},
+        {"end_follows_at": [-4]},  # the first stream ends inside that line
+        {"end_follows": 1, "end_follows_at": [-4]},  # then the second does
+    ],
+)
+def test_a_stopped_workers_unfinished_last_line_is_written_once(ends):
+    # Written once a stream ended on the same line as the one before, not on a piece of it.
     with FakeKube() as kube:
-        kube.end_follows_mid_line = 1  # the first stream even ends inside that line
-        written, _ = follow_stopped_worker0(kube, [LINES[0], ("fatal: NCCL timeout", True)])
-    assert written == ["step 1 loss 4.2", "fatal: NCCL timeout"]
+        for name, value in ends.items():
+            setattr(kube, name, value)
+        written, streams = follow_stopped_worker0(kube, [LINES[0], ("fatal: NCCL timeout", True)])
+    assert written == [L1, "fatal: NCCL timeout"]
+    assert streams == 2 + len(ends)
 
 
-def test_an_unfinished_last_line_is_written_when_the_pod_goes_before_a_quiet_stream():
-    from kubernetes import client as k8s
+class AfterStreams:
+    """The official client, except that once the log has been asked for `streams` times,
+    worker 0's pod is no longer listed (it was deleted), or listing fails (the API server is
+    down)."""
 
-    class GoneAfterOneStream:
-        """The official client, except that once a log has been asked for, worker 0's pod
-        is no longer listed (it was deleted)."""
+    def __init__(self, kube: FakeKube, after: str, streams: int = 1) -> None:
+        from kubernetes import client as k8s
 
-        def __init__(self, kube: FakeKube) -> None:
-            self.kube, self.real = kube, k8s.CoreV1Api(kube.api_client())
-            self.api_client = self.real.api_client
+        self.kube, self.after, self.streams = kube, after, streams
+        self.real = k8s.CoreV1Api(kube.api_client())
+        self.api_client = self.real.api_client
 
-        def list_namespaced_pod(self, *args: Any, **kwargs: Any) -> Any:
-            listed = self.real.list_namespaced_pod(*args, **kwargs)
-            if self.kube.calls("GET", "-worker-0/log"):
-                listed.items = []
-            return listed
+    def list_namespaced_pod(self, *args: Any, **kwargs: Any) -> Any:
+        listed = self.real.list_namespaced_pod(*args, **kwargs)
+        if len(self.kube.calls("GET", "-worker-0/log")) >= self.streams:
+            if self.after == "API server down":
+                raise ConnectionError("the API server is down")
+            listed.items = []
+        return listed
 
+
+@pytest.mark.parametrize("after", ["pod deleted", "API server down"])
+def test_an_unfinished_last_line_is_written_as_the_job_ends_before_a_quiet_stream(after):
     with FakeKube() as kube:
         records = [LINES[0], ("fatal: NCCL timeout", True)]
-        written, streams = follow_stopped_worker0(kube, records, GoneAfterOneStream(kube))
-    assert written == ["step 1 loss 4.2", "fatal: NCCL timeout"] and streams == 1
+        written, streams = follow_stopped_worker0(kube, records, AfterStreams(kube, after))
+    assert [x for x in written if not x.startswith("[logs]")] == [L1, "fatal: NCCL timeout"]
+    assert streams == 1
+
+
+def test_a_piece_of_a_line_brought_again_is_not_written_as_the_job_ends():
+    # The second stream ends inside a line it brings again, then the pod goes: what that
+    # stream ended on is a piece of a line already written, not the log's last line.
+    with FakeKube() as kube:
+        kube.end_follows_at = [width(L1, L2), width(L1) + 35]
+        follower = AfterStreams(kube, "pod deleted", streams=2)
+        written, streams = follow_stopped_worker0(kube, LINES, follower)
+    assert written == [L1, L2] and streams == 2  # the pod went before the rest was asked for
+
+
+def test_log_lines_split_as_the_client_does_and_keep_what_follows_the_last_newline():
+    class Response:
+        def __init__(self, *chunks: bytes) -> None:
+            self.chunks = chunks
+
+        def stream(self, amt: Any = None, decode_content: bool = False) -> Any:
+            return iter(self.chunks)
+
+    # Lines across chunks, an empty line, a character split between chunks, an invalid byte.
+    chunks = (b"ste", b"p 1\n\nst", b"ep 2 \xe2\x9c", b"\x93\n\xff", b"50%")
+    expected = [("step 1", True), ("step 2 \u2713", True), ("\ufffd50%", False)]
+    assert list(tfjob_logs._lines(Response(*chunks))) == expected
+    assert list(tfjob_logs._lines(Response(b"a\n"))) == [("a", True)]
+    assert list(tfjob_logs._lines(Response())) == []
 
 
 def test_no_right_to_read_logs_is_said_once_and_not_asked_again():

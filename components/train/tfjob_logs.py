@@ -6,9 +6,11 @@ balancer between here and the API server, the kubelet's 4-hour write timeout on 
 ends cleanly (apiserver handlers/responsewriters/writers.go, `StreamObject`: `io.Copy`, its
 error dropped), at the end of a line or in its middle. So how a stream ended says nothing: a
 container is done once the listing showed it stopped (terminated, or waiting to be restarted)
-and then a stream brought nothing new, which costs one more request per container. Until then
-the follower asks again from shortly before the last line it wrote, as `kubectl logs -f` does
-not:
+and then a stream was quiet: it brought again all it replays and nothing new, and ended where
+the one before did (`LogPlace.stream_ended`). That costs one more request per container; what
+it cannot tell from the log's end is a stream ended early exactly where its replay ends, right
+after another stream ended early. Until then the follower asks again from shortly before the
+last line it wrote, as `kubectl logs -f` does not:
 
 - with `timestamps=true`, the kubelet puts each line's time in front of it (RFC3339NanoFixed and
   a space: pkg/kubelet/kuberuntime/logs/logs.go, `logWriter.write`), and `sinceTime` (the node's
@@ -126,16 +128,21 @@ class LogPlace:
         start = dt.datetime.fromtimestamp(self.latest[0] - RESUME_BACK_SECONDS, dt.UTC)
         return start.strftime("%Y-%m-%dT%H:%M:%SZ")
 
+    @property
+    def caught_up(self) -> bool:
+        """Whether the current stream has brought again every line it replays."""
+        return self._replay is None and self._unstamped == 0
+
     def stream_ended(self, written_before: int, unfinished_before: str | None) -> bool:
         """After a stream of a container that had stopped ended cleanly: whether it was quiet,
-        bringing no line not written before and ending where the one before did, so that the
-        container is done. A stream that changed only the unfinished line it ended on counts
-        as quiet after RESTLESS_STREAMS of them (a server that keeps ending streams early in
-        that line's middle)."""
+        bringing again all it replays, no line not written before, and ending where the one
+        before did, so that the container is done. After RESTLESS_STREAMS streams in a row
+        that brought nothing new but were not quiet (a server that keeps ending streams early
+        at the same few places, a log rotated away), the last counts as quiet."""
         if self.written != written_before:
             self.restless = 0
             return False
-        if self.unfinished == unfinished_before:
+        if self.caught_up and self.unfinished == unfinished_before:
             return True
         self.restless += 1
         return self.restless >= RESTLESS_STREAMS
@@ -157,12 +164,16 @@ class LogPlace:
                 if self._at == len(self._replay):
                     self._replay = None
                 return False
+        self.record(raw)
+        return True
+
+    def record(self, raw: str) -> None:
+        """Note `raw` as written."""
         self.recent.append(raw)
         self.written += 1
         stamp, _ = split_stamp(raw)
         if stamp is not None and (self.latest is None or stamp > self.latest):
             self.latest = stamp
-        return True
 
 
 class LogFollower(threading.Thread):
@@ -271,26 +282,34 @@ class LogFollower(threading.Thread):
             _preload_content=False,
             _request_timeout=(CONNECT_SECONDS, SILENT_SECONDS),
         )
+        written, tail, how = place.written, None, "ended"
         try:
-            place.unfinished = None
             for raw, finished in _lines(resp):
                 if self._halt.is_set():
                     return "halted"
                 if not finished:
-                    place.unfinished = raw  # the stream's end: written once the container is done
+                    # The stream's end: kept, written once the container is done. Cut off in
+                    # the lines it brings again, it is a piece of one of them: not kept.
+                    tail = raw if place.caught_up else None
                 elif place.is_new(raw):
                     self._write(pod_name, raw)
         except ReadTimeoutError:  # nothing for SILENT_SECONDS: ask again, as after a cut
-            return "silent"
+            how = "silent"
         except ProtocolError as exc:
             self._note(exc)
-            return "dropped"
+            how = "dropped"
         finally:  # as kubernetes.watch.Watch.stream ends its responses
             resp.close()
             resp.release_conn()
-        return "ended"
+        if how == "ended":
+            place.unfinished = tail
+        elif place.written != written:
+            place.unfinished = None  # lines came after the one the last stream ended on
+        return how
 
     def _write(self, pod_name: str, raw: str) -> None:
+        if self._halt.is_set():  # stopped: the launcher writes on its own now
+            return
         _, line = split_stamp(raw)
         self.tail.append(line)
         self.out.write(f"[{pod_name}] {line}\n")
@@ -300,7 +319,8 @@ class LogFollower(threading.Thread):
         """Write the line the container's last stream ended on, if new: the container is done,
         or nothing more will be asked of it."""
         raw, place.unfinished = place.unfinished, None
-        if raw is not None and place.is_new(raw):
+        if raw is not None and raw not in place.recent:  # never written, whatever is replayed
+            place.record(raw)
             self._write(pod_name, raw)
 
     def _write_unfinished_lines(self) -> None:

@@ -108,7 +108,7 @@ def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
 
 
 def wait_briefly(uri: str, seconds: float = 2.0, stale_after_s: float = 1.5) -> bool:
-    """Wait on a lease for `seconds` (10 of its holder's heartbeats); True if it was taken
+    """Wait on a lease for `seconds` (its holder beats every 0.2 s); True if it was taken
     over."""
     deadline = time.monotonic() + seconds
     with lease.hold_or_wait(
