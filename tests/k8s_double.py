@@ -281,7 +281,8 @@ class _Handler(BaseHTTPRequestHandler):
                     if at is not None and lines:
                         # The leg to the kubelet broke in the middle of a record, or between
                         # two: the API server ends the response cleanly all the same (`end`).
-                        self._chunk("".join(lines)[:at].encode())
+                        if piece := "".join(lines)[:at]:  # (an empty chunk ends the body)
+                            self._chunk(piece.encode())
                         break
                     for line in lines:
                         self._chunk(line.encode())

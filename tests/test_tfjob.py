@@ -111,11 +111,14 @@ def test_a_line_unfinished_when_a_stream_ends_is_written_once_finished():
 
 
 def follow_stopped_worker0(
-    kube: FakeKube, records: list[tuple[str, bool]], core: Any = None
+    kube: FakeKube,
+    records: list[tuple[str, bool]],
+    core: Any = None,
+    seconds: list[float] | None = None,
 ) -> tuple[list[str], int]:
     """Follow the log of a worker-0 pod whose container has already exited, holding `records`
-    ((text, partial) each), until the follower is done: the lines written, and how many
-    follow streams it took."""
+    ((text, partial) each, stamped now or `seconds` from now), until the follower is done: the
+    lines written, and how many follow streams it took."""
     from kubernetes import client as k8s
 
     spec = make_spec()
@@ -151,6 +154,9 @@ def follow_stopped_worker0(
         }
         for text, partial in records:
             cluster.logs[uid].append(text, partial)
+        if seconds is not None:
+            start = time.time_ns()
+            cluster.logs[uid].stamps[:] = [start + int(x * 1e9) for x in seconds]
     out = io.StringIO()
     core = core or k8s.CoreV1Api(kube.api_client())
     follower = tfjob_logs.LogFollower(core, spec, out, 10)
@@ -184,6 +190,7 @@ L1, L2, L3 = (text for text, _ in LINES)
 @pytest.mark.parametrize(
     "ends_at",
     [
+        [0],  # before its first line
         [-4],  # inside the last line
         [width(L1)],  # after the first line
         [-4, width(L1)],  # then the second ends at a line inside the lines it brings again
@@ -248,6 +255,27 @@ def test_an_unfinished_last_line_is_written_as_the_job_ends_before_a_quiet_strea
         written, streams = follow_stopped_worker0(kube, records, AfterStreams(kube, after))
     assert [x for x in written if not x.startswith("[logs]")] == [L1, "fatal: NCCL timeout"]
     assert streams == 1
+
+
+def test_the_unfinished_last_line_outlives_a_stream_ended_in_the_lines_it_brings_again():
+    with FakeKube() as kube:
+        kube.end_follows, kube.end_follows_at = 1, [width(L1) - 10]
+        follower = AfterStreams(kube, "pod deleted", streams=2)
+        records = [LINES[0], ("fatal: NCCL timeout", True)]
+        written, streams = follow_stopped_worker0(kube, records, follower)
+    assert written == [L1, "fatal: NCCL timeout"] and streams == 2
+
+
+def test_a_line_split_into_records_comes_again_as_its_end_and_is_not_written_twice():
+    # A progress line the runtime wrote in two records 4 s apart, each stamped: a stream
+    # resumed from sinceTime (2 s before the last line written) brings only its second record,
+    # as the kubelet filters records, not lines (logs.go `write`).
+    records = [(L1, False), ("progress 10%", True), (" 100%", False), ("eval", False), (L3, False)]
+    with FakeKube() as kube:
+        kube.end_follows_at = [-4]  # the first stream ends inside the last line
+        written, _ = follow_stopped_worker0(kube, records, seconds=[0, 1, 5, 6, 6.5])
+    assert len(written) == 4 and (written[0], written[2], written[3]) == (L1, "eval", L3)
+    assert written[1].startswith("progress 10%") and written[1].endswith("Z  100%")
 
 
 def test_a_piece_of_a_line_brought_again_is_not_written_as_the_job_ends():

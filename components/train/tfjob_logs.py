@@ -36,6 +36,7 @@ none any more) is not asked for: the kubelet would serve an earlier container's 
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import logging
 import re
@@ -115,7 +116,8 @@ class LogPlace:
         self._oldest: tuple[int, int] | None = None  # the stamp of recent[0] at the stream's start
         self.ended = False  # whether the container is done: stopped, and then a quiet stream
         self.unfinished: str | None = None  # the line the last stream ended on, not yet written
-        self.restless = 0  # streams in a row after the stop that changed only `unfinished`
+        self.restless = 0  # streams in a row after the stop, nothing new, not quiet
+        self.clean_ends = 0  # streams of this container that ended cleanly
 
     def next_stream(self) -> str | None:
         """Start a stream: its `sinceTime` (None: the whole log, the first time or where the
@@ -142,8 +144,8 @@ class LogPlace:
         if self.written != written_before:
             self.restless = 0
             return False
-        if self.caught_up and self.unfinished == unfinished_before:
-            return True
+        if self.caught_up and self.unfinished == unfinished_before and self.clean_ends > 1:
+            return True  # (a first stream's end has no stream before it to agree with)
         self.restless += 1
         return self.restless >= RESTLESS_STREAMS
 
@@ -153,19 +155,28 @@ class LogPlace:
             self._unstamped -= 1
             return False
         if self._replay is not None:
-            try:
-                self._at = self._replay.index(raw, self._at) + 1
-            except ValueError:
+            found = self._replayed(raw, self._replay)
+            if found is None:
                 stamp, oldest = split_stamp(raw)[0], self._oldest
                 if stamp is not None and oldest is not None and stamp <= oldest:
                     return False  # before every line remembered: written, and forgotten since
                 self._replay = None  # the first line not written before: the rest are new too
             else:
+                self._at = found + 1
                 if self._at == len(self._replay):
                     self._replay = None
                 return False
         self.record(raw)
         return True
+
+    def _replayed(self, raw: str, replay: list[str]) -> int | None:
+        """Where in `replay`, from the current place on, the stream's line `raw` was written
+        before: the same line, or its end. A line the runtime split into records (over its
+        buffer, 16 KiB in containerd; a progress bar's pieces) comes again without those
+        stamped before sinceTime: the kubelet filters records, not lines (logs.go `write`)."""
+        with contextlib.suppress(ValueError):
+            return replay.index(raw, self._at)
+        return next((i for i in range(self._at, len(replay)) if replay[i].endswith(raw)), None)
 
     def record(self, raw: str) -> None:
         """Note `raw` as written."""
@@ -288,9 +299,7 @@ class LogFollower(threading.Thread):
                 if self._halt.is_set():
                     return "halted"
                 if not finished:
-                    # The stream's end: kept, written once the container is done. Cut off in
-                    # the lines it brings again, it is a piece of one of them: not kept.
-                    tail = raw if place.caught_up else None
+                    tail = raw  # the stream's end: kept, written once the container is done
                 elif place.is_new(raw):
                     self._write(pod_name, raw)
         except ReadTimeoutError:  # nothing for SILENT_SECONDS: ask again, as after a cut
@@ -302,9 +311,13 @@ class LogFollower(threading.Thread):
             resp.close()
             resp.release_conn()
         if how == "ended":
+            place.clean_ends += 1
+        if how == "ended" and place.caught_up:
             place.unfinished = tail
         elif place.written != written:
             place.unfinished = None  # lines came after the one the last stream ended on
+        # else: it ended inside the lines it brings again (what it ended on is a piece of
+        # one of them), broke or went silent: it says nothing of the log's last line
         return how
 
     def _write(self, pod_name: str, raw: str) -> None:
