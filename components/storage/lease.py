@@ -131,11 +131,14 @@ def _release(uri: str, token: str) -> None:
         if ours(data):
             gcs.delete_if_generation(uri, generation)
         return
-    with local.exclusive_lock(Path(uri)):
-        path = Path(uri)
-        with contextlib.suppress(FileNotFoundError):
-            if ours(path.read_bytes()):
-                path.unlink()
+    path = Path(uri)
+    # A takeover happens under the flock's file, so without that file (no waiter has looked
+    # at this lease, nor has a heartbeat run) there is no successor: no lock, and none left.
+    locked = local.lock_path(path).exists()
+    guard = local.exclusive_lock(path) if locked else contextlib.nullcontext()
+    with guard, contextlib.suppress(FileNotFoundError):
+        if ours(path.read_bytes()):
+            path.unlink()
 
 
 def _take_over_if_stale(uri: str, stale_after_s: float, seen: _Seen) -> None:

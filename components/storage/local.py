@@ -245,11 +245,16 @@ def update_file(final_path: Path, change: Callable[[bytes | None], bytes]) -> by
         return new
 
 
+def lock_path(path: Path) -> Path:
+    """The file whose `flock` guards `path` (exclusive_lock creates it and leaves it)."""
+    return path.parent / f".{path.name}.lock"
+
+
 @contextlib.contextmanager
 def exclusive_lock(path: Path) -> Iterator[None]:
     """Hold the exclusive `flock` every updater of `path` takes (`.<name>.lock` beside it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.parent / f".{path.name}.lock", "a+b") as lock:
+    with open(lock_path(path), "a+b") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -7,10 +7,9 @@ ends cleanly (apiserver handlers/responsewriters/writers.go, `StreamObject`: `io
 error dropped), at the end of a line or in its middle. So how a stream ended says nothing: a
 container is done once the listing showed it stopped (terminated, or waiting to be restarted)
 and then a stream was quiet: it brought again all it replays and nothing new, and ended where
-the one before did (`LogPlace.stream_ended`). That costs one more request per container; what
-it cannot tell from the log's end is a stream ended early exactly where its replay ends, right
-after another stream ended early. Until then the follower asks again from shortly before the
-last line it wrote, as `kubectl logs -f` does not:
+the one before did (`LogPlace.stream_ended`), which costs one more request per container.
+Until then the follower asks again from shortly before the last line it wrote, as
+`kubectl logs -f` does not:
 
 - with `timestamps=true`, the kubelet puts each line's time in front of it (RFC3339NanoFixed and
   a space: pkg/kubelet/kuberuntime/logs/logs.go, `logWriter.write`), and `sinceTime` (the node's
@@ -19,7 +18,11 @@ last line it wrote, as `kubectl logs -f` does not:
 - the lines it brings again are recognised by their text and stamp among the last ones written,
   in order, and skipped: stdout and stderr lines can reach the log file slightly out of their
   stamps' order (containerd copies each stream in its own goroutine), so lines are matched, not
-  compared by time.
+  compared by time. A line the runtime wrote as several records comes again as its end: the
+  kubelet skips records, not lines, stamped before `sinceTime`.
+
+What this cannot tell from the log's end: a stream ended early exactly where its replay ends,
+right after another stream ended early.
 
 A line the container left unfinished when it stopped (its last output without a newline: the
 runtime's partial record, which the kubelet writes without one, `parseCRILog`) ends the stream
@@ -56,7 +59,7 @@ PAUSE_SECONDS = 0.5  # between streams of one container, and between listings wi
 FINAL_PAUSE_SECONDS = 0.2  # the same once the job has ended (finish)
 MAX_BACKOFF_SECONDS = 30.0  # the longest wait after failed requests in a row
 BACKOFF_DOUBLINGS = 6  # of PAUSE_SECONDS, at most: 32 s, capped to MAX_BACKOFF_SECONDS
-RESTLESS_STREAMS = 3  # a stopped container's streams that change only their unfinished line
+RESTLESS_STREAMS = 3  # streams after the stop, nothing new, not quiet: the last counts as quiet
 CONNECT_SECONDS, SILENT_SECONDS = 30, 600  # the stream's timeouts: a silent one is asked again
 # The media types of read_namespaced_pod_log (core_v1_api.py); the client picks JSON of them.
 # The API server negotiates a log request's Accept against JSON, YAML and protobuf before it
