@@ -121,10 +121,12 @@ class LogPlace:
         self.unfinished: str | None = None  # the line the last stream ended on, not yet written
         self.restless = 0  # streams in a row after the stop, nothing new, not quiet
         self.clean_ends = 0  # streams of this container that ended cleanly
+        self._start: tuple[int, str | None] = (0, None)  # `written`, `unfinished` at its start
 
     def next_stream(self) -> str | None:
         """Start a stream: its `sinceTime` (None: the whole log, the first time or where the
         server gave no stamps)."""
+        self._start = (self.written, self.unfinished)
         if self.latest is None:  # the whole log again: skip as many lines as were written
             self._replay, self._unstamped = None, self.written
             return None
@@ -134,20 +136,25 @@ class LogPlace:
         return start.strftime("%Y-%m-%dT%H:%M:%SZ")
 
     @property
+    def brought_new(self) -> bool:
+        """Whether the current stream has brought a line not written before."""
+        return self.written != self._start[0]
+
+    @property
     def caught_up(self) -> bool:
         """Whether the current stream has brought again every line it replays."""
         return self._replay is None and self._unstamped == 0
 
-    def stream_ended(self, written_before: int, unfinished_before: str | None) -> bool:
+    def stream_ended(self) -> bool:
         """After a stream of a container that had stopped ended cleanly: whether it was quiet,
         bringing again all it replays, no line not written before, and ending where the one
         before did, so that the container is done. After RESTLESS_STREAMS streams in a row
         that brought nothing new but were not quiet (a server that keeps ending streams early
         at the same few places, a log rotated away), the last counts as quiet."""
-        if self.written != written_before:
+        if self.brought_new:
             self.restless = 0
             return False
-        if self.caught_up and self.unfinished == unfinished_before and self.clean_ends > 1:
+        if self.caught_up and self.unfinished == self._start[1] and self.clean_ends > 1:
             return True  # (a first stream's end has no stream before it to agree with)
         self.restless += 1
         return self.restless >= RESTLESS_STREAMS
@@ -225,12 +232,11 @@ class LogFollower(threading.Thread):
                 name, key, stopped = todo[0]
                 place = self._places.setdefault(key, LogPlace())
                 self._pod_names[key] = name
-                before, unfinished = place.written, place.unfinished
                 how = self._follow(name, place)
-                if how == "ended" and stopped and place.stream_ended(before, unfinished):
+                if how == "ended" and stopped and place.stream_ended():
                     place.ended = True
                     self._write_unfinished(name, place)
-                if how == "dropped" and place.written == before:
+                if how == "dropped" and not place.brought_new:
                     failures += 1  # a stream that breaks at once, again and again: back off
                 else:
                     failures = 0
@@ -296,7 +302,7 @@ class LogFollower(threading.Thread):
             _preload_content=False,
             _request_timeout=(CONNECT_SECONDS, SILENT_SECONDS),
         )
-        written, tail, how = place.written, None, "ended"
+        tail, how = None, "ended"
         try:
             for raw, finished in _lines(resp):
                 if self._halt.is_set():
@@ -317,7 +323,7 @@ class LogFollower(threading.Thread):
             place.clean_ends += 1
         if how == "ended" and place.caught_up:
             place.unfinished = tail
-        elif place.written != written:
+        elif place.brought_new:
             place.unfinished = None  # lines came after the one the last stream ended on
         # else: it ended inside the lines it brings again (what it ended on is a piece of
         # one of them), broke or went silent: it says nothing of the log's last line
