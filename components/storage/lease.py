@@ -14,13 +14,24 @@ Runs on different nodes do not share a clock: a holder whose clock is behind wou
 lose a live lease, and one whose clock is ahead would, dead, keep it for as long. The cost: a
 waiter that arrives at a lease left by a holder long dead waits `stale_after_s` before taking
 over. The written `heartbeat` time stays, for people reading the lease.
+
+That wait is cut short where a waiter can see for itself that the holder is gone: a holder
+that ran on the waiter's own machine (the same kernel boot) and in its PID namespace, whose
+process no longer exists, or is a zombie, or is another process under the same PID (its start
+time differs). That is the common case of one machine, `gptpipe run --local` again after a
+killed one, and of steps that share a node's disk. A holder elsewhere, or one that cannot be
+looked up (no /proc), is judged by its heartbeat alone. The record names the process as
+git's `gc.pid` does with host and PID, with the boot, namespace and start time added so that
+neither another machine nor a reused PID can pass for it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -53,18 +64,18 @@ def hold_or_wait(
     heartbeat_s = HEARTBEAT_S if heartbeat_s is None else heartbeat_s
     stale_after_s = STALE_AFTER_S if stale_after_s is None else stale_after_s
     poll_s = POLL_S if poll_s is None else poll_s
-    token = secrets.token_hex(8)
+    holder = _Holder(secrets.token_hex(8), this_process())
     seen = _Seen()
     while True:
         if done():
             yield False
             return
-        if create_exclusive(uri, _record(token, 0)):
+        if create_exclusive(uri, holder.record(0)):
             break
-        _take_over_if_stale(uri, stale_after_s, seen)
+        _take_over_if_stale(uri, stale_after_s, seen, holder.process)
         time.sleep(poll_s)
     stop = threading.Event()
-    beat = threading.Thread(target=_heartbeat, args=(uri, token, heartbeat_s, stop), daemon=True)
+    beat = threading.Thread(target=_heartbeat, args=(uri, holder, heartbeat_s, stop), daemon=True)
     beat.start()
     try:
         yield True
@@ -72,13 +83,74 @@ def hold_or_wait(
         stop.set()
         beat.join()
         with contextlib.suppress(Exception):
-            _release(uri, token)
+            _release(uri, holder.token)
 
 
-def _record(token: str, beat: int) -> bytes:
-    """The lease's bytes; `beat` counts the holder's heartbeats, so that every one changes them
-    whatever its wall clock does."""
-    return json.dumps({"holder": token, "beat": beat, "heartbeat": time.time()}).encode()
+class _Holder:
+    """Who holds a lease: a random token, and this process as a waiter here can look it up."""
+
+    def __init__(self, token: str, process: dict[str, object] | None) -> None:
+        self.token = token
+        self.process = process
+
+    def record(self, beat: int) -> bytes:
+        """The lease's bytes; `beat` counts the holder's heartbeats, so that every one changes
+        them whatever its wall clock does."""
+        record = {"holder": self.token, "beat": beat, "heartbeat": time.time()}
+        return json.dumps(
+            {**record, "host": socket.gethostname(), "process": self.process}
+        ).encode()
+
+
+def this_process() -> dict[str, object] | None:
+    """This process as another process on this machine can look it up: the kernel's boot, the
+    PID namespace, the PID and its start time; None where /proc does not tell (not Linux, or a
+    /proc of another namespace mounted)."""
+    pid = os.getpid()
+    try:
+        if os.readlink("/proc/self") != str(pid):
+            return None
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return {
+            "boot": boot,
+            "pidns": os.readlink("/proc/self/ns/pid"),
+            "pid": pid,
+            "start": _start_ticks(pid),
+        }
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat's 22nd field), or
+    None if it has exited, even if not yet reaped (a zombie)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+        fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold ")"
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def holder_gone(data: bytes, here: dict[str, object] | None) -> bool:
+    """True only if the lease in `data` names a process of this machine's boot and PID
+    namespace (`here`) that is no longer running: exited, a zombie, or its PID reused."""
+    try:
+        there = json.loads(data)["process"]
+        same = here is not None and all(there[k] == here[k] for k in ("boot", "pidns"))
+        pid, start = int(there["pid"]), there["start"]
+    except (ValueError, TypeError, KeyError):
+        return False
+    if not same:
+        return False
+    try:
+        os.kill(pid, 0)  # no signal sent: only whether the PID exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # another user's process: it exists; its /proc entry may be hidden (hidepid)
+    try:
+        return _start_ticks(pid) != start
+    except (OSError, ValueError, IndexError):
+        return False  # exists but cannot be read: it may be the holder
 
 
 class _Seen:
@@ -101,12 +173,12 @@ class _Lost(Exception):
     """The lease was taken over: its holder missed heartbeats for `stale_after_s`."""
 
 
-def _heartbeat(uri: str, token: str, every_s: float, stop: threading.Event) -> None:
+def _heartbeat(uri: str, holder: _Holder, every_s: float, stop: threading.Event) -> None:
     def beat(old: bytes | None) -> bytes:
         record = json.loads(old) if old is not None else {}
-        if record.get("holder") != token:
+        if record.get("holder") != holder.token:
             raise _Lost(uri)
-        return _record(token, int(record.get("beat", 0)) + 1)
+        return holder.record(int(record.get("beat", 0)) + 1)
 
     while not stop.wait(every_s):
         try:
@@ -141,16 +213,22 @@ def _release(uri: str, token: str) -> None:
             path.unlink()
 
 
-def _take_over_if_stale(uri: str, stale_after_s: float, seen: _Seen) -> None:
-    """Delete the lease if it has not changed for `stale_after_s` of this waiter's watching,
-    unless it changed since we read it."""
+def _take_over_if_stale(
+    uri: str, stale_after_s: float, seen: _Seen, here: dict[str, object] | None
+) -> None:
+    """Delete the lease if it has not changed for `stale_after_s` of this waiter's watching, or
+    its holder is seen gone from this machine (`holder_gone`), unless it changed since we read
+    it."""
     if is_gcs(uri):
         data, generation = gcs.read_generation(uri)
-        if data is not None and seen.unchanged_for(generation) > stale_after_s:
+        if data is not None and (
+            seen.unchanged_for(generation) > stale_after_s or holder_gone(data, here)
+        ):
             gcs.delete_if_generation(uri, generation)
         return
     with local.exclusive_lock(Path(uri)):  # the heartbeat's rename cannot slip in between
         path = Path(uri)
         with contextlib.suppress(FileNotFoundError):
-            if seen.unchanged_for(path.read_bytes()) > stale_after_s:
+            data = path.read_bytes()
+            if seen.unchanged_for(data) > stale_after_s or holder_gone(data, here):
                 path.unlink()

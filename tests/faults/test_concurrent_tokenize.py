@@ -67,34 +67,36 @@ import time
 real = time.time
 time.time = lambda: real() + {skew!r}  # this node's clock is off by `skew` seconds
 from components.storage import lease
+if {elsewhere!r}:  # as if on another machine: a waiter here cannot look the process up
+    here = lease.this_process()
+    lease.this_process = lambda: {{**here, "boot": "another-machine"}}
 with lease.hold_or_wait({uri!r}, done=lambda: False, heartbeat_s=0.2):
     print("holding", flush=True)
     time.sleep(600)
 """
 
 
-def start_holder(uri: str, skew: float = 0.0) -> subprocess.Popen[str]:
-    """A process that holds the lease at `uri`, beating every 0.2 s, until killed."""
+def start_holder(uri: str, skew: float = 0.0, elsewhere: bool = False) -> subprocess.Popen[str]:
+    """A process that holds the lease at `uri`, beating every 0.2 s, until killed; `elsewhere`:
+    its lease says it runs on another machine."""
+    code = HOLD_THEN_HANG.format(uri=uri, skew=skew, elsewhere=elsewhere)
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_THEN_HANG.format(uri=uri, skew=skew)],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        env=child_env(),
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=REPO, env=child_env()
     )
     assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
     return holder
 
 
-@pytest.mark.fault("the process holding a dataset's lease is SIGKILLed")
+@pytest.mark.fault("the process holding a dataset's lease is SIGKILLed on another machine")
 def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
     uri = str(tmp_path / "datasets" / ".v1.lease")
-    holder = start_holder(uri)
+    holder = start_holder(uri, elsewhere=True)
     try:
         assert wait_briefly(uri) is False  # while the holder beats, a waiter keeps waiting ...
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
-        # ... and once its heartbeat stops, the waiter takes the lease and does the work.
+        assert wait_briefly(uri, seconds=1.0, stale_after_s=1.5) is False  # not yet stale ...
+        # ... and once its heartbeat has stopped long enough, the waiter takes the lease.
         started = time.monotonic()
         with lease.hold_or_wait(uri, done=lambda: False, stale_after_s=1.5, poll_s=0.05) as held:
             assert held is True
@@ -105,6 +107,58 @@ def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+@pytest.mark.fault("the process holding a dataset's lease is SIGKILLed on the waiter's machine")
+@pytest.mark.parametrize("where", ["local", "gcs"])
+@pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
+def test_a_holder_that_died_on_this_machine_is_taken_over_without_waiting(
+    where, reaped, tmp_path, request
+):
+    """A holder that died on the waiter's own machine is taken over at once.
+
+    The waiter sees the process gone; it does not wait out the heartbeat's staleness (an hour
+    here), which is for holders it cannot look up."""
+    uri = lease_uri(where, tmp_path, request)
+    holder = start_holder(uri)
+    try:
+        holder.send_signal(signal.SIGKILL)
+        if reaped:
+            holder.wait(timeout=30)
+        else:  # killed but not yet waited for by its parent: a zombie, still under its PID
+            with open(f"/proc/{holder.pid}/stat", encoding="ascii") as stat:
+                while stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    time.sleep(0.01)
+                    stat.seek(0)
+        assert wait_briefly(uri, seconds=30, stale_after_s=3600) is True
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+
+
+def test_only_a_process_of_this_machine_seen_gone_counts_as_gone():
+    here = lease.this_process()
+    assert here is not None  # Linux: /proc tells
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        child = {**here, "pid": alive.pid, "start": lease._start_ticks(alive.pid)}
+    finally:
+        alive.kill()
+        alive.wait()
+
+    def gone(process: object) -> bool:
+        return lease.holder_gone(json.dumps({"holder": "h", "process": process}).encode(), here)
+
+    assert gone(here) is False  # this process: running
+    assert gone({**here, "start": here["start"] - 1}) is True  # its PID, another process
+    assert gone(child) is True  # exited and reaped
+    assert gone({**child, "boot": "another-machine"}) is False  # elsewhere: cannot tell
+    assert gone({**child, "pidns": "pid:[1]"}) is False  # another PID namespace: cannot tell
+    assert gone(None) is False  # a holder without /proc
+    assert lease.holder_gone(b"not json", here) is False
+    assert lease.holder_gone(json.dumps({"holder": "h"}).encode(), here) is False  # an old lease
+    assert lease.holder_gone(json.dumps({"process": child}).encode(), None) is False
 
 
 def wait_briefly(uri: str, seconds: float = 2.0, stale_after_s: float = 1.5) -> bool:
