@@ -16,13 +16,13 @@ waiter that arrives at a lease left by a holder long dead waits `stale_after_s` 
 over. The written `heartbeat` time stays, for people reading the lease.
 
 That wait is cut short where a waiter can see for itself that the holder is gone: a holder
-that ran on the waiter's own machine (the same kernel boot) and in its PID namespace, whose
-process no longer exists, or is a zombie, or is another process under the same PID (its start
-time differs). That is the common case of one machine, `gptpipe run --local` again after a
-killed one, and of steps that share a node's disk. A holder elsewhere, or one that cannot be
-looked up (no /proc), is judged by its heartbeat alone. The record names the process as
-git's `gc.pid` does with host and PID, with the boot, namespace and start time added so that
-neither another machine nor a reused PID can pass for it.
+that ran on the waiter's own machine (the same host name and kernel boot) and in its PID and
+time namespaces, whose process no longer exists, or is a zombie, or is another process under
+the same PID (its start time differs). That is the common case of one machine (`gptpipe run
+--local` again after a killed one) and of steps that share a node's disk. A holder elsewhere,
+or one that cannot be looked up (no /proc), is judged by its heartbeat alone. The record names
+the process as git's `gc.pid` does, by host and PID, with the boot, namespaces and start time
+added so that neither another machine nor a reused PID can pass for it.
 """
 
 from __future__ import annotations
@@ -97,28 +97,36 @@ class _Holder:
         """The lease's bytes; `beat` counts the holder's heartbeats, so that every one changes
         them whatever its wall clock does."""
         record = {"holder": self.token, "beat": beat, "heartbeat": time.time()}
-        return json.dumps(
-            {**record, "host": socket.gethostname(), "process": self.process}
-        ).encode()
+        return json.dumps({**record, "process": self.process}).encode()
+
+
+# What a lease's process must share with a waiter for the waiter's lookup of its PID to be a
+# lookup of it: the host's name and the kernel's boot (not another machine, nor this one before
+# a reboot), the PID namespace (not another container's PIDs), and the time namespace (start
+# times in /proc are shifted by the reader's). A kernel without time namespaces has None in both.
+SAME = ("host", "boot", "pidns", "timens")
 
 
 def this_process() -> dict[str, object] | None:
-    """This process as another process on this machine can look it up: the kernel's boot, the
-    PID namespace, the PID and its start time; None where /proc does not tell (not Linux, or a
-    /proc of another namespace mounted)."""
+    """This process as another process on this machine can look it up (`SAME`, its PID and
+    start time); None where /proc does not tell (not Linux, or another namespace's /proc)."""
     pid = os.getpid()
     try:
         if os.readlink("/proc/self") != str(pid):
             return None
         with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
             boot = f.read().strip()
+        timens = (
+            os.readlink("/proc/self/ns/time") if os.path.lexists("/proc/self/ns/time") else None
+        )
+        place = {"host": socket.gethostname(), "boot": boot, "timens": timens}
         return {
-            "boot": boot,
+            **place,
             "pidns": os.readlink("/proc/self/ns/pid"),
             "pid": pid,
             "start": _start_ticks(pid),
         }
-    except OSError:
+    except Exception:  # noqa: BLE001 (anything odd about /proc: waiters fall back on heartbeats)
         return None
 
 
@@ -127,16 +135,20 @@ def _start_ticks(pid: int) -> int | None:
     None if it has exited, even if not yet reaped (a zombie)."""
     with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold ")"
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    # A main thread that exited while other threads run shows "Z" too: the process lives.
+    if fields[0] in ("Z", "X") and len(os.listdir(f"/proc/{pid}/task")) <= 1:
+        return None
+    return int(fields[19])
 
 
 def holder_gone(data: bytes, here: dict[str, object] | None) -> bool:
-    """True only if the lease in `data` names a process of this machine's boot and PID
-    namespace (`here`) that is no longer running: exited, a zombie, or its PID reused."""
+    """True only if the lease in `data` names a process that shares `SAME` with `here` (this
+    process) and is no longer running: exited, a zombie, or its PID reused. Anything it cannot
+    tell is False: the waiter then goes by the heartbeat."""
     try:
         there = json.loads(data)["process"]
-        same = here is not None and all(there[k] == here[k] for k in ("boot", "pidns"))
         pid, start = int(there["pid"]), there["start"]
+        same = here is not None and pid > 0 and all(there[k] == here[k] for k in SAME)
     except (ValueError, TypeError, KeyError):
         return False
     if not same:
@@ -147,6 +159,8 @@ def holder_gone(data: bytes, here: dict[str, object] | None) -> bool:
         return True
     except PermissionError:
         pass  # another user's process: it exists; its /proc entry may be hidden (hidepid)
+    except (OSError, OverflowError):
+        return False
     try:
         return _start_ticks(pid) != start
     except (OSError, ValueError, IndexError):

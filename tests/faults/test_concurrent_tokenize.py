@@ -95,7 +95,7 @@ def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
         assert wait_briefly(uri) is False  # while the holder beats, a waiter keeps waiting ...
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
-        assert wait_briefly(uri, seconds=1.0, stale_after_s=1.5) is False  # not yet stale ...
+        assert wait_briefly(uri, seconds=1.0, stale_after_s=30) is False  # not at once ...
         # ... and once its heartbeat has stopped long enough, the waiter takes the lease.
         started = time.monotonic()
         with lease.hold_or_wait(uri, done=lambda: False, stale_after_s=1.5, poll_s=0.05) as held:
@@ -126,15 +126,46 @@ def test_a_holder_that_died_on_this_machine_is_taken_over_without_waiting(
         if reaped:
             holder.wait(timeout=30)
         else:  # killed but not yet waited for by its parent: a zombie, still under its PID
-            with open(f"/proc/{holder.pid}/stat", encoding="ascii") as stat:
-                while stat.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    time.sleep(0.01)
-                    stat.seek(0)
+            wait_for_state(holder.pid, "Z")
         assert wait_briefly(uri, seconds=30, stale_after_s=3600) is True
     finally:
         if holder.poll() is None:
             holder.kill()
         holder.wait()
+
+
+def wait_for_state(pid: int, state: str, seconds: float = 30.0) -> None:
+    """Wait until /proc/<pid>/stat shows `state` (its third field)."""
+    deadline = time.monotonic() + seconds
+    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        while stat.read().rsplit(")", 1)[1].split()[0] != state:
+            assert time.monotonic() < deadline, f"process {pid} never reached state {state}"
+            time.sleep(0.01)
+            stat.seek(0)
+
+
+# Ends its main thread at the OS level (pthread_exit) while another thread goes on: the process
+# lives, though /proc/<pid>/stat shows the state of its exited main thread, "Z".
+MAIN_THREAD_EXITS = """
+import ctypes, threading, time
+threading.Thread(target=time.sleep, args=(60,)).start()
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_live_process_whose_main_thread_exited_is_not_gone():
+    here = lease.this_process()
+    assert here is not None
+    alive = subprocess.Popen([sys.executable, "-c", MAIN_THREAD_EXITS])
+    try:
+        start = lease._start_ticks(alive.pid)
+        wait_for_state(alive.pid, "Z")
+        assert alive.poll() is None
+        record = {"process": {**here, "pid": alive.pid, "start": start}}
+        assert lease.holder_gone(json.dumps(record).encode(), here) is False
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 def test_only_a_process_of_this_machine_seen_gone_counts_as_gone():
@@ -154,7 +185,12 @@ def test_only_a_process_of_this_machine_seen_gone_counts_as_gone():
     assert gone({**here, "start": here["start"] - 1}) is True  # its PID, another process
     assert gone(child) is True  # exited and reaped
     assert gone({**child, "boot": "another-machine"}) is False  # elsewhere: cannot tell
+    assert gone({**child, "host": "another-host"}) is False
     assert gone({**child, "pidns": "pid:[1]"}) is False  # another PID namespace: cannot tell
+    assert gone({**child, "timens": "time:[1]"}) is False  # its start times read otherwise
+    assert gone({**child, "pid": 2**40}) is False  # no PID at all: no error either
+    assert gone({**child, "pid": 0}) is False
+    assert gone([here]) is False
     assert gone(None) is False  # a holder without /proc
     assert lease.holder_gone(b"not json", here) is False
     assert lease.holder_gone(json.dumps({"holder": "h"}).encode(), here) is False  # an old lease
