@@ -18,11 +18,12 @@ over. The written `heartbeat` time stays, for people reading the lease.
 That wait is cut short where a waiter can see for itself that the holder is gone: a holder
 that ran on the waiter's own machine (the same host name and kernel boot) and in its PID and
 time namespaces, whose process no longer exists, or is a zombie, or is another process under
-the same PID (its start time differs). That is the common case of one machine (`gptpipe run
---local` again after a killed one) and of steps that share a node's disk. A holder elsewhere,
-or one that cannot be looked up (no /proc), is judged by its heartbeat alone. The record names
-the process as git's `gc.pid` does, by host and PID, with the boot, namespaces and start time
-added so that neither another machine nor a reused PID can pass for it.
+the same PID (its start time differs). That is the common case of one machine: `gptpipe run
+--local` again after a killed one (its steps are subprocesses of one host). A holder elsewhere
+(another pod has its own host name and PID namespace), or one that cannot be looked up (no
+/proc), is judged by its heartbeat alone. The record names the process as git's `gc.pid`
+does, by host and PID, with the boot, namespaces and start time added so that neither another
+machine nor a reused PID can pass for it.
 """
 
 from __future__ import annotations
@@ -119,9 +120,10 @@ def this_process() -> dict[str, object] | None:
         timens = (
             os.readlink("/proc/self/ns/time") if os.path.lexists("/proc/self/ns/time") else None
         )
-        place = {"host": socket.gethostname(), "boot": boot, "timens": timens}
         return {
-            **place,
+            "host": socket.gethostname(),
+            "boot": boot,
+            "timens": timens,
             "pidns": os.readlink("/proc/self/ns/pid"),
             "pid": pid,
             "start": _start_ticks(pid),
@@ -131,8 +133,8 @@ def this_process() -> dict[str, object] | None:
 
 
 def _start_ticks(pid: int) -> int | None:
-    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat's 22nd field), or
-    None if it has exited, even if not yet reaped (a zombie)."""
+    """When process `pid` started (clock ticks since boot, /proc/<pid>/stat's 22nd field); None
+    for a zombie (exited, not yet reaped); FileNotFoundError once it is reaped."""
     with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
         fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold ")"
     # A main thread that exited while other threads run shows "Z" too: the process lives.
@@ -149,7 +151,7 @@ def holder_gone(data: bytes, here: dict[str, object] | None) -> bool:
         there = json.loads(data)["process"]
         pid, start = int(there["pid"]), there["start"]
         same = here is not None and pid > 0 and all(there[k] == here[k] for k in SAME)
-    except (ValueError, TypeError, KeyError):
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):  # not a lease of ours
         return False
     if not same:
         return False

@@ -190,6 +190,7 @@ def test_only_a_process_of_this_machine_seen_gone_counts_as_gone():
     assert gone({**child, "timens": "time:[1]"}) is False  # its start times read otherwise
     assert gone({**child, "pid": 2**40}) is False  # no PID at all: no error either
     assert gone({**child, "pid": 0}) is False
+    assert gone({**child, "pid": float("inf")}) is False  # JSON's Infinity: not an int
     assert gone([here]) is False
     assert gone(None) is False  # a holder without /proc
     assert lease.holder_gone(b"not json", here) is False
