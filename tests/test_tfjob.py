@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from k8s_double import IMAGE_DIGEST, FakeKube, scenarios
+from k8s_scenarios import Script
 from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
 from components.train import tfjob, tfjob_logs, tfjob_manifest
@@ -124,39 +125,17 @@ def follow_stopped_worker0(
     spec = make_spec()
     cluster = kube.cluster
     with cluster.cond:
-        labels = dict(
-            item.split("=") for item in tfjob_manifest.worker0_selector(spec.name).split(",")
-        )
-        pod = cluster.create_pod(
-            {
-                "metadata": {
-                    "name": f"{spec.name}-worker-0",
-                    "namespace": spec.namespace,
-                    "labels": labels,
-                },
-                "spec": {"containers": [{"name": "tensorflow", "image": "i"}]},
-            }
-        )
-        uid = pod["metadata"]["uid"]
-        pod["status"] = {
-            "phase": "Failed",
-            "containerStatuses": [
-                {
-                    "name": "tensorflow",
-                    "image": "i",
-                    "imageID": "i@sha256:0",
-                    "containerID": "containerd://" + uid.replace("-", ""),
-                    "ready": False,
-                    "restartCount": 0,
-                    "state": {"terminated": {"exitCode": 1}},
-                }
-            ],
-        }
+        cluster.add_job(tfjob_manifest.build_manifest(spec))
+    worker0 = Script(cluster)
+    worker0.create_pods()
+    worker0.exit(0, 1)
+    with cluster.cond:
+        log = cluster.logs[worker0.pod(0)["metadata"]["uid"]]
         for text, partial in records:
-            cluster.logs[uid].append(text, partial)
+            log.append(text, partial)
         if seconds is not None:
             start = time.time_ns()
-            cluster.logs[uid].stamps[:] = [start + int(x * 1e9) for x in seconds]
+            log.stamps[:] = [start + int(x * 1e9) for x in seconds]
     out = io.StringIO()
     core = core or k8s.CoreV1Api(kube.api_client())
     follower = tfjob_logs.LogFollower(core, spec, out, 10)

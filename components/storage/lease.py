@@ -132,11 +132,17 @@ def this_process() -> dict[str, object] | None:
         return None
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields from the third (the state) on: those after the process's name,
+    which may hold spaces and ")"."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def _start_ticks(pid: int) -> int | None:
     """When process `pid` started (clock ticks since boot, /proc/<pid>/stat's 22nd field); None
     for a zombie (exited, not yet reaped); FileNotFoundError once it is reaped."""
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-        fields = f.read().rsplit(")", 1)[1].split()  # after the name, which may hold ")"
+    fields = stat_fields(pid)
     # A main thread that exited while other threads run shows "Z" too: the process lives.
     if fields[0] in ("Z", "X") and len(os.listdir(f"/proc/{pid}/task")) <= 1:
         return None

@@ -109,7 +109,8 @@ class LogPlace:
     the last RECENT_LINES of them as they came (stamp included), to skip when a resumed stream
     brings them again."""
 
-    def __init__(self) -> None:
+    def __init__(self, pod: str = "") -> None:
+        self.pod = pod  # the name of the container's pod, which prefixes its lines
         self.latest: tuple[int, int] | None = None
         self.written = 0
         self.recent: collections.deque[str] = collections.deque(maxlen=RECENT_LINES)
@@ -209,8 +210,6 @@ class LogFollower(threading.Thread):
         self._final = threading.Event()
         self._wake = threading.Event()  # ends a pause: set by finish and stop
         self._places: dict[tuple[str, str], LogPlace] = {}
-        self._pod_names: dict[tuple[str, str], str] = {}  # each container's pod, by key
-        self._done: set[tuple[str, str]] = set()
         self._said: set[str] = set()
 
     def run(self) -> None:
@@ -230,12 +229,13 @@ class LogFollower(threading.Thread):
                     pause = PAUSE_SECONDS
                     continue
                 name, key, stopped = todo[0]
-                place = self._places.setdefault(key, LogPlace())
-                self._pod_names[key] = name
+                place = self._places.get(key)
+                if place is None:
+                    place = self._places[key] = LogPlace(name)
                 how = self._follow(name, place)
                 if how == "ended" and stopped and place.stream_ended():
                     place.ended = True
-                    self._write_unfinished(name, place)
+                    self._write_unfinished(place)
                 if how == "dropped" and not place.brought_new:
                     failures += 1  # a stream that breaks at once, again and again: back off
                 else:
@@ -258,10 +258,10 @@ class LogFollower(threading.Thread):
         todo = []
         for pod in pods:
             key, stopped = _container(pod)
-            if key is None or key in self._done:
+            if key is None:
                 continue
-            if stopped and key in self._places and self._places[key].ended:
-                self._done.add(key)  # a stream ended after it had stopped: all of it came
+            place = self._places.get(key)
+            if place is not None and place.ended:  # done: all of its log came
                 continue
             todo.append((pod.metadata.name, key, stopped))
         return todo
@@ -337,20 +337,20 @@ class LogFollower(threading.Thread):
         self.out.write(f"[{pod_name}] {line}\n")
         self.out.flush()
 
-    def _write_unfinished(self, pod_name: str, place: LogPlace) -> None:
+    def _write_unfinished(self, place: LogPlace) -> None:
         """Write the line the container's last stream ended on, if new: the container is done,
         or nothing more will be asked of it."""
         raw, place.unfinished = place.unfinished, None
         if raw is not None and raw not in place.recent:  # never written, whatever is replayed
             place.record(raw)
-            self._write(pod_name, raw)
+            self._write(place.pod, raw)
 
     def _write_unfinished_lines(self) -> None:
         """As the job ends: the unfinished last lines of containers not done (a pod deleted
         before a quiet stream, a server that failed), as the streams left them."""
-        for key, place in self._places.items():
+        for place in self._places.values():
             if not place.ended:
-                self._write_unfinished(self._pod_names[key], place)
+                self._write_unfinished(place)
 
     def _note(self, exc: Exception, what_now: str = "trying again") -> None:
         """Say once per kind of failure that the log could not be followed, and what next."""

@@ -137,11 +137,9 @@ def test_a_holder_that_died_on_this_machine_is_taken_over_without_waiting(
 def wait_for_state(pid: int, state: str, seconds: float = 30.0) -> None:
     """Wait until /proc/<pid>/stat shows `state` (its third field)."""
     deadline = time.monotonic() + seconds
-    with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-        while stat.read().rsplit(")", 1)[1].split()[0] != state:
-            assert time.monotonic() < deadline, f"process {pid} never reached state {state}"
-            time.sleep(0.01)
-            stat.seek(0)
+    while lease.stat_fields(pid)[0] != state:
+        assert time.monotonic() < deadline, f"process {pid} never reached state {state}"
+        time.sleep(0.01)
 
 
 # Ends its main thread at the OS level (pthread_exit) while another thread goes on: the process
