@@ -8,8 +8,10 @@ pods by name (`Cluster.add_pod` adds one outside any TFJob, such as a KFP execut
 logs (`follow=true` streams until the container ends, `tailLines`, `sinceSeconds`, `sinceTime`,
 `timestamps`, Accept negotiated as the API server does; `cut_follows` drops streams early, as a
 proxy's idle timeout does, `end_follows` ends them cleanly while the container runs on,
-`end_follows_at` after so many characters, in a line or between two). The objects and what
-the apiserver does with them live in k8s_store.py. Every request is recorded.
+`end_follows_at` after so many characters, in a line or between two), and Events by
+fieldSelector (event_recorder.py records them as client-go does; `forbid_events` answers 403,
+as for a Role without `list` on events). The objects and what the apiserver does with them
+live in k8s_store.py. Every request is recorded.
 
 Behind it plays one of:
 - a scripted operator (k8s_scenarios.py): a list of steps, fast and deterministic;
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from event_recorder import matches_fields, unsupported_field
 from k8s_scenarios import COMPLETION_TIME, IMAGE_DIGEST, START_TIME, Script, Step, scenarios
 from k8s_store import Cluster, PodLog, status_object
 from kubelet_double import Kubelet
@@ -181,6 +184,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._get(self.kube.cluster.pods, parts[3], parts[5], "pods")
             if len(parts) == 7 and parts[6] == "log":
                 return self._pod_log(parts[3], parts[5], query)
+        if parts[:2] == ["api", "v1"] and parts[4:] == ["events"]:
+            return self._list_events(parts[3], query)
         self._send_json(404, status_object(404, "NotFound", f"no route {self.path}"))
 
     # -- resources --
@@ -207,6 +212,26 @@ class _Handler(BaseHTTPRequestHandler):
         self._send_json(
             200, {"apiVersion": api_version, "kind": kind, "metadata": meta, "items": items}
         )
+
+    def _list_events(self, ns: str, query: dict[str, str]) -> None:
+        """GET /api/v1/namespaces/{ns}/events?fieldSelector=...: an EventList."""
+        if self.kube.forbid_events:  # the RBAC authorizer's answer, no rule granting the verb
+            message = f'events is forbidden: cannot list resource "events" in namespace "{ns}"'
+            return self._send_json(403, status_object(403, "Forbidden", message))
+        selector = query.get("fieldSelector", "")
+        if bad := unsupported_field(selector):
+            message = f"field label not supported: {bad}"
+            return self._send_json(400, status_object(400, "BadRequest", message))
+        cluster = self.kube.cluster
+        with cluster.cond:
+            items = [
+                copy.deepcopy(e)
+                for (n, _), e in cluster.kube_events.items()
+                if n == ns and matches_fields(e, selector)
+            ]
+            rv = str(cluster.rv)
+        body = {"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": rv}}
+        self._send_json(200, {**body, "items": items})
 
     def _watch_jobs(self, ns: str, query: dict[str, str]) -> None:
         cluster = self.kube.cluster
@@ -381,6 +406,7 @@ class FakeKube:
         # (negative: short of their end)
         self.end_follows_at: list[int] = []
         self.forbid_logs = False  # pod logs answer 403 (RBAC)
+        self.forbid_events = False  # event lists answer 403 (RBAC)
         self.operator: TrainingOperator | None = None
         self.kubelet: Kubelet | None = None
         self._player: threading.Thread | None = None

@@ -3,8 +3,9 @@
 A scenario is a list of steps (`Step`: a function of `Script`) that FakeKube plays, one every
 STEP_SECONDS, once the TFJob exists. A step adds a status condition with the operator's reason
 and message, creates the `<job>-worker-<i>` pods with the operator's labels, writes their logs,
-or ends their `tensorflow` container with an exit code. tests/operator_double.py plays the
-operator for real instead (its reconcile loop, with worker processes).
+or ends their `tensorflow` container with an exit code, which the operator records as an
+ExitedWithCode event on the job (common/pod.go `ReconcilePods`). tests/operator_double.py
+plays the operator for real instead (its reconcile loop, with worker processes).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
+from event_recorder import EventRecorder
 from k8s_store import Cluster, job_label, now
 
 START_TIME = "2025-01-01T00:00:00Z"  # the scripted job's status.startTime
@@ -29,6 +31,7 @@ class Script:
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.ticks = 0  # scripted clock for lastTransitionTime, seconds after START_TIME
+        self.recorder = EventRecorder(cluster, "tfjob-controller")  # the operator's
 
     @property
     def job(self) -> dict[str, Any]:
@@ -176,7 +179,8 @@ class Script:
     def exit(self, index: int, code: int, reason: str = "") -> None:
         """End worker `index`'s container with `code` (the pod is Succeeded or Failed)."""
         with self.cluster.cond:
-            status = self.pod(index)["status"]
+            pod = self.pod(index)
+            status = pod["status"]
             status["phase"] = "Succeeded" if code == 0 else "Failed"
             container = status["containerStatuses"][0]
             container.update(ready=False, started=False)
@@ -188,6 +192,9 @@ class Script:
                     "finishedAt": now(),
                 }
             }
+            meta = pod["metadata"]
+            text = f"Pod: {meta['namespace']}.{meta['name']} exited with code {code}"
+            self.recorder.event(self.job, "TFJob", "Normal", "ExitedWithCode", text)
             self.cluster.cond.notify_all()
 
     def exit_all(self, code: int) -> None:

@@ -1,4 +1,5 @@
-"""The Kubernetes API server's state in the double: TFJobs, pods, their logs, the watch history.
+"""The Kubernetes API server's state in the double: TFJobs, pods, their logs, the watch history,
+and the Events recorded on them (tests/event_recorder.py).
 
 Each behaviour follows the Kubernetes source named beside it:
 - create: uid, creationTimestamp, resourceVersion; a pod without serviceAccountName gets
@@ -108,6 +109,8 @@ class Cluster:
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     logs: dict[str, PodLog] = field(default_factory=dict)  # pod uid -> lines
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # rv, type, obj
+    # Event objects (core/v1), what event_recorder.py records: (namespace, name) -> event
+    kube_events: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     rv: int = 100
     closed: bool = False
     job_key: tuple[str, str] = ("", "")  # the TFJob created last (the one a scenario drives)

@@ -25,7 +25,15 @@ components/train/tfjob_manifest.py writes:
   is set (Running and Restarting replace each other, nothing after Failed):
   util/status.go `setCondition`, `filterOutCondition`;
 - headless Services `<job>-worker-<i>` (common/service.go): here each is a local port, see
-  kubelet_double.py.
+  kubelet_double.py;
+- events on the job, through client-go's recorder (event_recorder.py): "Created pod" and
+  "Deleted pod" (control/pod_control.go `CreatePodsWithControllerRef`, `DeletePod`),
+  ExitedWithCode for a pod whose `tensorflow` container terminated, and the Restarting and
+  failing Warnings (common/pod.go `ReconcilePods`), the Failed event
+  past a limit (common/job.go `ReconcileJobs`), and the Succeeded and Failed ones of
+  tfjob_controller.go `UpdateJobStatus`. The operator records ExitedWithCode at every
+  reconcile that finds the container terminated; it reconciles on changes, this loop every
+  RESYNC_SECONDS, so here it is recorded at the first reconcile of each terminated container.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import threading
 import time
 from typing import Any
 
+from event_recorder import EventRecorder
 from k8s_store import Cluster, now
 
 Json = dict[str, Any]
@@ -48,6 +57,7 @@ CONTROLLER = "tfjob-controller"
 DEFAULT_PORT = 2222  # kubeflowv1.TFJobDefaultPort
 LABELS = "training.kubeflow.org/"
 RESYNC_SECONDS = 0.05
+NO_EXIT = 0xBEEF  # common/pod.go ReconcilePods: the exit code of a container not terminated
 
 
 def _seconds(stamp: str) -> float:
@@ -61,12 +71,12 @@ def _free_port() -> int:
 
 
 def exit_code(pod: dict[str, Any]) -> int:
-    """The `tensorflow` container's exit code, 0xbeef when it has none (getContainerExitCode)."""
+    """The `tensorflow` container's exit code, NO_EXIT when it has none."""
     for status in pod["status"].get("containerStatuses", []):
         terminated = status.get("state", {}).get("terminated")
         if status["name"] == "tensorflow" and terminated:
             return int(terminated["exitCode"])
-    return 0xBEEF
+    return NO_EXIT
 
 
 def set_condition(status: dict[str, Any], kind: str, reason: str, message: str) -> None:
@@ -110,6 +120,8 @@ class TrainingOperator:
         self.cluster = cluster
         self.services = services  # Service `<name>.<ns>` -> local port (shared with the kubelet)
         self._created: set[str] = set()  # job uids given their Created condition
+        self.recorder = EventRecorder(cluster, CONTROLLER)
+        self._exits_seen: set[tuple[str, int]] = set()  # (pod uid, exit code) recorded
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tfjob-controller", daemon=True)
 
@@ -149,7 +161,8 @@ class TrainingOperator:
         if message:
             status.setdefault("completionTime", now())
             for pod in pods:  # DeletePodsAndServices of a job not yet finished: all of them
-                self.cluster.delete_pod(pod)
+                self._delete_pod(job, pod)
+            self._event(job, "Normal", f"{KIND}Failed", message)
             set_condition(status, "Failed", f"{KIND}Failed", message)
             self.cluster.set_job_status(key, status)
             return
@@ -166,7 +179,7 @@ class TrainingOperator:
                 break
             if policy == "Running" and pod["status"].get("phase") not in ("Running", "Pending"):
                 continue
-            self.cluster.delete_pod(pod)
+            self._delete_pod(job, pod)
         if _is(status, "Succeeded"):
             for counts in status.get("replicaStatuses", {}).values():
                 counts["succeeded"] = counts.get("succeeded", 0) + counts.pop("active", 0)
@@ -205,7 +218,6 @@ class TrainingOperator:
 
     def _reconcile_pods(self, job: Json, spec: Json, status: Json, pods: Pods) -> None:
         """common/pod.go ReconcilePods for the Worker replicas."""
-        name = job["metadata"]["name"]
         worker = spec["tfReplicaSpecs"]["Worker"]
         counts: dict[str, int] = {}
         status.setdefault("replicaStatuses", {})["Worker"] = counts  # initializeReplicaStatuses
@@ -223,20 +235,37 @@ class TrainingOperator:
                 continue  # "We have too many pods for worker %d"
             pod = slice_[0]
             if index >= worker["replicas"]:
-                self.cluster.delete_pod(pod)
+                self._delete_pod(job, pod)
+            code = exit_code(pod)
+            if code != NO_EXIT and (pod["metadata"]["uid"], code) not in self._exits_seen:
+                self._exits_seen.add((pod["metadata"]["uid"], code))
+                meta = pod["metadata"]
+                text = f"Pod: {meta['namespace']}.{meta['name']} exited with code {code}"
+                self._event(job, "Normal", "ExitedWithCode", text)
             if pod["status"].get("phase") == "Failed":
-                self._failed_pod(name, worker["restartPolicy"], status, pod)
+                self._failed_pod(job, worker["restartPolicy"], status, pod)
             _count(counts, pod)
 
-    def _failed_pod(self, name: str, policy: str, status: Json, pod: Json) -> None:
+    def _failed_pod(self, job: Json, policy: str, status: Json, pod: Json) -> None:
+        name = job["metadata"]["name"]
         code = exit_code(pod)
         if (policy == "ExitCode" and code >= 128) or policy in ("OnFailure", "Always"):
-            self.cluster.delete_pod(pod)
+            self._delete_pod(job, pod)
             message = f"job {name} is restarting because Worker replica(s) failed."
+            self._event(job, "Warning", f"{KIND}Restarting", message)
             set_condition(status, "Restarting", f"{KIND}Restarting", message)
         elif policy == "ExitCode":
             message = f'job "{name}" is failing because "Worker" replica(s) failed.'
+            self._event(job, "Warning", f"{KIND}Failed", message)
             set_condition(status, "Failed", f"{KIND}Failed", message)
+
+    def _event(self, job: Json, type_: str, reason: str, message: str) -> None:
+        self.recorder.event(job, KIND, type_, reason, message)
+
+    def _delete_pod(self, job: Json, pod: Json) -> None:
+        """pod_control.go DeletePod: the pod, then the event on the job."""
+        self.cluster.delete_pod(pod)
+        self._event(job, "Normal", "SuccessfulDeletePod", f"Deleted pod: {pod['metadata']['name']}")
 
     def _create_pod(self, job: dict[str, Any], spec: dict[str, Any], index: int) -> None:
         """common/pod.go createNewPod."""
@@ -277,6 +306,7 @@ class TrainingOperator:
         self.cluster.create_pod(
             {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
         )
+        self._event(job, "Normal", "SuccessfulCreatePod", f"Created pod: {metadata['name']}")
 
     def _tf_config(self, job: dict[str, Any], spec: dict[str, Any], index: int) -> str:
         """tensorflow.go genTFConfigJSONStr / genClusterSpec; also makes the Services."""
@@ -316,6 +346,7 @@ class TrainingOperator:
         if expected == 0 or (worker0_done and spec.get("successPolicy") != "AllWorkers"):
             status.setdefault("completionTime", now())
             message = f"TFJob {ns}/{name} successfully completed."
+            self._event(job, "Normal", f"{KIND}Succeeded", message)
             set_condition(status, "Succeeded", f"{KIND}Succeeded", message)
         elif counts.get("active", 0) > 0:
             set_condition(status, "Running", f"{KIND}Running", f"TFJob {ns}/{name} is running.")
@@ -326,6 +357,7 @@ class TrainingOperator:
             else:
                 status.setdefault("completionTime", now())
                 message = f"TFJob {ns}/{name} has failed because {failed} Worker replica(s) failed."
+                self._event(job, "Normal", f"{KIND}Failed", message)
                 set_condition(status, "Failed", f"{KIND}Failed", message)
 
 

@@ -213,3 +213,95 @@ def test_foreground_delete_kills_the_workers_before_the_job_goes(tmp_path, recor
         assert not kube.cluster.pods
     assert ("MODIFIED", True) in kinds and kinds[-1][0] == "DELETED"
     assert not any(alive(s["pid"]) for i in (0, 1) for s in starts(records, i))
+
+
+def events_on(kube: FakeKube, selector: str) -> list[Any]:
+    """The Events the double lists by `selector`, through the Kubernetes client."""
+    return (
+        client.CoreV1Api(kube.api_client())
+        .list_namespaced_event("ml", field_selector=selector)
+        .items
+    )
+
+
+def test_the_operator_records_exits_and_pod_changes_as_events_on_the_job(tmp_path, records):
+    with running(tmp_path) as kube:
+        create(kube, spec(records, "flaky"))
+        assert kube.wait_for(lambda c: condition(kube, "Succeeded"), timeout=30)
+        uid = kube.cluster.tfjobs[KEY]["metadata"]["uid"]
+        exited = events_on(kube, f"involvedObject.uid={uid},reason=ExitedWithCode")
+        on_job = events_on(kube, "involvedObject.kind=TFJob,involvedObject.name=fake")
+        other = events_on(kube, "involvedObject.name=other")
+        with pytest.raises(client.ApiException) as bad:
+            events_on(kube, "involvedObject.labels=x")
+    # Worker 1 exited 137 twice (two pods of one name: one event counted twice), then both 0.
+    counted = {e.message: e.count for e in exited}
+    assert counted == {
+        "Pod: ml.fake-worker-1 exited with code 137": 2,
+        "Pod: ml.fake-worker-1 exited with code 0": 1,
+        "Pod: ml.fake-worker-0 exited with code 0": 1,
+    }
+    by_reason = {(e.reason, e.message): e for e in on_job}
+    created = by_reason[("SuccessfulCreatePod", "Created pod: fake-worker-1")]
+    assert created.count == 3 and created.first_timestamp <= created.last_timestamp
+    assert by_reason[("SuccessfulDeletePod", "Deleted pod: fake-worker-1")].count == 2
+    restarting = by_reason[
+        ("TFJobRestarting", "job fake is restarting because Worker replica(s) failed.")
+    ]
+    assert (restarting.type, restarting.count) == ("Warning", 2)
+    assert ("TFJobSucceeded", "TFJob ml/fake successfully completed.") in by_reason
+    for event in on_job:  # client-go's makeEvent: named after the object, about it, by the operator
+        assert event.metadata.name.startswith("fake.")
+        assert (event.involved_object.kind, event.involved_object.uid) == ("TFJob", uid)
+        assert event.involved_object.api_version == "kubeflow.org/v1"
+        assert event.source.component == "tfjob-controller"
+    assert other == []
+    assert bad.value.status == 400 and "field label not supported: involvedObject.labels" in str(
+        bad.value.body
+    )
+
+
+def test_the_event_recorder_counts_aggregates_and_throttles_as_client_go_does():
+    from event_recorder import COMBINED, SPAM_BURST, EventRecorder
+    from k8s_store import Cluster
+
+    cluster = Cluster()
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "metadata": {"namespace": "ml", "name": "j", "uid": "u"},
+    }
+    recorder = EventRecorder(cluster, "tfjob-controller")
+    with cluster.cond:
+        recorder.event(
+            job, "TFJob", "Normal", "ExitedWithCode", "Pod: ml.j-worker-0 exited with code 1"
+        )
+        recorder.event(
+            job, "TFJob", "Normal", "ExitedWithCode", "Pod: ml.j-worker-0 exited with code 1"
+        )
+        (same,) = cluster.kube_events.values()
+        assert same["count"] == 2  # the same event again: counted, not a second one
+        for index in range(1, 12):  # 11 more distinct messages of one reason
+            message = f"Pod: ml.j-worker-{index} exited with code 1"
+            recorder.event(job, "TFJob", "Normal", "ExitedWithCode", message)
+        messages = [e["message"] for e in cluster.kube_events.values()]
+        # The 10th distinct message and after are combined into one event, counted.
+        assert len(messages) == 10 and sum(m.startswith(COMBINED) for m in messages) == 1
+        combined = next(
+            e for e in cluster.kube_events.values() if e["message"].startswith(COMBINED)
+        )
+        assert (
+            combined["message"].endswith("j-worker-11 exited with code 1")
+            and combined["count"] == 3
+        )
+        # 1 + 1 + 11 events so far; the spam filter passes SPAM_BURST about one object, then none.
+        for index in range(SPAM_BURST - 13):
+            recorder.event(job, "TFJob", "Normal", "SuccessfulCreatePod", f"Created pod: p{index}")
+        before = {k: dict(v) for k, v in cluster.kube_events.items()}
+        recorder.event(job, "TFJob", "Normal", "SuccessfulCreatePod", "Created pod: dropped")
+        recorder.event(
+            job, "TFJob", "Normal", "ExitedWithCode", "Pod: ml.j-worker-0 exited with code 1"
+        )
+        assert cluster.kube_events == before  # dropped: neither a new event nor a count
+        other = {**job, "metadata": {**job["metadata"], "name": "k", "uid": "v"}}
+        recorder.event(other, "TFJob", "Normal", "SuccessfulCreatePod", "Created pod: k-worker-0")
+        assert len(cluster.kube_events) == len(before) + 1  # another object has its own bucket

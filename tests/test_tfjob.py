@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 from k8s_double import IMAGE_DIGEST, FakeKube, scenarios
 from k8s_scenarios import Script
+from k8s_store import Cluster
 from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
-from components.train import tfjob, tfjob_logs, tfjob_manifest
+from components.train import tfjob, tfjob_logs, tfjob_manifest, tfjob_status
 from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
 from components.train.tfjob_restarts import RestartLedger
 from contracts.errors import UserError
@@ -409,6 +410,121 @@ def test_restarts_past_backoff_limit_delete_the_job():
         assert err.value.reason == "BackoffLimitExceeded"
         assert kube.calls("DELETE", JOB_PATH)
         assert kube.cluster.tfjobs == {}
+
+
+def _lost_and_recreated(c: Script) -> None:
+    """Worker 1 is OOM-killed, worker 0 loses it, and the operator recreates both, in one step:
+    no change of the job comes between, so no pod listing of the launcher sees the exits."""
+    c.exit(1, 137, "OOMKilled")
+    c.recreate_pod(1)
+    c.exit(0, 143)
+    c.recreate_pod(0)
+
+
+def _restarts_seen_only_in_events(times: int) -> list[Any]:
+    restart = [
+        _lost_and_recreated,
+        lambda c: c.condition("Restarting"),
+        lambda c: c.condition("Running"),
+    ]
+    return [*scenarios.hang(), *(restart * times)]
+
+
+def test_restarts_past_backoff_limit_name_the_exits_the_operator_recorded():
+    """The operator deletes a failed pod in the reconcile that marks the job Restarting, so how
+    it exited is left only in the operator's ExitedWithCode events on the job."""
+    with FakeKube(_restarts_seen_only_in_events(times=2)) as kube:
+        with pytest.raises(LaunchError) as err:
+            run_tfjob(kube, make_spec(backoff_limit=1))
+        (listed,) = kube.calls("GET", "/api/v1/namespaces/ml/events")[-1:]
+    e = err.value
+    assert (e.reason, e.replica, e.exit_code) == ("BackoffLimitExceeded", "worker-1", 137)
+    sigkill = "worker-1 exited with code 137 (SIGKILL: out of memory, or the node evicted it)"
+    sigterm = "worker-0 exited with code 143 (SIGTERM: preempted, or it lost a peer worker)"
+    assert f"worker exits: {sigkill}; {sigterm}" in str(e)
+    assert "failing replica: worker-1, exit code: 137" in str(e)
+    assert f"restart 1; worker exits so far: {sigkill}; {sigterm}" in kube.output
+    uid_term, reason_term = listed.query["fieldSelector"].split(",")
+    assert uid_term.startswith("involvedObject.uid=") and reason_term == "reason=ExitedWithCode"
+
+
+def test_without_rights_to_events_the_error_still_says_what_it_knows():
+    """A Role from before deploy/rbac.yaml granted `list` on events: said once, never fatal."""
+    with FakeKube(_restarts_seen_only_in_events(times=2)) as kube:
+        kube.forbid_events = True
+        with pytest.raises(LaunchError) as err:
+            run_tfjob(kube, make_spec(backoff_limit=1))
+    assert (err.value.reason, err.value.replica, err.value.exit_code) == (
+        "BackoffLimitExceeded",
+        None,
+        None,
+    )
+    assert "worker exits" not in str(err.value)
+    assert kube.output.count("could not read TFJob train-run-1's events (403 Forbidden)") == 1
+    assert "deploy/rbac.yaml grants list on events" in kube.output
+
+
+def test_exits_come_from_events_newest_first_and_the_pod_listings_reason_wins():
+    def event(message: str, second: int, reason: str = "ExitedWithCode") -> dict[str, Any]:
+        return {
+            "reason": reason,
+            "message": message,
+            "lastTimestamp": f"2025-01-01T00:00:0{second}Z",
+        }
+
+    events = [
+        event("Pod: ml.train-worker-0 exited with code 143", 5),
+        event("Pod: ml.train-worker-1 exited with code 137", 4),
+        event(f"{'(combined from similar events): '}Pod: ml.train-worker-1 exited with code 1", 6),
+        event("Pod: ml.train-worker-0 exited with code 0", 7),  # a success explains no failure
+        event("Pod: ml.train-x-worker-0 exited with code 9", 8),  # job train-x's pod
+        event("Created pod: train-worker-0", 9, reason="SuccessfulCreatePod"),
+        event("Pod: ml.train-worker-1 exited with code 137", 1),  # the same exit, older
+    ]
+    recorded = tfjob_status.event_exits(events, "train")
+    assert [(e.replica, e.code) for e in recorded] == [
+        ("worker-1", 1),
+        ("worker-0", 143),
+        ("worker-1", 137),
+    ]
+    by_cause = tfjob_status.merge_exits([], recorded)  # 143 is what the others do after a loss
+    assert [(e.replica, e.code) for e in by_cause] == [
+        ("worker-1", 1),
+        ("worker-1", 137),
+        ("worker-0", 143),
+    ]
+    script = Script(Cluster())
+    with script.cluster.cond:
+        script.cluster.add_job(tfjob_manifest.build_manifest(make_spec()))
+    script.create_pods()
+    script.exit(1, 137, "OOMKilled")
+    state = tfjob_status.JobState(RestartLedger.from_annotations(2, {}))
+    state.saw_exit(script.pod(1))
+    state.saw_exit(script.pod(0))  # running: no exit
+    merged = tfjob_status.merge_exits(state.exits, recorded)
+    assert [e.describe() for e in merged] == [
+        "worker-1 exited with code 137 (OOMKilled)",  # seen in a listing: the kubelet's reason
+        "worker-1 exited with code 1",
+        "worker-0 exited with code 143 (SIGTERM: preempted, or it lost a peer worker)",  # last
+    ]
+
+
+def test_a_job_the_operator_failed_past_its_backoff_limit_names_the_recorded_exit():
+    """Past runPolicy.backoffLimit the operator deletes every pod (common/job.go ReconcileJobs)."""
+
+    def past_the_limit(c: Script) -> None:
+        c.exit(1, 137)
+        with c.cluster.cond:
+            for index in (0, 1):
+                c.cluster.remove_pod(c.pod(index))
+
+    backoff = "Job train-run-1 has failed because it has reached the specified backoff limit"
+    steps = [*scenarios.hang(), past_the_limit, lambda c: c.condition("Failed", backoff)]
+    with FakeKube(steps) as kube, pytest.raises(LaunchError) as err:
+        run_tfjob(kube)
+    e = err.value
+    assert (e.reason, e.replica, e.exit_code) == ("BackoffLimitExceeded", "worker-1", 137)
+    assert "failing replica: worker-1, exit code: 137" in str(e)
 
 
 def test_permanent_exit_while_restarting_fails_and_deletes_the_job():

@@ -7,6 +7,9 @@ adds to the operator:
   `backoff_limit` itself: under `restartPolicy: ExitCode` the v1 operator recreates pods
   forever and ignores runPolicy.backoffLimit (kubeflow/trainer#2045);
 - a worker that exits 1-127 while the job shows Restarting (kubeflow/trainer#2044) fails the job;
+- it says which worker exited how, at each restart and in its error: from the pods it lists
+  and, since the operator deletes failed pods at once, from the operator's ExitedWithCode events
+  on the job (`tfjob_status`);
 - SIGTERM (a cancelled run), its own timeout, or too many restarts DELETE the TFJob, since
   nobody else would stop it. A Failed job is left to `ttlSecondsAfterFinished` (its pods keep
   the logs), and an API error leaves the job running, so that a retried launcher re-attaches
@@ -29,6 +32,7 @@ from components.train.launcher import (
     LaunchResult,
     LaunchTimeout,
     cancel_on_sigterm,
+    format_failure,
     is_retryable_exit_code,
     run_label,
 )
@@ -45,9 +49,13 @@ from components.train.tfjob_manifest import (
 )
 from components.train.tfjob_restarts import RestartLedger
 from components.train.tfjob_status import (
+    EXITED_REASON,
     JobState,
+    WorkerExit,
     condition_true,
+    event_exits,
     failure_error,
+    merge_exits,
     permanent_error,
     terminated_exit,
 )
@@ -119,7 +127,8 @@ class TFJobLauncher:
                     self._delete(spec, why=exc.reason)
                 raise
         if state.phase == "Failed":
-            raise self._failure(spec, state.condition, list(follower.tail) if follower else [])
+            tail = list(follower.tail) if follower else []
+            raise self._failure(spec, job["metadata"]["uid"], state, tail)
         return self._result(spec, job, state, started, reattached)
 
     def _create_or_attach(
@@ -291,23 +300,24 @@ class TFJobLauncher:
         for cond in state.update(job):
             if cond.get("status") == "True":
                 self._say(f"{cond['type']}: {cond.get('reason', '')}: {cond.get('message', '')}")
-        pods = self._pods(spec, job["metadata"]["uid"])
+        uid = job["metadata"]["uid"]
+        pods = self._pods(spec, uid)
         for pod in pods:
             image_id = kube.container_image_ids(pod).get(CONTAINER, "")
             if image_id:
                 state.digests[pod["metadata"]["name"]] = image_id.rsplit("@", 1)[-1]
+            state.saw_exit(pod)
         before = state.ledger.restarts
         if state.ledger.observe(pods):
             self._record_restarts(spec, state.ledger)
         if state.ledger.restarts > before:
-            self._say(f"all {spec.workers} workers restarted: restart {state.ledger.restarts}")
-        if state.ledger.restarts > spec.backoff_limit:
-            raise LaunchError(
-                f"TFJob {spec.namespace}/{spec.name} restarted {state.ledger.restarts} times, "
-                f"more than backoff_limit={spec.backoff_limit}; deleted it",
-                reason="BackoffLimitExceeded",
-                job_name=spec.name,
+            exits = self._exits(spec, uid, state)
+            self._say(
+                f"all {spec.workers} workers restarted: restart {state.ledger.restarts}"
+                + (f"; worker exits so far: {_listed(exits)}" if exits else "")
             )
+        if state.ledger.restarts > spec.backoff_limit:
+            raise _backoff_error(spec, state.ledger.restarts, self._exits(spec, uid, state))
         if state.phase == "Restarting" and spec.restart_policy == "ExitCode":
             self._check_permanent(spec, pods)
 
@@ -380,16 +390,43 @@ class TFJobLauncher:
             return []
         return text.splitlines()[-lines:]
 
+    def _exits(self, spec: JobSpec, job_uid: str, state: JobState) -> list[WorkerExit]:
+        """The job's failed worker exits, the likely cause first: those the pod listings showed
+        and those the operator's ExitedWithCode events on this job (by uid) recorded."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        recorded: list[WorkerExit] = []
+        try:
+            events = self.core.list_namespaced_event(
+                spec.namespace,
+                field_selector=f"involvedObject.uid={job_uid},reason={EXITED_REASON}",
+            )
+            found = [self.api_client.sanitize_for_serialization(e) for e in events.items]
+            recorded = event_exits(found, spec.name)
+        except (ApiException, HTTPError, OSError) as exc:  # a diagnosis, never a new failure
+            if not state.events_unread:
+                state.events_unread = True
+                self._say(
+                    f"could not read TFJob {spec.name}'s events ({kube.api_error_brief(exc)}): "
+                    "why workers exited is shown only as far as the pod listings saw it; "
+                    "deploy/rbac.yaml grants list on events"
+                )
+        return merge_exits(state.exits, recorded)
+
     def _failure(
-        self, spec: JobSpec, condition: Mapping[str, Any], worker0_tail: list[str]
+        self, spec: JobSpec, job_uid: str, state: JobState, worker0_tail: list[str]
     ) -> LaunchError:
         """The error for a Failed job, with the failing worker's log (worker 0's if none)."""
         failed = [pod for pod in self._pods(spec) if terminated_exit(pod)]
         failed.sort(key=lambda pod: (pod.get("status") or {}).get("phase") != "Failed")
         tail = worker0_tail
+        cause = None
         if failed:
             tail = self._log_tail(spec, failed[0]["metadata"]["name"]) or tail
-        return failure_error(spec, condition, failed[0] if failed else None, tail)
+        elif exits := self._exits(spec, job_uid, state):  # the operator deleted the pods
+            cause = exits[0]
+        return failure_error(spec, state.condition, failed[0] if failed else None, tail, cause)
 
     def _result(
         self,
@@ -433,6 +470,31 @@ class TFJobLauncher:
     def _say(self, message: str) -> None:
         self.out.write(f"[tfjob] {message}\n")
         self.out.flush()
+
+
+def _listed(exits: list[WorkerExit]) -> str:
+    return "; ".join(e.describe() for e in exits)
+
+
+def _backoff_error(spec: JobSpec, restarts: int, exits: list[WorkerExit]) -> LaunchError:
+    """Restarts past `backoff_limit`: the error names the exits that caused them, if known."""
+    head = (
+        f"TFJob {spec.namespace}/{spec.name} restarted {restarts} times, "
+        f"more than backoff_limit={spec.backoff_limit}; deleted it"
+    )
+    cause = exits[0] if exits else None
+    return LaunchError(
+        format_failure(
+            head + (f"\nworker exits: {_listed(exits)}" if exits else ""),
+            cause.replica if cause else None,
+            cause.code if cause else None,
+            (),
+        ),
+        reason="BackoffLimitExceeded",
+        job_name=spec.name,
+        replica=cause.replica if cause else None,
+        exit_code=cause.code if cause else None,
+    )
 
 
 def _setup_problem(spec: JobSpec, status: int) -> str:

@@ -1,14 +1,26 @@
-"""What a TFJob's status and pods say: its phase, which worker failed and how, and the error.
+"""What a TFJob's status, pods and events say: its phase, which worker failed and how, the error.
 
 Pure functions and a small state object over the JSON the apiserver returns; `tfjob.py` does
 the reading. The messages matched here are the Training Operator v1.9's
 (pkg/controller.v1/common/job.go): its Failed conditions for a past deadline or backoff limit
 have the same reason, TFJobFailed, as a failed worker's.
+
+Why a worker failed outlives its pod only in the operator's events: under `restartPolicy:
+ExitCode` the operator deletes a failed pod in the same reconcile that marks the job
+Restarting, and past a deadline or backoff limit it deletes them all, so a listing of the pods
+seldom shows the exit. Each reconcile that finds a pod's `tensorflow` container terminated
+records an `ExitedWithCode` event on the TFJob (common/pod.go `ReconcilePods`: "Pod:
+<namespace>.<pod> exited with code <n>"). Events are best effort: client-go drops some under
+its spam filter, and after 10 distinct messages of one reason in 10 minutes it replaces them
+with one "(combined from similar events): " message (tools/record/events_cache.go), so these
+are read as a supplement to what the pod listings showed, never as the only record.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from components.train.launcher import (
@@ -23,6 +35,16 @@ from components.train.tfjob_restarts import RestartLedger
 
 DEADLINE_MESSAGE = "active longer than specified deadline"  # runPolicy.activeDeadlineSeconds
 BACKOFF_MESSAGE = "reached the specified backoff limit"  # runPolicy.backoffLimit
+EXITED_REASON = "ExitedWithCode"  # common/pod.go exitedWithCodeReason
+_EXITED = re.compile(r"Pod: (?P<namespace>[^.\s]+)\.(?P<pod>\S+) exited with code (?P<code>-?\d+)")
+# The operator names a replica's pod `<job>-<replica type>-<index>` (common/util.go GenGeneralName).
+_REPLICA_SUFFIX = re.compile(r"-(?P<type>[a-z]+)-(?P<index>\d+)$")
+# What a signal's exit code usually means for a worker; the kubelet's reason, when a pod listing
+# showed it (OOMKilled, Error), is more exact and is shown instead.
+SIGNAL_MEANING = {
+    137: "SIGKILL: out of memory, or the node evicted it",
+    143: "SIGTERM: preempted, or it lost a peer worker",
+}
 
 
 def replica(pod: Mapping[str, Any]) -> str:
@@ -39,6 +61,66 @@ def terminated_exit(pod: Mapping[str, Any]) -> tuple[int, str] | None:
             if terminated and terminated.get("exitCode"):
                 return int(terminated["exitCode"]), terminated.get("reason") or ""
     return None
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """A worker's container ended with a non-zero code: `reason` is the kubelet's, if seen."""
+
+    replica: str  # e.g. "worker-1"
+    code: int
+    reason: str = ""
+
+    def describe(self) -> str:
+        why = self.reason if self.reason not in ("", "Error") else SIGNAL_MEANING.get(self.code, "")
+        return f"{self.replica} exited with code {self.code}" + (f" ({why})" if why else "")
+
+
+def pod_exit(pod: Mapping[str, Any]) -> WorkerExit | None:
+    """The pod's failed exit as a `WorkerExit`, None if its container did not fail."""
+    ended = terminated_exit(pod)
+    return WorkerExit(replica(pod), ended[0], ended[1]) if ended else None
+
+
+def event_exits(events: Iterable[Mapping[str, Any]], job_name: str) -> list[WorkerExit]:
+    """The failed exits the operator's ExitedWithCode events on job `job_name` record, newest
+    first (by lastTimestamp), each (replica, code) once. Exit code 0 is left out."""
+    found: list[tuple[str, WorkerExit]] = []
+    for event in events:
+        if event.get("reason") != EXITED_REASON:
+            continue
+        match = _EXITED.search(event.get("message") or "")
+        if not match or int(match["code"]) == 0:
+            continue
+        pod = match["pod"]
+        suffix = _REPLICA_SUFFIX.search(pod)
+        if not suffix or pod[: suffix.start()] != job_name:
+            continue
+        when = event.get("lastTimestamp") or event.get("eventTime") or ""
+        found.append(
+            (str(when), WorkerExit(f"{suffix['type']}-{suffix['index']}", int(match["code"])))
+        )
+    found.sort(key=lambda item: item[0], reverse=True)
+    return _distinct(e for _, e in found)
+
+
+def _distinct(exits: Iterable[WorkerExit]) -> list[WorkerExit]:
+    """Each (replica, code) once, in the order given, with the first non-empty reason."""
+    kept: dict[tuple[str, int], WorkerExit] = {}
+    for e in exits:
+        key = (e.replica, e.code)
+        if key not in kept or (e.reason and not kept[key].reason):
+            kept[key] = e  # a key already there keeps its place
+    return list(kept.values())
+
+
+def merge_exits(seen: Sequence[WorkerExit], recorded: Sequence[WorkerExit]) -> list[WorkerExit]:
+    """The exits the launcher saw in pod listings (newest first) and those the operator's
+    events recorded, each (replica, code) once. The likely cause comes first: a worker that
+    did not exit 143, since under MultiWorkerMirroredStrategy the other workers exit 143
+    after they lose the one that failed (docs/training.md)."""
+    exits = _distinct([*seen, *recorded])
+    return sorted(exits, key=lambda e: e.code == 143)
 
 
 def condition_true(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -58,6 +140,13 @@ class JobState:
         self.seen: set[tuple[str, str, str]] = set()
         self.ledger = ledger
         self.digests: dict[str, str] = {}  # pod name -> the image digest its kubelet reports
+        self.exits: list[WorkerExit] = []  # failed exits seen in pod listings, newest first
+        self.events_unread = False  # listing the job's events failed (said once)
+
+    def saw_exit(self, pod: Mapping[str, Any]) -> None:
+        """Keep the pod's failed exit, if it has one, as the newest."""
+        if (ended := pod_exit(pod)) is not None:
+            self.exits = [ended, *(e for e in self.exits if e != ended)]
 
     def update(self, job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         """Take the job's conditions in; return the conditions not seen before."""
@@ -85,16 +174,20 @@ def failure_error(
     condition: Mapping[str, Any],
     failed_pod: Mapping[str, Any] | None,
     tail: Sequence[str],
+    cause: WorkerExit | None = None,
 ) -> LaunchError:
     """The error for a Failed job: the operator's reason, the failing worker, its log.
 
     A past deadline is a `LaunchTimeout` (reason DeadlineExceeded: the operator deleted the
     pods), a past backoff limit has reason BackoffLimitExceeded, as the local launcher says.
+    Without a failed pod (the operator deleted them), `cause` names the worker, if known.
     """
     name: str | None = None
     exit_code: int | None = None
     if failed_pod is not None and (ended := terminated_exit(failed_pod)):
         name, exit_code = replica(failed_pod), ended[0]
+    elif cause is not None:
+        name, exit_code = cause.replica, cause.code
     if told := input_error(spec, f"TFJob {spec.namespace}/{spec.name}", name, exit_code, tail):
         return told
     reason = condition.get("reason", "Failed")

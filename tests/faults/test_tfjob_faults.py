@@ -133,6 +133,11 @@ def test_restarts_past_the_backoff_limit_delete_the_job(tmp_path, records):
             launch(kube, fake_spec(records, "lose-peer", backoff_limit=2))
         assert kube.wait_for(lambda c: not c.tfjobs, timeout=15)
     assert err.value.reason == "BackoffLimitExceeded" and "restarted 3 times" in str(err.value)
+    # Worker 1 was SIGKILLed, worker 0 lost it: the error says so, though the operator deleted
+    # both pods at once (from its ExitedWithCode events, or a pod listing that came in time).
+    assert (err.value.replica, err.value.exit_code) == ("worker-1", 137)
+    assert "worker exits: worker-1 exited with code 137" in str(err.value)
+    assert "; worker-0 exited with code 143" in str(err.value)
 
 
 @pytest.mark.fault("a retried launcher finds its job Failed")
