@@ -1,7 +1,10 @@
-"""How a gptpipe process ends: quickly, with its own status.
+"""How a gptpipe process starts and ends: without a notice it cannot act on, quickly, with its
+own status.
 
-Every pipeline step's process (components/step_edge.py) and every trainer worker
-(trainer/task.py) registers `exit_without_final_gc` as it starts.
+The `pipelines` and `components` packages call `hide_python_eol_notice` as they are imported,
+before anything imports google-cloud-storage. Every pipeline step's process
+(components/step_edge.py) and every trainer worker (trainer/task.py) registers
+`exit_without_final_gc` as it starts.
 """
 
 from __future__ import annotations
@@ -9,6 +12,20 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import warnings
+
+
+def hide_python_eol_notice() -> None:
+    """Hide google-api-core's FutureWarning that Python 3.11 reaches its end of life in 2027-10.
+
+    google-cloud-storage imports google-api-core, which warns at import: on every `gptpipe`
+    command and at the top of every step's log. The stack pins Python 3.11 (TensorFlow 2.19
+    with ml-metadata 1.17.1, README "Stack"), so it asks nothing a gptpipe user can do. Only
+    that module's FutureWarning is hidden; every other warning still shows.
+    """
+    warnings.filterwarnings(
+        "ignore", category=FutureWarning, module=r"google\.api_core\._python_version_support"
+    )
 
 
 @functools.cache  # once per process

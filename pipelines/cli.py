@@ -6,7 +6,6 @@ import json
 import os
 import sys
 import time
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit status."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    warnings.filterwarnings("ignore", category=FutureWarning, module="google")
     args = _parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
