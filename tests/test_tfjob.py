@@ -443,6 +443,9 @@ def test_restarts_past_backoff_limit_name_the_exits_the_operator_recorded():
     sigterm = "worker-0 exited with code 143 (SIGTERM: preempted, or it lost a peer worker)"
     assert f"worker exits: {sigkill}; {sigterm}" in str(e)
     assert "failing replica: worker-1, exit code: 137" in str(e)
+    assert f"each worker has {make_spec().memory} of memory (the pipeline's worker_memory)" in str(
+        e
+    )
     assert f"restart 1; worker exits so far: {sigkill}; {sigterm}" in kube.output
     uid_term, reason_term = listed.query["fieldSelector"].split(",")
     assert uid_term.startswith("involvedObject.uid=") and reason_term == "reason=ExitedWithCode"
@@ -459,7 +462,7 @@ def test_without_rights_to_events_the_error_still_says_what_it_knows():
         None,
         None,
     )
-    assert "worker exits" not in str(err.value)
+    assert "worker exits" not in str(err.value) and "worker_memory" not in str(err.value)
     assert kube.output.count("could not read TFJob train-run-1's events (403 Forbidden)") == 1
     assert "deploy/rbac.yaml grants list on events" in kube.output
 

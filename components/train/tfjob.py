@@ -482,10 +482,17 @@ def _backoff_error(spec: JobSpec, restarts: int, exits: list[WorkerExit]) -> Lau
         f"TFJob {spec.namespace}/{spec.name} restarted {restarts} times, "
         f"more than backoff_limit={spec.backoff_limit}; deleted it"
     )
+    if exits:
+        head += f"\nworker exits: {_listed(exits)}"
+    if any(e.code == 137 for e in exits):  # what a user can change about it
+        head += (
+            f"\neach worker has {spec.memory} of memory (the pipeline's worker_memory): "
+            "raise it, or lower train.batch_size, if the exits were the OOM killer's"
+        )
     cause = exits[0] if exits else None
     return LaunchError(
         format_failure(
-            head + (f"\nworker exits: {_listed(exits)}" if exits else ""),
+            head,
             cause.replica if cause else None,
             cause.code if cause else None,
             (),
