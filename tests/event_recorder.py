@@ -3,10 +3,11 @@
 The operator records events on a TFJob through a controller-runtime recorder
 (tensorflow/tfjob_controller.go `mgr.GetEventRecorderFor("tfjob-controller")`), which is
 client-go's broadcaster with its default EventCorrelator. Played here, from the source:
-- the Event an `Eventf` makes (tools/record/event.go `makeEvent`, then `event.Source =
-  recorder.source`): named `<object name>.<creation time in ns, hex>`, in the object's
-  namespace, involvedObject the object's reference (tools/reference `GetReference`: kind,
-  namespace, name, uid, apiVersion, resourceVersion), count 1, first and last timestamp now;
+- the Event an `Eventf` makes (tools/record/event.go `makeEvent`, then `generateEvent` sets
+  `Source`, `ReportingController` from its component and `ReportingInstance` from its host,
+  empty here): named `<object name>.<creation time in ns, hex>`, in the object's namespace,
+  involvedObject the object's reference (tools/reference `GetReference`: kind, namespace,
+  name, uid, apiVersion, resourceVersion), count 1, first and last timestamp now;
 - the correlator (tools/record/events_cache.go `EventCorrelate`), in its order:
   - the aggregator (`EventAggregate`, keyed by `EventAggregatorByReasonFunc`): once 10
     distinct messages of one reason about one object came within 10 minutes, each further
@@ -17,7 +18,7 @@ client-go's broadcaster with its default EventCorrelator. Played here, from the 
     object): a token bucket per object, 25 at first, one more every 300 s; an event that
     finds the bucket empty is dropped.
 The store keeps Events as the apiserver would (Cluster.kube_events); k8s_double.py lists them
-by fieldSelector.
+by fieldSelector (k8s_store.py `event_fields`).
 """
 
 from __future__ import annotations
@@ -134,51 +135,10 @@ class EventRecorder:
             "reason": reason,
             "message": message,
             "source": {"component": self.component},
+            "reportingComponent": self.component,
+            "reportingInstance": "",
             "firstTimestamp": logged.first,
             "lastTimestamp": stamp,
             "count": logged.count,
             "type": type_,
         }
-
-
-def selectable_fields(event: dict[str, Any]) -> dict[str, str]:
-    """The fields an event list selects by: pkg/registry/core/event/strategy.go
-    `EventToSelectableFields` (metadata.name and metadata.namespace from
-    generic.ObjectMetaFieldsSet), and reportingComponent, which pkg/apis/core/v1/conversion.go
-    `AddFieldLabelConversionsForEvent` accepts as well."""
-    ref = event.get("involvedObject") or {}
-    return {
-        "metadata.name": event["metadata"]["name"],
-        "metadata.namespace": event["metadata"]["namespace"],
-        **{f"involvedObject.{k}": str(ref.get(k, "")) for k in _REF_FIELDS},
-        "reason": event.get("reason", ""),
-        "reportingComponent": event.get("reportingComponent", ""),
-        "source": (event.get("source") or {}).get("component", ""),
-        "type": event.get("type", ""),
-    }
-
-
-_REF_FIELDS = ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
-
-
-def field_terms(selector: str) -> list[tuple[str, str, bool]]:
-    """A field selector's terms as (field, value, negated) (apimachinery pkg/fields/selector.go
-    `ParseSelector`: terms joined by commas, each `key=value`, `key==value` or `key!=value`)."""
-    terms = []
-    for term in filter(None, selector.split(",")):
-        negated = "!=" in term
-        key, _, value = term.replace("!=", "=").replace("==", "=").partition("=")
-        terms.append((key, value, negated))
-    return terms
-
-
-def unsupported_field(selector: str) -> str:
-    """The first field an event list cannot be selected by, "" if none: the apiserver answers
-    400 "field label not supported: <field>" (AddFieldLabelConversionsForEvent)."""
-    known = selectable_fields({"metadata": {"name": "", "namespace": ""}})
-    return next((key for key, _, _ in field_terms(selector) if key not in known), "")
-
-
-def matches_fields(event: dict[str, Any], selector: str) -> bool:
-    fields = selectable_fields(event)
-    return all((fields[key] == value) != negated for key, value, negated in field_terms(selector))

@@ -39,9 +39,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from event_recorder import matches_fields, unsupported_field
 from k8s_scenarios import COMPLETION_TIME, IMAGE_DIGEST, START_TIME, Script, Step, scenarios
-from k8s_store import Cluster, PodLog, status_object
+from k8s_store import (
+    Cluster,
+    PodLog,
+    event_matches,
+    forbidden,
+    status_object,
+    unsupported_event_field,
+)
 from kubelet_double import Kubelet
 from kubernetes import client
 from operator_double import TrainingOperator
@@ -215,11 +221,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _list_events(self, ns: str, query: dict[str, str]) -> None:
         """GET /api/v1/namespaces/{ns}/events?fieldSelector=...: an EventList."""
-        if self.kube.forbid_events:  # the RBAC authorizer's answer, no rule granting the verb
-            message = f'events is forbidden: cannot list resource "events" in namespace "{ns}"'
-            return self._send_json(403, status_object(403, "Forbidden", message))
+        if self.kube.forbid_events:  # no rule of the Role grants the verb
+            return self._send_json(403, forbidden("list", "events", ns))
         selector = query.get("fieldSelector", "")
-        if bad := unsupported_field(selector):
+        if bad := unsupported_event_field(selector):
             message = f"field label not supported: {bad}"
             return self._send_json(400, status_object(400, "BadRequest", message))
         cluster = self.kube.cluster
@@ -227,7 +232,7 @@ class _Handler(BaseHTTPRequestHandler):
             items = [
                 copy.deepcopy(e)
                 for (n, _), e in cluster.kube_events.items()
-                if n == ns and matches_fields(e, selector)
+                if n == ns and event_matches(e, selector)
             ]
             rv = str(cluster.rv)
         body = {"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": rv}}
@@ -265,8 +270,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._send_json(404, _not_found("pods", name))
             uid = pod["metadata"]["uid"]
             if self.kube.forbid_logs:  # RBAC without `get` on pods/log
-                message = f'pods "{name}" is forbidden: cannot get resource "pods/log"'
-                return self._send_json(403, status_object(403, "Forbidden", message, name))
+                return self._send_json(403, forbidden("get", "pods/log", ns, name))
             accept = self.headers.get("Accept") or "*/*"
             if not any(t in accept for t in _LOG_MEDIA_TYPES):
                 return self._send_json(406, _not_acceptable(accept))

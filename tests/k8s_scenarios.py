@@ -19,6 +19,7 @@ from typing import Any
 
 from event_recorder import EventRecorder
 from k8s_store import Cluster, job_label, now
+from operator_double import exited_message
 
 START_TIME = "2025-01-01T00:00:00Z"  # the scripted job's status.startTime
 COMPLETION_TIME = "2025-01-01T00:30:00Z"  # its status.completionTime: 1800 s of wall time
@@ -176,8 +177,10 @@ class Script:
                 log.append(unfinished, partial=True)
             self.cluster.cond.notify_all()
 
-    def exit(self, index: int, code: int, reason: str = "") -> None:
-        """End worker `index`'s container with `code` (the pod is Succeeded or Failed)."""
+    def exit(self, index: int, code: int, reason: str = "", *, recorded: bool = True) -> None:
+        """End worker `index`'s container with `code` (the pod is Succeeded or Failed), and
+        record the operator's ExitedWithCode event, unless not `recorded` (the operator
+        deleted the pod first, or the spam filter dropped it)."""
         with self.cluster.cond:
             pod = self.pod(index)
             status = pod["status"]
@@ -192,9 +195,9 @@ class Script:
                     "finishedAt": now(),
                 }
             }
-            meta = pod["metadata"]
-            text = f"Pod: {meta['namespace']}.{meta['name']} exited with code {code}"
-            self.recorder.event(self.job, "TFJob", "Normal", "ExitedWithCode", text)
+            if recorded:
+                text = exited_message(pod, code)
+                self.recorder.event(self.job, "TFJob", "Normal", "ExitedWithCode", text)
             self.cluster.cond.notify_all()
 
     def exit_all(self, code: int) -> None:

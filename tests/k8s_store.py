@@ -34,6 +34,7 @@ from typing import Any
 
 FOREGROUND = "foregroundDeletion"  # metav1.FinalizerDeleteDependents
 DEFAULT_GRACE_SECONDS = 30  # k8s.io/api/core/v1 DefaultTerminationGracePeriodSeconds
+RUNNER = "system:serviceaccount:kubeflow:pipeline-runner"  # who the launcher runs as
 
 
 def now() -> str:
@@ -53,6 +54,63 @@ def status_object(code: int, reason: str, message: str, name: str = "") -> dict[
         "details": {"name": name, "group": "kubeflow.org", "kind": "tfjobs"},
         "code": code,
     }
+
+
+def forbidden(verb: str, resource: str, namespace: str, name: str = "") -> dict[str, Any]:
+    """The 403 Status the RBAC authorizer's denial becomes: apimachinery's
+    errors.NewForbidden ("<resource> [\"<name>\"] is forbidden: <why>") around
+    apiserver/pkg/endpoints/handlers/responsewriters/errors.go `forbiddenMessage`, for the
+    service account deploy/rbac.yaml binds."""
+    why = (
+        f'User "{RUNNER}" cannot {verb} resource "{resource}" in API group "" '
+        f'in the namespace "{namespace}"'
+    )
+    kind = resource.split("/")[0]
+    what = f'{kind} "{name}"' if name else kind
+    return status_object(403, "Forbidden", f"{what} is forbidden: {why}", name)
+
+
+# An Event's fields a list selects by: pkg/registry/core/event/strategy.go `ToSelectableFields`
+# (metadata.name and metadata.namespace from generic.ObjectMetaFieldsSet; `source` falls back to
+# reportingComponent), the labels pkg/apis/core/v1/conversion.go
+# `AddFieldLabelConversionsForEvent` accepts; any other is 400 "field label not supported".
+_INVOLVED = ("kind", "namespace", "name", "uid", "apiVersion", "resourceVersion", "fieldPath")
+
+
+def event_fields(event: dict[str, Any]) -> dict[str, str]:
+    ref = event.get("involvedObject") or {}
+    reporting = event.get("reportingComponent", "")
+    return {
+        "metadata.name": event["metadata"]["name"],
+        "metadata.namespace": event["metadata"]["namespace"],
+        **{f"involvedObject.{k}": str(ref.get(k, "")) for k in _INVOLVED},
+        "reason": event.get("reason", ""),
+        "reportingComponent": reporting,
+        "source": (event.get("source") or {}).get("component", "") or reporting,
+        "type": event.get("type", ""),
+    }
+
+
+def field_terms(selector: str) -> list[tuple[str, str, bool]]:
+    """A field selector's terms as (field, value, negated) (apimachinery pkg/fields/selector.go
+    `ParseSelector`: terms joined by commas, each `key=value`, `key==value` or `key!=value`)."""
+    terms = []
+    for term in filter(None, selector.split(",")):
+        negated = "!=" in term
+        key, _, value = term.replace("!=", "=").replace("==", "=").partition("=")
+        terms.append((key, value, negated))
+    return terms
+
+
+def unsupported_event_field(selector: str) -> str:
+    """The first field an event list cannot be selected by, "" if none."""
+    known = event_fields({"metadata": {"name": "", "namespace": ""}})
+    return next((key for key, _, _ in field_terms(selector) if key not in known), "")
+
+
+def event_matches(event: dict[str, Any], selector: str) -> bool:
+    fields = event_fields(event)
+    return all((fields[key] == value) != negated for key, value, negated in field_terms(selector))
 
 
 def merge_patch(target: Any, patch: Any) -> Any:

@@ -27,13 +27,14 @@ components/train/tfjob_manifest.py writes:
 - headless Services `<job>-worker-<i>` (common/service.go): here each is a local port, see
   kubelet_double.py;
 - events on the job, through client-go's recorder (event_recorder.py): "Created pod" and
-  "Deleted pod" (control/pod_control.go `CreatePodsWithControllerRef`, `DeletePod`),
-  ExitedWithCode for a pod whose `tensorflow` container terminated, and the Restarting and
-  failing Warnings (common/pod.go `ReconcilePods`), the Failed event
-  past a limit (common/job.go `ReconcileJobs`), and the Succeeded and Failed ones of
-  tfjob_controller.go `UpdateJobStatus`. The operator records ExitedWithCode at every
-  reconcile that finds the container terminated; it reconciles on changes, this loop every
-  RESYNC_SECONDS, so here it is recorded at the first reconcile of each terminated container.
+  "Deleted pod" (control/pod_control.go `CreatePodsWithControllerRef`, and `DeletePod`, which
+  skips a pod already terminating), "Created service" (control/service_control.go),
+  ExitedWithCode for every pod whose `tensorflow` container terminated, and the Restarting and
+  failing Warnings (common/pod.go `ReconcilePods`), the Failed event past a limit (common/job.go
+  `ReconcileJobs`), and the Succeeded and Failed ones of tfjob_controller.go
+  `UpdateJobStatus`. The operator reconciles when the job or one of its pods changes (its
+  watches, tfjob_controller.go `SetupWithManager`); this loop runs every RESYNC_SECONDS, so it
+  records ExitedWithCode only in a pass that finds the job or its pods changed since its last.
 """
 
 from __future__ import annotations
@@ -79,6 +80,12 @@ def exit_code(pod: dict[str, Any]) -> int:
     return NO_EXIT
 
 
+def exited_message(pod: dict[str, Any], code: int) -> str:
+    """The message of common/pod.go's ExitedWithCode event: "Pod: <namespace>.<name> exited
+    with code <code>"."""
+    return f"Pod: {pod['metadata']['namespace']}.{pod['metadata']['name']} exited with code {code}"
+
+
 def set_condition(status: dict[str, Any], kind: str, reason: str, message: str) -> None:
     """UpdateJobConditions with status True: util/status.go setCondition."""
     conditions = status.get("conditions") or []
@@ -121,7 +128,7 @@ class TrainingOperator:
         self.services = services  # Service `<name>.<ns>` -> local port (shared with the kubelet)
         self._created: set[str] = set()  # job uids given their Created condition
         self.recorder = EventRecorder(cluster, CONTROLLER)
-        self._exits_seen: set[tuple[str, int]] = set()  # (pod uid, exit code) recorded
+        self._last_seen: dict[str, Any] = {}  # job uid -> its and its pods' state, last pass
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="tfjob-controller", daemon=True)
 
@@ -166,7 +173,13 @@ class TrainingOperator:
             set_condition(status, "Failed", f"{KIND}Failed", message)
             self.cluster.set_job_status(key, status)
             return
-        self._reconcile_pods(job, spec, status, pods)
+        seen = (
+            job["metadata"].get("resourceVersion"),
+            sorted((p["metadata"]["uid"], json.dumps(p["status"], sort_keys=True)) for p in pods),
+        )
+        changed = self._last_seen.get(job["metadata"]["uid"]) != seen
+        self._last_seen[job["metadata"]["uid"]] = seen
+        self._reconcile_pods(job, spec, status, pods, changed)
         self._update_status(job, spec, status)
         self.cluster.set_job_status(key, status)
 
@@ -216,8 +229,11 @@ class TrainingOperator:
             return f"Job {name} has failed because it was active longer than specified deadline"
         return ""
 
-    def _reconcile_pods(self, job: Json, spec: Json, status: Json, pods: Pods) -> None:
-        """common/pod.go ReconcilePods for the Worker replicas."""
+    def _reconcile_pods(
+        self, job: Json, spec: Json, status: Json, pods: Pods, changed: bool
+    ) -> None:
+        """common/pod.go ReconcilePods for the Worker replicas (`changed`: what would have
+        triggered the operator's reconcile)."""
         worker = spec["tfReplicaSpecs"]["Worker"]
         counts: dict[str, int] = {}
         status.setdefault("replicaStatuses", {})["Worker"] = counts  # initializeReplicaStatuses
@@ -237,11 +253,8 @@ class TrainingOperator:
             if index >= worker["replicas"]:
                 self._delete_pod(job, pod)
             code = exit_code(pod)
-            if code != NO_EXIT and (pod["metadata"]["uid"], code) not in self._exits_seen:
-                self._exits_seen.add((pod["metadata"]["uid"], code))
-                meta = pod["metadata"]
-                text = f"Pod: {meta['namespace']}.{meta['name']} exited with code {code}"
-                self._event(job, "Normal", "ExitedWithCode", text)
+            if code != NO_EXIT and changed:
+                self._event(job, "Normal", "ExitedWithCode", exited_message(pod, code))
             if pod["status"].get("phase") == "Failed":
                 self._failed_pod(job, worker["restartPolicy"], status, pod)
             _count(counts, pod)
@@ -263,7 +276,10 @@ class TrainingOperator:
         self.recorder.event(job, KIND, type_, reason, message)
 
     def _delete_pod(self, job: Json, pod: Json) -> None:
-        """pod_control.go DeletePod: the pod, then the event on the job."""
+        """pod_control.go DeletePod: the pod, then the event on the job; a pod already
+        terminating is left alone, with no event."""
+        if pod["metadata"].get("deletionTimestamp"):
+            return
         self.cluster.delete_pod(pod)
         self._event(job, "Normal", "SuccessfulDeletePod", f"Deleted pod: {pod['metadata']['name']}")
 
@@ -320,6 +336,8 @@ class TrainingOperator:
                 service = f"{name}-{rt}-{i}.{ns}"
                 if service not in self.services:  # ReconcileServices (one headless Service)
                     self.services[service] = _free_port()
+                    created = f"Created service: {name}-{rt}-{i}"  # service_control.go
+                    self._event(job, "Normal", "SuccessfulCreateService", created)
                 addresses.append(f"{service}.svc:{port}")
             cluster[rt] = addresses
         task = {"type": "worker", "index": index}

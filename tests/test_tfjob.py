@@ -4,6 +4,7 @@ deleting a run's jobs, and counting restarts from the pods."""
 from __future__ import annotations
 
 import io
+import re
 import signal
 import time
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from k8s_double import IMAGE_DIGEST, FakeKube, scenarios
 from k8s_scenarios import Script
 from k8s_store import Cluster
+from kubernetes import client as kubernetes_client
 from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
 from components.train import tfjob, tfjob_logs, tfjob_manifest, tfjob_status
@@ -412,13 +414,21 @@ def test_restarts_past_backoff_limit_delete_the_job():
         assert kube.cluster.tfjobs == {}
 
 
+SIGKILL = "worker-1 exited with code 137 (SIGKILL: out of memory, or the node evicted it)"
+SIGTERM = (
+    "worker-0 exited with code 143 (SIGTERM or the trainer's retry: preempted, lost a peer "
+    "worker, or an export failed)"
+)
+
+
 def _lost_and_recreated(c: Script) -> None:
-    """Worker 1 is OOM-killed, worker 0 loses it, and the operator recreates both, in one step:
-    no change of the job comes between, so no pod listing of the launcher sees the exits."""
-    c.exit(1, 137, "OOMKilled")
-    c.recreate_pod(1)
-    c.exit(0, 143)
-    c.recreate_pod(0)
+    """Worker 1 is OOM-killed, worker 0 loses it, and the operator recreates both, all under
+    the double's lock: no pod listing of the launcher can see the exits."""
+    with c.cluster.cond:  # a Condition's lock is reentrant: each call below takes it again
+        c.exit(1, 137, "OOMKilled")
+        c.recreate_pod(1)
+        c.exit(0, 143)
+        c.recreate_pod(0)
 
 
 def _restarts_seen_only_in_events(times: int) -> list[Any]:
@@ -430,29 +440,40 @@ def _restarts_seen_only_in_events(times: int) -> list[Any]:
     return [*scenarios.hang(), *(restart * times)]
 
 
+def _an_earlier_job_of_the_same_name(c: Script) -> None:
+    """An event left on a deleted job of the same name (events live an hour): another uid."""
+    earlier = {**c.job, "metadata": {**c.job["metadata"], "uid": "uid-of-an-earlier-job"}}
+    with c.cluster.cond:
+        message = "Pod: ml.train-run-1-worker-0 exited with code 139"
+        c.recorder.event(earlier, "TFJob", "Normal", "ExitedWithCode", message)
+
+
 def test_restarts_past_backoff_limit_name_the_exits_the_operator_recorded():
     """The operator deletes a failed pod in the reconcile that marks the job Restarting, so how
     it exited is left only in the operator's ExitedWithCode events on the job."""
-    with FakeKube(_restarts_seen_only_in_events(times=2)) as kube:
+    steps = [_an_earlier_job_of_the_same_name, *_restarts_seen_only_in_events(times=2)]
+    with FakeKube(steps) as kube:
         with pytest.raises(LaunchError) as err:
             run_tfjob(kube, make_spec(backoff_limit=1))
         (listed,) = kube.calls("GET", "/api/v1/namespaces/ml/events")[-1:]
     e = err.value
     assert (e.reason, e.replica, e.exit_code) == ("BackoffLimitExceeded", "worker-1", 137)
-    sigkill = "worker-1 exited with code 137 (SIGKILL: out of memory, or the node evicted it)"
-    sigterm = "worker-0 exited with code 143 (SIGTERM: preempted, or it lost a peer worker)"
-    assert f"worker exits: {sigkill}; {sigterm}" in str(e)
-    assert "failing replica: worker-1, exit code: 137" in str(e)
-    assert f"each worker has {make_spec().memory} of memory (the pipeline's worker_memory)" in str(
-        e
+    message = str(e)
+    assert re.search(
+        rf"worker exits: {re.escape(SIGKILL)} at \S+Z; {re.escape(SIGTERM)} at ", message
     )
-    assert f"restart 1; worker exits so far: {sigkill}; {sigterm}" in kube.output
+    assert "code 139" not in message  # the earlier job's
+    assert "failing replica: worker-1, exit code: 137" in message
+    memory = f"each worker has {make_spec().memory} of memory (the pipeline's worker_memory)"
+    assert memory in message
+    assert re.search(rf"restart 1; worker exits so far: {re.escape(SIGKILL)} at \S+; ", kube.output)
+    assert kube.output.count("could not read") == 0
     uid_term, reason_term = listed.query["fieldSelector"].split(",")
     assert uid_term.startswith("involvedObject.uid=") and reason_term == "reason=ExitedWithCode"
 
 
 def test_without_rights_to_events_the_error_still_says_what_it_knows():
-    """A Role from before deploy/rbac.yaml granted `list` on events: said once, never fatal."""
+    """A Role from before deploy/rbac.yaml granted `list` on events: said once."""
     with FakeKube(_restarts_seen_only_in_events(times=2)) as kube:
         kube.forbid_events = True
         with pytest.raises(LaunchError) as err:
@@ -463,8 +484,24 @@ def test_without_rights_to_events_the_error_still_says_what_it_knows():
         None,
     )
     assert "worker exits" not in str(err.value) and "worker_memory" not in str(err.value)
-    assert kube.output.count("could not read TFJob train-run-1's events (403 Forbidden)") == 1
-    assert "deploy/rbac.yaml grants list on events" in kube.output
+    said = "could not read TFJob train-run-1's events (403 Forbidden)"
+    assert kube.output.count(said) == 1
+    assert "; deploy/rbac.yaml grants list on events" in kube.output
+
+
+def test_events_that_cannot_be_read_never_fail_a_job_that_succeeds(monkeypatch):
+    """A diagnosis only: a reply the client cannot read (or any other fault) is said once, and
+    the job's restart and success go on as before."""
+
+    def unreadable(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("Invalid value for `involved_object`, must not be `None`")
+
+    monkeypatch.setattr(kubernetes_client.CoreV1Api, "list_namespaced_event", unreadable)
+    with FakeKube(scenarios.restart_then_success(times=2)) as kube:
+        result, out = run_tfjob(kube)
+    assert result.restarts == 2
+    assert out.count("could not read TFJob train-run-1's events (ValueError)") == 1
+    assert "rbac" not in out
 
 
 def test_exits_come_from_events_newest_first_and_the_pod_listings_reason_wins():
@@ -478,56 +515,93 @@ def test_exits_come_from_events_newest_first_and_the_pod_listings_reason_wins():
     events = [
         event("Pod: ml.train-worker-0 exited with code 143", 5),
         event("Pod: ml.train-worker-1 exited with code 137", 4),
-        event(f"{'(combined from similar events): '}Pod: ml.train-worker-1 exited with code 1", 6),
+        event(f"{'(combined from similar events): '}Pod: ml.train-worker-1 exited with code 1", 3),
         event("Pod: ml.train-worker-0 exited with code 0", 7),  # a success explains no failure
         event("Pod: ml.train-x-worker-0 exited with code 9", 8),  # job train-x's pod
         event("Created pod: train-worker-0", 9, reason="SuccessfulCreatePod"),
         event("Pod: ml.train-worker-1 exited with code 137", 1),  # the same exit, older
     ]
     recorded = tfjob_status.event_exits(events, "train")
-    assert [(e.replica, e.code) for e in recorded] == [
-        ("worker-1", 1),
-        ("worker-0", 143),
-        ("worker-1", 137),
-    ]
-    by_cause = tfjob_status.merge_exits([], recorded)  # 143 is what the others do after a loss
-    assert [(e.replica, e.code) for e in by_cause] == [
-        ("worker-1", 1),
-        ("worker-1", 137),
-        ("worker-0", 143),
+    # The newest exit other than 143 first (143 is what the others do after a loss), then the
+    # rest newest first; each (replica, code) once, at its latest time.
+    assert [(e.replica, e.code, e.at) for e in recorded] == [
+        ("worker-1", 137, "2025-01-01T00:00:04Z"),
+        ("worker-1", 1, "2025-01-01T00:00:03Z"),
+        ("worker-0", 143, "2025-01-01T00:00:05Z"),
     ]
     script = Script(Cluster())
     with script.cluster.cond:
         script.cluster.add_job(tfjob_manifest.build_manifest(make_spec()))
     script.create_pods()
-    script.exit(1, 137, "OOMKilled")
+    script.exit(1, 1, "Error")
     state = tfjob_status.JobState(RestartLedger.from_annotations(2, {}))
     state.saw_exit(script.pod(1))
     state.saw_exit(script.pod(0))  # running: no exit
+    finished = script.pod(1)["status"]["containerStatuses"][0]["state"]["terminated"]
     merged = tfjob_status.merge_exits(state.exits, recorded)
-    assert [e.describe() for e in merged] == [
-        "worker-1 exited with code 137 (OOMKilled)",  # seen in a listing: the kubelet's reason
-        "worker-1 exited with code 1",
-        "worker-0 exited with code 143 (SIGTERM: preempted, or it lost a peer worker)",  # last
+    assert [e.describe() for e in merged] == [  # the listing's exit is newer than the events'
+        f"worker-1 exited with code 1 at {finished['finishedAt']}",
+        "worker-1 exited with code 137 (SIGKILL: out of memory, or the node evicted it) "
+        "at 2025-01-01T00:00:04Z",
+        SIGTERM + " at 2025-01-01T00:00:05Z",
     ]
+    oom = tfjob_status.WorkerExit("worker-1", 137, "OOMKilled", "2025-01-01T00:00:02Z")
+    (first, *_) = tfjob_status.merge_exits([oom], recorded)  # seen in a listing, recorded later
+    assert first.describe() == "worker-1 exited with code 137 (OOMKilled) at 2025-01-01T00:00:04Z"
+    assert tfjob_status.utc_stamp("2025-01-01T01:00:04+01:00") == "2025-01-01T00:00:04Z"
+
+
+def _past_the_backoff_limit(c: Script) -> None:
+    """Worker 1 dies again; the operator, past runPolicy.backoffLimit, deletes every pod first
+    (common/job.go ReconcileJobs), so this exit gets no event."""
+    with c.cluster.cond:
+        c.exit(1, 137, recorded=False)
+        for index in (0, 1):
+            c.cluster.remove_pod(c.pod(index))
+
+
+BACKOFF = "Job train-run-1 has failed because it has reached the specified backoff limit"
+DEADLINE = "Job train-run-1 has failed because it was active longer than specified deadline"
 
 
 def test_a_job_the_operator_failed_past_its_backoff_limit_names_the_recorded_exit():
-    """Past runPolicy.backoffLimit the operator deletes every pod (common/job.go ReconcileJobs)."""
-
-    def past_the_limit(c: Script) -> None:
-        c.exit(1, 137)
-        with c.cluster.cond:
-            for index in (0, 1):
-                c.cluster.remove_pod(c.pod(index))
-
-    backoff = "Job train-run-1 has failed because it has reached the specified backoff limit"
-    steps = [*scenarios.hang(), past_the_limit, lambda c: c.condition("Failed", backoff)]
+    steps = [
+        *_restarts_seen_only_in_events(times=1),
+        _past_the_backoff_limit,
+        lambda c: c.condition("Failed", BACKOFF),
+    ]
     with FakeKube(steps) as kube, pytest.raises(LaunchError) as err:
         run_tfjob(kube)
     e = err.value
     assert (e.reason, e.replica, e.exit_code) == ("BackoffLimitExceeded", "worker-1", 137)
     assert "failing replica: worker-1, exit code: 137" in str(e)
+
+
+def test_worker0s_lines_beside_a_recorded_cause_are_said_to_be_worker0s():
+    """With no pod left, the lines are worker 0's as it was followed: labelled so, and never
+    read as the failing worker's own one-line input error."""
+    cause = tfjob_status.WorkerExit("worker-1", 2)
+    condition = {"reason": "TFJobFailed", "message": BACKOFF}
+    tail = ["error: examples not found"]
+    e = tfjob_status.failure_error(make_spec(), condition, None, tail, cause)
+    assert type(e) is LaunchError and e.reason == "BackoffLimitExceeded"
+    assert "failing replica: worker-1, exit code: 2" in str(e)
+    assert "log lines of worker-0:\n  | error: examples not found" in str(e)
+
+
+def test_a_job_past_its_deadline_names_no_earlier_exit_as_the_cause():
+    steps = [
+        *_restarts_seen_only_in_events(times=1),
+        _past_the_backoff_limit,
+        lambda c: c.condition("Failed", DEADLINE),
+    ]
+    with FakeKube(steps) as kube, pytest.raises(LaunchTimeout) as err:
+        run_tfjob(kube)
+    assert (err.value.reason, err.value.replica, err.value.exit_code) == (
+        "DeadlineExceeded",
+        None,
+        None,
+    )
 
 
 def test_permanent_exit_while_restarting_fails_and_deletes_the_job():

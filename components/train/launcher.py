@@ -255,14 +255,20 @@ class LaunchCancelled(LaunchError):
 
 
 def format_failure(
-    head: str, replica: str | None, exit_code: int | None, tail: Sequence[str]
+    head: str,
+    replica: str | None,
+    exit_code: int | None,
+    tail: Sequence[str],
+    *,
+    tail_of: str | None = None,
 ) -> str:
-    """One message for a failed job: what happened, which worker, its exit code and last lines."""
+    """One message for a failed job: what happened, which worker, its exit code and last lines
+    (the failing worker's, else worker 0's; `tail_of` says whose when it is not the former)."""
     parts = [head]
     if replica is not None:
         parts.append(f"failing replica: {replica}, exit code: {exit_code}")
     if tail:
-        parts.append(f"last {len(tail)} log lines of {replica or 'worker-0'}:")
+        parts.append(f"last {len(tail)} log lines of {tail_of or replica or 'worker-0'}:")
         parts.extend(f"  | {line}" for line in tail)
     return "\n".join(parts)
 

@@ -18,6 +18,7 @@ adds to the operator:
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Mapping
@@ -49,6 +50,7 @@ from components.train.tfjob_manifest import (
 )
 from components.train.tfjob_restarts import RestartLedger
 from components.train.tfjob_status import (
+    BACKOFF_MESSAGE,
     EXITED_REASON,
     JobState,
     WorkerExit,
@@ -64,6 +66,7 @@ from contracts.errors import UserError
 TIMEOUT_SLACK_SECONDS = 900  # default launcher timeout beyond active_deadline_seconds
 DELETE_WAIT_SECONDS = 300  # how long a re-attach waits for a Failed job to be deleted
 _EPOCH = datetime.fromtimestamp(0, UTC)
+EVENTS_TIMEOUT_SECONDS = 30  # reading the job's events, a diagnosis: never waited on for long
 MAX_API_FAULTS = 10  # transient API failures in a row (about 2.5 min of backoff) before failing
 
 
@@ -310,14 +313,16 @@ class TFJobLauncher:
         before = state.ledger.restarts
         if state.ledger.observe(pods):
             self._record_restarts(spec, state.ledger)
-        if state.ledger.restarts > before:
+        restarted = state.ledger.restarts > before
+        if restarted or state.ledger.restarts > spec.backoff_limit:
             exits = self._exits(spec, uid, state)
-            self._say(
-                f"all {spec.workers} workers restarted: restart {state.ledger.restarts}"
-                + (f"; worker exits so far: {_listed(exits)}" if exits else "")
-            )
-        if state.ledger.restarts > spec.backoff_limit:
-            raise _backoff_error(spec, state.ledger.restarts, self._exits(spec, uid, state))
+            if restarted:
+                self._say(
+                    f"all {spec.workers} workers restarted: restart {state.ledger.restarts}"
+                    + (f"; worker exits so far: {_listed(exits)}" if exits else "")
+                )
+            if state.ledger.restarts > spec.backoff_limit:
+                raise _backoff_error(spec, state.ledger.restarts, exits)
         if state.phase == "Restarting" and spec.restart_policy == "ExitCode":
             self._check_permanent(spec, pods)
 
@@ -392,25 +397,32 @@ class TFJobLauncher:
 
     def _exits(self, spec: JobSpec, job_uid: str, state: JobState) -> list[WorkerExit]:
         """The job's failed worker exits, the likely cause first: those the pod listings showed
-        and those the operator's ExitedWithCode events on this job (by uid) recorded."""
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+        and those the operator's ExitedWithCode events on this job (by uid) recorded.
 
+        A diagnosis only: whatever goes wrong reading the events (no rights, an outage, a body
+        the client cannot read) is said once per kind and never fails or delays the job.
+        """
         recorded: list[WorkerExit] = []
         try:
-            events = self.core.list_namespaced_event(
+            # The raw body, as _log_tail reads it: the client's models are not needed here.
+            response = self.core.list_namespaced_event(
                 spec.namespace,
                 field_selector=f"involvedObject.uid={job_uid},reason={EXITED_REASON}",
+                _preload_content=False,
+                _request_timeout=EVENTS_TIMEOUT_SECONDS,
             )
-            found = [self.api_client.sanitize_for_serialization(e) for e in events.items]
-            recorded = event_exits(found, spec.name)
-        except (ApiException, HTTPError, OSError) as exc:  # a diagnosis, never a new failure
-            if not state.events_unread:
-                state.events_unread = True
+            recorded = event_exits(json.loads(response.data).get("items") or [], spec.name)
+        except LaunchError:  # SIGTERM's LaunchCancelled, raised wherever the main thread is
+            raise
+        except Exception as exc:
+            brief = kube.api_error_brief(exc)
+            if brief not in state.events_failures:
+                state.events_failures.add(brief)
+                rights = getattr(exc, "status", None) == 403
                 self._say(
-                    f"could not read TFJob {spec.name}'s events ({kube.api_error_brief(exc)}): "
-                    "why workers exited is shown only as far as the pod listings saw it; "
-                    "deploy/rbac.yaml grants list on events"
+                    f"could not read TFJob {spec.name}'s events ({brief}): which worker exited "
+                    "how is shown as far as the pod listings saw it"
+                    + ("; deploy/rbac.yaml grants list on events" if rights else "")
                 )
         return merge_exits(state.exits, recorded)
 
@@ -424,8 +436,10 @@ class TFJobLauncher:
         cause = None
         if failed:
             tail = self._log_tail(spec, failed[0]["metadata"]["name"]) or tail
-        elif exits := self._exits(spec, job_uid, state):  # the operator deleted the pods
-            cause = exits[0]
+        elif BACKOFF_MESSAGE in state.condition.get("message", ""):
+            # Past its backoff limit the operator deleted every pod: the exits that took it
+            # there are in its events. Past a deadline, no exit is the cause.
+            cause = next(iter(self._exits(spec, job_uid, state)), None)
         return failure_error(spec, state.condition, failed[0] if failed else None, tail, cause)
 
     def _result(

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from components.train.launcher import (
@@ -43,7 +44,8 @@ _REPLICA_SUFFIX = re.compile(r"-(?P<type>[a-z]+)-(?P<index>\d+)$")
 # showed it (OOMKilled, Error), is more exact and is shown instead.
 SIGNAL_MEANING = {
     137: "SIGKILL: out of memory, or the node evicted it",
-    143: "SIGTERM: preempted, or it lost a peer worker",
+    # the trainer exits 143 itself, to be retried, on a lost peer or a failed export
+    143: "SIGTERM or the trainer's retry: preempted, lost a peer worker, or an export failed",
 }
 
 
@@ -65,27 +67,51 @@ def terminated_exit(pod: Mapping[str, Any]) -> tuple[int, str] | None:
 
 @dataclass(frozen=True)
 class WorkerExit:
-    """A worker's container ended with a non-zero code: `reason` is the kubelet's, if seen."""
+    """A worker's container ended with a non-zero code: `reason` is the kubelet's, if a pod
+    listing showed it; `at` is when, to the second (RFC 3339, UTC), if known."""
 
     replica: str  # e.g. "worker-1"
     code: int
     reason: str = ""
+    at: str = ""
 
     def describe(self) -> str:
         why = self.reason if self.reason not in ("", "Error") else SIGNAL_MEANING.get(self.code, "")
-        return f"{self.replica} exited with code {self.code}" + (f" ({why})" if why else "")
+        return (
+            f"{self.replica} exited with code {self.code}"
+            + (f" ({why})" if why else "")
+            + (f" at {self.at}" if self.at else "")
+        )
+
+
+def utc_stamp(value: object) -> str:
+    """An apiserver time ("...Z", or "+00:00" as the client serialises it) as "...Z", to the
+    second, so that stamps from pods and events compare as strings; "" if it is none."""
+    try:
+        when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    except ValueError:
+        return ""
+    if when.tzinfo is None:
+        return ""
+    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def pod_exit(pod: Mapping[str, Any]) -> WorkerExit | None:
     """The pod's failed exit as a `WorkerExit`, None if its container did not fail."""
     ended = terminated_exit(pod)
-    return WorkerExit(replica(pod), ended[0], ended[1]) if ended else None
+    if not ended:
+        return None
+    finished = ""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == CONTAINER:
+            finished = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt", "")
+    return WorkerExit(replica(pod), ended[0], ended[1], utc_stamp(finished) if finished else "")
 
 
 def event_exits(events: Iterable[Mapping[str, Any]], job_name: str) -> list[WorkerExit]:
-    """The failed exits the operator's ExitedWithCode events on job `job_name` record, newest
-    first (by lastTimestamp), each (replica, code) once. Exit code 0 is left out."""
-    found: list[tuple[str, WorkerExit]] = []
+    """The failed exits the operator's ExitedWithCode events on job `job_name` record, each
+    (replica, code) once, at its latest recorded time. Exit code 0 is left out."""
+    found = []
     for event in events:
         if event.get("reason") != EXITED_REASON:
             continue
@@ -97,30 +123,31 @@ def event_exits(events: Iterable[Mapping[str, Any]], job_name: str) -> list[Work
         if not suffix or pod[: suffix.start()] != job_name:
             continue
         when = event.get("lastTimestamp") or event.get("eventTime") or ""
-        found.append(
-            (str(when), WorkerExit(f"{suffix['type']}-{suffix['index']}", int(match["code"])))
-        )
-    found.sort(key=lambda item: item[0], reverse=True)
-    return _distinct(e for _, e in found)
-
-
-def _distinct(exits: Iterable[WorkerExit]) -> list[WorkerExit]:
-    """Each (replica, code) once, in the order given, with the first non-empty reason."""
-    kept: dict[tuple[str, int], WorkerExit] = {}
-    for e in exits:
-        key = (e.replica, e.code)
-        if key not in kept or (e.reason and not kept[key].reason):
-            kept[key] = e  # a key already there keeps its place
-    return list(kept.values())
+        worker = f"{suffix['type']}-{suffix['index']}"
+        found.append(WorkerExit(worker, int(match["code"]), at=utc_stamp(when) if when else ""))
+    return _ordered(found)
 
 
 def merge_exits(seen: Sequence[WorkerExit], recorded: Sequence[WorkerExit]) -> list[WorkerExit]:
-    """The exits the launcher saw in pod listings (newest first) and those the operator's
-    events recorded, each (replica, code) once. The likely cause comes first: a worker that
-    did not exit 143, since under MultiWorkerMirroredStrategy the other workers exit 143
-    after they lose the one that failed (docs/training.md)."""
-    exits = _distinct([*seen, *recorded])
-    return sorted(exits, key=lambda e: e.code == 143)
+    """The exits the launcher saw in pod listings and those the operator's events recorded."""
+    return _ordered([*seen, *recorded])
+
+
+def _ordered(exits: Iterable[WorkerExit]) -> list[WorkerExit]:
+    """Each (replica, code) once, with its latest time and any reason; the likely cause first.
+
+    That is the newest exit other than 143, since under MultiWorkerMirroredStrategy the other
+    workers exit 143 once they lose the one that failed (docs/training.md); then the rest,
+    newest first.
+    """
+    kept: dict[tuple[str, int], WorkerExit] = {}
+    for e in exits:
+        old = kept.get((e.replica, e.code))
+        if old is not None:
+            e = WorkerExit(e.replica, e.code, old.reason or e.reason, max(old.at, e.at))
+        kept[(e.replica, e.code)] = e
+    newest = sorted(kept.values(), key=lambda e: e.at, reverse=True)
+    return sorted(newest, key=lambda e: e.code == 143)
 
 
 def condition_true(job: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
@@ -141,7 +168,7 @@ class JobState:
         self.ledger = ledger
         self.digests: dict[str, str] = {}  # pod name -> the image digest its kubelet reports
         self.exits: list[WorkerExit] = []  # failed exits seen in pod listings, newest first
-        self.events_unread = False  # listing the job's events failed (said once)
+        self.events_failures: set[str] = set()  # how listing the job's events failed (said once)
 
     def saw_exit(self, pod: Mapping[str, Any]) -> None:
         """Keep the pod's failed exit, if it has one, as the newest."""
@@ -180,15 +207,18 @@ def failure_error(
 
     A past deadline is a `LaunchTimeout` (reason DeadlineExceeded: the operator deleted the
     pods), a past backoff limit has reason BackoffLimitExceeded, as the local launcher says.
-    Without a failed pod (the operator deleted them), `cause` names the worker, if known.
+    Without a failed pod (the operator deleted them), `cause` names the worker, if known, and
+    `tail` is worker 0's.
     """
     name: str | None = None
     exit_code: int | None = None
+    tail_of = None
     if failed_pod is not None and (ended := terminated_exit(failed_pod)):
         name, exit_code = replica(failed_pod), ended[0]
     elif cause is not None:
-        name, exit_code = cause.replica, cause.code
-    if told := input_error(spec, f"TFJob {spec.namespace}/{spec.name}", name, exit_code, tail):
+        name, exit_code, tail_of = cause.replica, cause.code, "worker-0"
+    job = f"TFJob {spec.namespace}/{spec.name}"
+    if tail_of is None and (told := input_error(spec, job, name, exit_code, tail)):
         return told
     reason = condition.get("reason", "Failed")
     message = condition.get("message", "")
@@ -199,7 +229,7 @@ def failure_error(
     elif BACKOFF_MESSAGE in message:
         reason = "BackoffLimitExceeded"
     return error(
-        format_failure(head, name, exit_code, tail),
+        format_failure(head, name, exit_code, tail, tail_of=tail_of),
         reason=reason,
         job_name=spec.name,
         replica=name,
