@@ -16,8 +16,6 @@ Tasks run one at a time in name order where Argo would run ready tasks in parall
 
 from __future__ import annotations
 
-import contextlib
-import os
 import random
 import signal
 import subprocess
@@ -51,6 +49,7 @@ from kfp_results import (
     RunResult,
     TaskResult,
 )
+from processes import signal_group
 
 if TYPE_CHECKING:
     from kfp_backend import KfpBackend
@@ -114,7 +113,7 @@ class RunHandle:
     def kill_task(self, name: str, timeout: float = 30.0) -> None:
         """SIGKILL task `name`'s running pod (an OOM kill, a lost node), once it runs."""
         process = self._wait_running(name, timeout)
-        _signal_group(process, signal.SIGKILL)
+        signal_group(process, signal.SIGKILL)
 
     def wait_for_log(self, name: str, text: str, timeout: float = 30.0) -> None:
         """Block until the current attempt of task `name` has `text` in its log."""
@@ -373,16 +372,11 @@ def _fill_outputs(result: TaskResult, record: ExecutionRecord) -> None:
     }
 
 
-def _signal_group(process: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
-
-
 def _terminate(process: subprocess.Popen[bytes], grace: float) -> None:
     """The kubelet stopping a container: SIGTERM (Argo's emissary forwards it to the process
     group), then SIGKILL when the grace period is over."""
-    _signal_group(process, signal.SIGTERM)
+    signal_group(process, signal.SIGTERM)
     try:
         process.wait(grace)
     except subprocess.TimeoutExpired:
-        _signal_group(process, signal.SIGKILL)
+        signal_group(process, signal.SIGKILL)

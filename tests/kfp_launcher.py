@@ -17,7 +17,6 @@ the test's environment. Two absolute paths of a real pod are mapped into it:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -42,6 +41,7 @@ from kfp_gojson import (
 )
 from kfp_ir import PT
 from kfp_objectstore import BucketConfig, download, local_path_for_uri, upload
+from processes import signal_group, wait_unreaped
 
 # The images' python3: this repository's environment (.venv, else the one running the tests).
 _REPO_VENV = Path(__file__).resolve().parents[1] / ".venv" / "bin"
@@ -194,11 +194,10 @@ def run_user_command(
             start_new_session=True,  # a process group, so a signal reaches all of it
         )
         started(process)
-        code = process.wait()
+        wait_unreaped(process)
     # The container ends with its main process: whatever it left running dies with it.
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    return code
+    signal_group(process, signal.SIGKILL)
+    return process.wait()
 
 
 def pod_environment(pod: Pod, sandbox: Sandbox, extra: dict[str, str]) -> dict[str, str]:

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import threading
@@ -48,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from k8s_store import Cluster, now
+from processes import signal_group, wait_unreaped
 from tf_gcs_stand_in import StagedPod, TfGcsStandIn
 
 POLL_SECONDS = 0.05
@@ -97,8 +97,7 @@ class Kubelet:
             self.cluster.cond.notify_all()
         self._thread.join(timeout=5)
         for proc in list(self.procs.values()):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=5)
 
@@ -214,9 +213,9 @@ class Kubelet:
         uid = pod["metadata"]["uid"]
         reader = threading.Thread(target=self._read, args=(uid, proc), daemon=True)
         reader.start()
+        wait_unreaped(proc)
+        signal_group(proc, signal.SIGKILL)  # PID 1 ended: the container's others go too
         returncode = proc.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)  # PID 1 ended: the container's others go too
         reader.join(timeout=10)
         code = exit_code_of(returncode)
         if staged is not None:
@@ -274,5 +273,4 @@ class Kubelet:
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signal.SIGTERM)  # the runtime signals the container's PID 1
         elif time.monotonic() >= self.stopping[uid]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)

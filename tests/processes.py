@@ -1,6 +1,8 @@
-"""Helpers for tests that start real processes: is a pid still running, and racing processes
-released at one moment."""
+"""Helpers for tests that start real processes: is a pid still running, signalling a process
+group only while it is surely ours, and racing processes released at one moment."""
 
+import contextlib
+import os
 import subprocess
 import sys
 import tempfile
@@ -18,6 +20,27 @@ def alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the process group `proc` leads, unless Popen has reaped `proc`.
+
+    A reaped leader's PID, and so its group's ID, is free for the kernel to give to any new
+    process (pid_max is 32768 in many containers), and the signal would reach a stranger:
+    another test run started with `setsid` gets SIGTERM. While `proc` is running or an
+    unreaped zombie, its PID is its own.
+    """
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+
+
+def wait_unreaped(proc: subprocess.Popen[bytes]) -> None:
+    """Block until `proc` exits, and leave it unreaped (a zombie keeps its PID, and so its
+    group's ID, from other processes), so that `signal_group` can still reach the group's
+    other processes; `proc.wait()` reaps it after."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
 
 
 _BARRIER = """

@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from processes import alive
 
 from components.train import executor
 from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
-from components.train.local_launcher import LocalLauncher, exit_code_of
+from components.train.local_launcher import LocalLauncher, exit_code_of, exited
 from contracts.errors import UserError
 
 WORKER = r'''
@@ -240,3 +241,20 @@ def test_exit_codes_in_kubernetes_terms():
 def test_unknown_launcher_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="launcher 'slurm'"):
         executor.make_launcher("slurm", str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("script", "code"),
+    [("raise SystemExit(3)", 3), ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9)],
+)
+def test_an_exited_worker_stays_unreaped_so_its_group_id_stays_its_own(script, code):
+    """`exited` reads a worker's end without reaping it: the zombie keeps its PID, so the
+    group stop that follows cannot signal another process's group of the same number."""
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    until = time.monotonic() + 60
+    while exited(proc) is None and time.monotonic() < until:
+        time.sleep(0.01)
+    assert exited(proc) == code and proc.returncode is None
+    state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    assert state == "Z"
+    assert proc.wait(timeout=5) == code and exited(proc) == code  # reaped by Popen only

@@ -83,6 +83,27 @@ def tail_lines(path: Path, count: int) -> list[str]:
     return text.splitlines()[-count:]
 
 
+def exited(proc: subprocess.Popen[bytes]) -> int | None:
+    """`proc`'s return code once it has exited (Popen's: -N for signal N), None while it runs,
+    without reaping it.
+
+    While an exited worker stays an unreaped zombie, its PID, and so its process group's ID,
+    cannot be given to another process: `stop` can signal the group and reach only this
+    worker's children. Reaped, the number is free, and `os.killpg` on it could reach a
+    stranger's group (pid_max is 32768 in many containers). `stop` reaps the workers last.
+    """
+    if proc.returncode is not None or not hasattr(os, "waitid"):  # no waitid: macOS
+        return proc.poll()
+    try:
+        found = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return proc.poll()
+    if found is None:
+        return None
+    killed = found.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+    return -found.si_status if killed else found.si_status
+
+
 def group_alive(pgid: int) -> bool:
     """True while a process of group `pgid` runs (zombies, already dead, do not count)."""
     proc = Path("/proc")
@@ -164,10 +185,10 @@ class _WorkerGroup:
         """Wait until worker 0 succeeds, any worker fails, or the deadline passes."""
         while True:
             for index, proc in enumerate(self.procs):
-                code = proc.poll()
+                code = exited(proc)
                 if code is not None and code != 0:
                     return _Exit("failed", index, exit_code_of(code))
-            if self.procs[0].poll() == 0:
+            if exited(self.procs[0]) == 0:
                 # The operator's default success policy: the job succeeds when worker 0 does;
                 # the other workers get a moment to finish before they are stopped.
                 self._wait_all(time.monotonic() + grace)
@@ -177,23 +198,24 @@ class _WorkerGroup:
             time.sleep(POLL_SECONDS)
 
     def _wait_all(self, until: float) -> None:
-        while time.monotonic() < until and any(p.poll() is None for p in self.procs):
+        while time.monotonic() < until and any(exited(p) is None for p in self.procs):
             time.sleep(POLL_SECONDS)
 
     def stop(self, grace: float) -> None:
         """SIGTERM every worker's process group, then SIGKILL what is left after `grace`.
 
         Returns once no process of any group runs: a worker's children (data loaders, shells)
-        die with it, and nothing of this attempt can hold its ports or files afterwards.
+        die with it, and nothing of this attempt can hold its ports or files afterwards. The
+        workers are reaped only then, so that each group's ID is still theirs when signalled
+        (`exited`); one reaped already (macOS) is not signalled.
         """
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             for proc in self.procs:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, sig)
+                if proc.returncode is None:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, sig)
             until = time.monotonic() + wait
             while time.monotonic() < until and any(group_alive(p.pid) for p in self.procs):
-                for proc in self.procs:
-                    proc.poll()  # reap the workers themselves
                 time.sleep(POLL_SECONDS)
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):

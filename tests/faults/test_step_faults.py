@@ -12,7 +12,6 @@ killed with SIGKILL once its first shard is written.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import io
 import json
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import signal_group
 from trainer_fixtures import SEQ_LEN, TINY_OVERRIDES, VOCAB_SIZE, tiny_corpus
 
 from components import kfp_metadata, serving
@@ -482,8 +482,7 @@ def test_tokenize_killed_between_shards_leaves_no_dataset_and_a_rerun_succeeds(t
         written = list(datasets.glob(f".{version}.tmp-*/Split-train/*.gz"))
         assert len(written) == 1  # one shard whole, three to go
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child.pid, signal.SIGKILL)
+        signal_group(child, signal.SIGKILL)
         child.wait(timeout=30)
         child.stderr.close()
     assert child.returncode == -signal.SIGKILL
