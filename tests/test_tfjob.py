@@ -551,9 +551,9 @@ def test_exits_come_from_events_newest_first_and_the_pod_listings_reason_wins():
     assert tfjob_status.utc_stamp("2025-01-01T01:00:04+01:00") == "2025-01-01T00:00:04Z"
 
 
-def _past_the_backoff_limit(c: Script) -> None:
-    """Worker 1 dies again; the operator, past runPolicy.backoffLimit, deletes every pod first
-    (common/job.go ReconcileJobs), so this exit gets no event."""
+def _past_a_limit(c: Script) -> None:
+    """Worker 1 dies again; the operator, past runPolicy's backoff limit or deadline, deletes
+    every pod first (common/job.go ReconcileJobs), so this exit gets no event."""
     with c.cluster.cond:
         c.exit(1, 137, recorded=False)
         for index in (0, 1):
@@ -564,17 +564,26 @@ BACKOFF = "Job train-run-1 has failed because it has reached the specified backo
 DEADLINE = "Job train-run-1 has failed because it was active longer than specified deadline"
 
 
-def test_a_job_the_operator_failed_past_its_backoff_limit_names_the_recorded_exit():
+@pytest.mark.parametrize(
+    ("message", "error", "expected"),
+    [
+        (BACKOFF, LaunchError, ("BackoffLimitExceeded", "worker-1", 137)),  # the recorded exit
+        (DEADLINE, LaunchTimeout, ("DeadlineExceeded", None, None)),  # no exit is the cause
+    ],
+)
+def test_a_job_the_operator_failed_with_no_pod_left_names_the_recorded_cause(
+    message, error, expected
+):
     steps = [
         *_restarts_seen_only_in_events(times=1),
-        _past_the_backoff_limit,
-        lambda c: c.condition("Failed", BACKOFF),
+        _past_a_limit,
+        lambda c: c.condition("Failed", message),
     ]
-    with FakeKube(steps) as kube, pytest.raises(LaunchError) as err:
+    with FakeKube(steps) as kube, pytest.raises(error) as err:
         run_tfjob(kube)
     e = err.value
-    assert (e.reason, e.replica, e.exit_code) == ("BackoffLimitExceeded", "worker-1", 137)
-    assert "failing replica: worker-1, exit code: 137" in str(e)
+    assert (e.reason, e.replica, e.exit_code) == expected
+    assert ("failing replica: worker-1, exit code: 137" in str(e)) == (message == BACKOFF)
 
 
 def test_worker0s_lines_beside_a_recorded_cause_are_said_to_be_worker0s():
@@ -587,21 +596,6 @@ def test_worker0s_lines_beside_a_recorded_cause_are_said_to_be_worker0s():
     assert type(e) is LaunchError and e.reason == "BackoffLimitExceeded"
     assert "failing replica: worker-1, exit code: 2" in str(e)
     assert "log lines of worker-0:\n  | error: examples not found" in str(e)
-
-
-def test_a_job_past_its_deadline_names_no_earlier_exit_as_the_cause():
-    steps = [
-        *_restarts_seen_only_in_events(times=1),
-        _past_the_backoff_limit,
-        lambda c: c.condition("Failed", DEADLINE),
-    ]
-    with FakeKube(steps) as kube, pytest.raises(LaunchTimeout) as err:
-        run_tfjob(kube)
-    assert (err.value.reason, err.value.replica, err.value.exit_code) == (
-        "DeadlineExceeded",
-        None,
-        None,
-    )
 
 
 def test_permanent_exit_while_restarting_fails_and_deletes_the_job():
