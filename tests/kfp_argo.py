@@ -49,7 +49,7 @@ from kfp_results import (
     RunResult,
     TaskResult,
 )
-from processes import signal_group
+from processes import signal_group, wait_unreaped
 
 if TYPE_CHECKING:
     from kfp_backend import KfpBackend
@@ -376,7 +376,7 @@ def _terminate(process: subprocess.Popen[bytes], grace: float) -> None:
     """The kubelet stopping a container: SIGTERM (Argo's emissary forwards it to the process
     group), then SIGKILL when the grace period is over."""
     signal_group(process, signal.SIGTERM)
-    try:
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
+    # Not process.wait: the launcher thread (kfp_launcher.run_user_command) is the one that
+    # reaps, after it has SIGKILLed what the process left in its group.
+    if not wait_unreaped(process, grace):
         signal_group(process, signal.SIGKILL)

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from k8s_store import Cluster, now
-from processes import signal_group, wait_unreaped
+from processes import signal_group, signal_leader, wait_unreaped
 from tf_gcs_stand_in import StagedPod, TfGcsStandIn
 
 POLL_SECONDS = 0.05
@@ -270,7 +270,6 @@ class Kubelet:
         if uid not in self.stopping:
             grace = float(pod["metadata"].get("deletionGracePeriodSeconds", 30))
             self.stopping[uid] = time.monotonic() + grace
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)  # the runtime signals the container's PID 1
+            signal_leader(proc, signal.SIGTERM)  # the runtime signals the container's PID 1
         elif time.monotonic() >= self.stopping[uid]:
             signal_group(proc, signal.SIGKILL)

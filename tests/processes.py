@@ -9,6 +9,7 @@ import tempfile
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent  # children import the project from here
 
@@ -22,25 +23,57 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def _unreaped(proc: subprocess.Popen[bytes]) -> Any:
+    """Hold off Popen's reaping of `proc` (CPython's subprocess.py takes `_waitpid_lock`
+    around waitpid and setting returncode, in poll() and wait()) while the block runs.
+
+    Only one thread reaps each process here, and only once it has exited (`wait_unreaped`
+    first), so the lock is never held for long."""
+    return getattr(proc, "_waitpid_lock", None) or contextlib.nullcontext()
+
+
 def signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     """Signal the process group `proc` leads, unless Popen has reaped `proc`.
 
-    A reaped leader's PID, and so its group's ID, is free for the kernel to give to any new
-    process (pid_max is 32768 in many containers), and the signal would reach a stranger:
-    another test run started with `setsid` gets SIGTERM. While `proc` is running or an
-    unreaped zombie, its PID is its own.
+    A reaped leader's PID, and so its group's ID once its members are gone, is free for the
+    kernel to give to any new process (pid_max is 32768 in many containers), and the signal
+    would reach a stranger: another test run started with `setsid` gets SIGTERM. While `proc`
+    is running or an unreaped zombie, its PID is its own.
     """
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
+    with _unreaped(proc):
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, sig)
 
 
-def wait_unreaped(proc: subprocess.Popen[bytes]) -> None:
-    """Block until `proc` exits, and leave it unreaped (a zombie keeps its PID, and so its
-    group's ID, from other processes), so that `signal_group` can still reach the group's
-    other processes; `proc.wait()` reaps it after."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+def signal_leader(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal `proc` alone (a container runtime signals its PID 1), unless reaped; unlike
+    Popen.send_signal, without reaping it first (its poll())."""
+    with _unreaped(proc):
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)
+
+
+def wait_unreaped(proc: subprocess.Popen[bytes], timeout: float | None = None) -> bool:
+    """Wait until `proc` exits (True) or `timeout` passes (False), leaving it unreaped: a
+    zombie keeps its PID, and so its group's ID, so `signal_group` still reaches the group's
+    other processes; the one thread that reaps calls `proc.wait()` after."""
+    flags = os.WEXITED | os.WNOWAIT
+    if timeout is None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, proc.pid, flags)
+        return True
+    until = time.monotonic() + timeout
+    while True:
+        try:
+            if proc.returncode is not None or os.waitid(os.P_PID, proc.pid, flags | os.WNOHANG):
+                return True
+        except ChildProcessError:
+            return True
+        if time.monotonic() >= until:
+            return False
+        time.sleep(0.05)
 
 
 _BARRIER = """

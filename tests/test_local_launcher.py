@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -72,6 +73,20 @@ if mode == "always-137":
     if index == 1:
         print("CUDA error: an illegal memory access was encountered", flush=True)
         os._exit(137)
+    block()
+if mode == "leave-child":  # worker 1 exits 1, leaving a child that ignores SIGTERM
+    if index == 1:
+        ready = out / "child-ready"
+        code = (
+            "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "open(sys.argv[1], 'w').close(); time.sleep(60)"
+        )
+        child = subprocess.Popen([sys.executable, "-c", code, str(ready)])
+        with open(out / "pids.txt", "a") as f:
+            f.write(f"{child.pid}\n")
+        while not ready.exists():
+            time.sleep(0.01)
+        sys.exit(1)
     block()
 if mode == "hang":
     block()
@@ -243,6 +258,17 @@ def test_unknown_launcher_is_a_user_error(tmp_path):
         executor.make_launcher("slurm", str(tmp_path))
 
 
+def test_a_failed_workers_child_is_stopped_with_its_group(job, tmp_path):
+    """Worker 1 exits, leaving a child that ignores SIGTERM: its group is still signalled (the
+    worker, unreaped, keeps the group's ID its own) and the SIGKILL round ends the child."""
+    with pytest.raises(LaunchError) as err:
+        run_local(job("leave-child"), tmp_path)
+    assert (err.value.replica, err.value.exit_code) == ("worker-1", 1)
+    pids = recorded_pids(tmp_path)
+    assert len(pids) == 3 and not any(alive(p) for p in pids)  # worker 0's two, and the child
+
+
+@pytest.mark.skipif(not hasattr(os, "waitid"), reason="Python has no os.waitid on macOS")
 @pytest.mark.parametrize(
     ("script", "code"),
     [("raise SystemExit(3)", 3), ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", -9)],

@@ -504,6 +504,20 @@ def test_events_that_cannot_be_read_never_fail_a_job_that_succeeds(monkeypatch):
     assert "rbac" not in out
 
 
+def test_a_cancel_while_events_are_read_still_cancels_and_deletes_the_job(monkeypatch):
+    """SIGTERM's LaunchCancelled is raised wherever the main thread is, the events call too:
+    the diagnosis must not swallow it."""
+
+    def cancelled(*args: Any, **kwargs: Any) -> Any:
+        raise LaunchCancelled("received SIGTERM: the run was cancelled", reason="Cancelled")
+
+    monkeypatch.setattr(kubernetes_client.CoreV1Api, "list_namespaced_event", cancelled)
+    with FakeKube(scenarios.restart_then_success(times=1)) as kube:
+        with pytest.raises(LaunchCancelled):
+            run_tfjob(kube)
+        assert kube.calls("DELETE", JOB_PATH)
+
+
 def test_exits_come_from_events_newest_first_and_the_pod_listings_reason_wins():
     def event(message: str, second: int, reason: str = "ExitedWithCode") -> dict[str, Any]:
         return {

@@ -83,6 +83,9 @@ def tail_lines(path: Path, count: int) -> list[str]:
     return text.splitlines()[-count:]
 
 
+_WAITID = hasattr(os, "waitid")  # not on macOS (CPython's posixmodule.c leaves it out there)
+
+
 def exited(proc: subprocess.Popen[bytes]) -> int | None:
     """`proc`'s return code once it has exited (Popen's: -N for signal N), None while it runs,
     without reaping it.
@@ -91,8 +94,9 @@ def exited(proc: subprocess.Popen[bytes]) -> int | None:
     cannot be given to another process: `stop` can signal the group and reach only this
     worker's children. Reaped, the number is free, and `os.killpg` on it could reach a
     stranger's group (pid_max is 32768 in many containers). `stop` reaps the workers last.
+    Python has no `os.waitid` on macOS: there this reaps (Popen.poll).
     """
-    if proc.returncode is not None or not hasattr(os, "waitid"):  # no waitid: macOS
+    if proc.returncode is not None or not _WAITID:
         return proc.poll()
     try:
         found = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -207,11 +211,12 @@ class _WorkerGroup:
         Returns once no process of any group runs: a worker's children (data loaders, shells)
         die with it, and nothing of this attempt can hold its ports or files afterwards. The
         workers are reaped only then, so that each group's ID is still theirs when signalled
-        (`exited`); one reaped already (macOS) is not signalled.
+        (`exited`). On macOS a worker that exited was reaped already: its group is signalled
+        as before, since members still running keep the group's ID from other processes.
         """
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             for proc in self.procs:
-                if proc.returncode is None:
+                if proc.returncode is None or not _WAITID:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(proc.pid, sig)
             until = time.monotonic() + wait

@@ -89,11 +89,11 @@ def utc_stamp(value: object) -> str:
     second, so that stamps from pods and events compare as strings; "" if it is none."""
     try:
         when = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    except ValueError:
+        if when.tzinfo is None:
+            return ""
+        return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (ValueError, OverflowError):  # not a time, or one at the calendar's edge
         return ""
-    if when.tzinfo is None:
-        return ""
-    return when.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def pod_exit(pod: Mapping[str, Any]) -> WorkerExit | None:
