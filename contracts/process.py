@@ -15,6 +15,13 @@ import gc
 import warnings
 
 
+def stat_fields(pid: int) -> list[str]:
+    """/proc/<pid>/stat's fields from the third (the state) on: those after the process's name,
+    which may hold spaces and ")". OSError if there is no such process (or no /proc)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def hide_python_eol_notice() -> None:
     """Hide google-api-core's FutureWarning that Python 3.11 reaches its end of life in 2027-10.
 

@@ -11,16 +11,18 @@ import time
 from pathlib import Path
 from typing import Any
 
+from components.train.local_launcher import exited
+from contracts.process import stat_fields
+
 REPO = Path(__file__).resolve().parent.parent  # children import the project from here
 
 
 def alive(pid: int) -> bool:
     """True if `pid` runs (a zombie, which only waits for its parent to reap it, is not)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return stat_fields(pid)[0] != "Z"
     except (FileNotFoundError, ProcessLookupError):
         return False
-    return state != "Z"
 
 
 def _unreaped(proc: subprocess.Popen[bytes]) -> Any:
@@ -59,21 +61,16 @@ def wait_unreaped(proc: subprocess.Popen[bytes], timeout: float | None = None) -
     """Wait until `proc` exits (True) or `timeout` passes (False), leaving it unreaped: a
     zombie keeps its PID, and so its group's ID, so `signal_group` still reaches the group's
     other processes; the one thread that reaps calls `proc.wait()` after."""
-    flags = os.WEXITED | os.WNOWAIT
     if timeout is None:
         with contextlib.suppress(ChildProcessError):
-            os.waitid(os.P_PID, proc.pid, flags)
+            os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
         return True
     until = time.monotonic() + timeout
-    while True:
-        try:
-            if proc.returncode is not None or os.waitid(os.P_PID, proc.pid, flags | os.WNOHANG):
-                return True
-        except ChildProcessError:
-            return True
+    while exited(proc) is None:
         if time.monotonic() >= until:
             return False
         time.sleep(0.05)
+    return True
 
 
 _BARRIER = """

@@ -19,6 +19,7 @@ from components.train import executor
 from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
 from components.train.local_launcher import LocalLauncher, exit_code_of, exited
 from contracts.errors import UserError
+from contracts.process import stat_fields
 
 WORKER = r'''
 import json, os, signal, subprocess, sys, time
@@ -281,6 +282,5 @@ def test_an_exited_worker_stays_unreaped_so_its_group_id_stays_its_own(script, c
     while exited(proc) is None and time.monotonic() < until:
         time.sleep(0.01)
     assert exited(proc) == code and proc.returncode is None
-    state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    assert state == "Z"
+    assert stat_fields(proc.pid)[0] == "Z"
     assert proc.wait(timeout=5) == code and exited(proc) == code  # reaped by Popen only

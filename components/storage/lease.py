@@ -41,6 +41,7 @@ from pathlib import Path
 from components.storage import gcs, local
 from components.storage.files import create_exclusive, update_bytes
 from components.storage.uris import is_gcs
+from contracts.process import stat_fields
 
 HEARTBEAT_S = 10.0  # how often a holder says it is alive
 STALE_AFTER_S = 60.0  # a lease a waiter has seen unchanged this long belongs to a dead holder
@@ -130,13 +131,6 @@ def this_process() -> dict[str, object] | None:
         }
     except Exception:  # noqa: BLE001 (anything odd about /proc: waiters fall back on heartbeats)
         return None
-
-
-def stat_fields(pid: int) -> list[str]:
-    """/proc/<pid>/stat's fields from the third (the state) on: those after the process's name,
-    which may hold spaces and ")"."""
-    with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-        return f.read().rsplit(")", 1)[1].split()
 
 
 def _start_ticks(pid: int) -> int | None:

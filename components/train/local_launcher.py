@@ -43,6 +43,7 @@ from components.train.launcher import (
     input_error,
     is_retryable_exit_code,
 )
+from contracts.process import stat_fields
 
 POLL_SECONDS = 0.05  # how often the workers' exit status is checked
 
@@ -121,8 +122,8 @@ def group_alive(pgid: int) -> bool:
         if not entry.name.isdigit():
             continue
         try:
-            state, _ppid, pgrp = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
+            state, _ppid, pgrp = stat_fields(int(entry.name))[:3]
+        except (OSError, ValueError, IndexError):
             continue
         if int(pgrp) == pgid and state != "Z":
             return True

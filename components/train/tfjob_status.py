@@ -55,14 +55,20 @@ def replica(pod: Mapping[str, Any]) -> str:
     return f"{labels.get(LABEL_REPLICA_TYPE, 'worker')}-{labels.get(LABEL_REPLICA_INDEX, '?')}"
 
 
-def terminated_exit(pod: Mapping[str, Any]) -> tuple[int, str] | None:
-    """(exit code, reason) of the `tensorflow` container if it ended with a non-zero code."""
+def _failed_state(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The `tensorflow` container's `terminated` state if it ended with a non-zero code."""
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         if status.get("name") == CONTAINER:
             terminated = (status.get("state") or {}).get("terminated")
             if terminated and terminated.get("exitCode"):
-                return int(terminated["exitCode"]), terminated.get("reason") or ""
+                return dict(terminated)
     return None
+
+
+def terminated_exit(pod: Mapping[str, Any]) -> tuple[int, str] | None:
+    """(exit code, reason) of the `tensorflow` container if it ended with a non-zero code."""
+    terminated = _failed_state(pod)
+    return (int(terminated["exitCode"]), terminated.get("reason") or "") if terminated else None
 
 
 @dataclass(frozen=True)
@@ -98,14 +104,11 @@ def utc_stamp(value: object) -> str:
 
 def pod_exit(pod: Mapping[str, Any]) -> WorkerExit | None:
     """The pod's failed exit as a `WorkerExit`, None if its container did not fail."""
-    ended = terminated_exit(pod)
-    if not ended:
+    terminated = _failed_state(pod)
+    if terminated is None:
         return None
-    finished = ""
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
-        if status.get("name") == CONTAINER:
-            finished = ((status.get("state") or {}).get("terminated") or {}).get("finishedAt", "")
-    return WorkerExit(replica(pod), ended[0], ended[1], utc_stamp(finished) if finished else "")
+    code, reason = int(terminated["exitCode"]), terminated.get("reason") or ""
+    return WorkerExit(replica(pod), code, reason, utc_stamp(terminated.get("finishedAt")))
 
 
 def event_exits(events: Iterable[Mapping[str, Any]], job_name: str) -> list[WorkerExit]:
@@ -124,11 +127,11 @@ def event_exits(events: Iterable[Mapping[str, Any]], job_name: str) -> list[Work
             continue
         when = event.get("lastTimestamp") or event.get("eventTime") or ""
         worker = f"{suffix['type']}-{suffix['index']}"
-        found.append(WorkerExit(worker, int(match["code"]), at=utc_stamp(when) if when else ""))
+        found.append(WorkerExit(worker, int(match["code"]), at=utc_stamp(when)))
     return _ordered(found)
 
 
-def merge_exits(seen: Sequence[WorkerExit], recorded: Sequence[WorkerExit]) -> list[WorkerExit]:
+def merge_exits(seen: Iterable[WorkerExit], recorded: Iterable[WorkerExit]) -> list[WorkerExit]:
     """The exits the launcher saw in pod listings and those the operator's events recorded."""
     return _ordered([*seen, *recorded])
 
@@ -167,13 +170,13 @@ class JobState:
         self.seen: set[tuple[str, str, str]] = set()
         self.ledger = ledger
         self.digests: dict[str, str] = {}  # pod name -> the image digest its kubelet reports
-        self.exits: list[WorkerExit] = []  # failed exits seen in pod listings, newest first
+        self.exits: set[WorkerExit] = set()  # failed exits seen in pod listings
         self.events_failures: set[str] = set()  # how listing the job's events failed (said once)
 
     def saw_exit(self, pod: Mapping[str, Any]) -> None:
-        """Keep the pod's failed exit, if it has one, as the newest."""
+        """Keep the pod's failed exit, if it has one (`merge_exits` orders them)."""
         if (ended := pod_exit(pod)) is not None:
-            self.exits = [ended, *(e for e in self.exits if e != ended)]
+            self.exits.add(ended)
 
     def update(self, job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         """Take the job's conditions in; return the conditions not seen before."""

@@ -17,6 +17,7 @@ from processes import REPO, run_together
 
 from components import storage
 from components.storage import lease
+from contracts.process import stat_fields
 
 pytest_plugins = ["gcs_emulator"]
 
@@ -137,7 +138,7 @@ def test_a_holder_that_died_on_this_machine_is_taken_over_without_waiting(
 def wait_for_state(pid: int, state: str, seconds: float = 30.0) -> None:
     """Wait until /proc/<pid>/stat shows `state` (its third field)."""
     deadline = time.monotonic() + seconds
-    while lease.stat_fields(pid)[0] != state:
+    while stat_fields(pid)[0] != state:
         assert time.monotonic() < deadline, f"process {pid} never reached state {state}"
         time.sleep(0.01)
 
