@@ -431,13 +431,32 @@ def _lost_and_recreated(c: Script) -> None:
         c.recreate_pod(0)
 
 
+def _recorded(restarts: int) -> Any:
+    """A step that waits until the launcher has counted `restarts` (its annotation on the job):
+    two restarts the launcher lists no pods between would count as one."""
+
+    def step(c: Script) -> None:
+        until = time.monotonic() + 60
+        with c.cluster.cond:
+            while time.monotonic() < until and c.cluster.job_key in c.cluster.tfjobs:
+                annotations = c.job["metadata"].get("annotations") or {}
+                if annotations.get("gptpipe.dev/restarts") == str(restarts):
+                    return
+                c.cluster.cond.wait(0.05)
+
+    return step
+
+
 def _restarts_seen_only_in_events(times: int) -> list[Any]:
-    restart = [
-        _lost_and_recreated,
-        lambda c: c.condition("Restarting"),
-        lambda c: c.condition("Running"),
-    ]
-    return [*scenarios.hang(), *(restart * times)]
+    steps = [*scenarios.hang()]
+    for restart in range(1, times + 1):
+        steps += [
+            _lost_and_recreated,
+            lambda c: c.condition("Restarting"),
+            lambda c: c.condition("Running"),
+            _recorded(restart),
+        ]
+    return steps
 
 
 def _an_earlier_job_of_the_same_name(c: Script) -> None:
