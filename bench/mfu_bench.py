@@ -20,7 +20,10 @@ attention's six over the whole T x T scores, the tied head's three) at the model
 timed alone in one fresh process right after the same 2048^2 reference, over that reference.
 Smaller, transposed and batched matmuls run below the 2048^2 one's rate, and the count holds
 only the causal half of the attention matmuls the step runs, so the ceiling is under 100%; an
-MFU target above it cannot be met by any change outside the matmul kernels.
+MFU target above it cannot be met by any change outside the matmul kernels. The ceiling figure's
+details also list each distinct matmul of the d_model 512 step timed alone
+over the same reference, slowest first, with its share of the matmul time (its note names the
+slowest): which shapes the CPU's matmul library runs below its 2048^2 rate.
 
 The curve is at issue 13's shape (4 layers, 8 heads, seq_len 256, batch 8, vocabulary 2048)
 with d_model 128, 256 and 512 (MLP 4 x d_model), the trainer in float32 (`train.precision=
@@ -30,6 +33,7 @@ policy (peer_bench's runs) over a bfloat16 2048 x 2048 matmul's FLOP/s, timed th
 
     python -m bench.mfu_bench --matmul 2048 --threads 2 [--dtype bfloat16]   # the reference
     python -m bench.mfu_bench --ceiling 128,256,512 [--dtype bfloat16]       # and the ceilings
+    python -m bench.mfu_bench --rates 512                # each step matmul alone, slowest first
 """
 
 from __future__ import annotations
@@ -78,6 +82,14 @@ def ceilings(
     args = ["--ceiling", ",".join(map(str, d_models)), "--threads", str(threads)]
     done = _child([*args, "--dtype", dtype, *(["--full"] if full else [])])
     return {int(d): float(c) for d, c in done["ceilings"].items()}
+
+
+def matmul_rates(d_model: int, full: bool, threads: int = workloads.THREADS) -> list[dict]:
+    """Each distinct matmul of the step at `d_model`, timed alone in one fresh process, over
+    the 2048^2 reference timed there: which shapes hold the ceiling down (`_time_rates`)."""
+    args = ["--rates", str(d_model), "--threads", str(threads), *(["--full"] if full else [])]
+    rates: list[dict] = _child(args)["rates"]
+    return rates
 
 
 def _best_seconds(
@@ -154,6 +166,53 @@ def _time_ceilings(d_models: list[int], full: bool, threads: int, dtype: str) ->
     return {"flops_per_second": samples, "ceilings": found}
 
 
+def _time_rates(d_model: int, full: bool, threads: int) -> dict:
+    """In this process: the reference, then each distinct matmul of the step at `d_model`
+    alone (float32), ranked by `rank_matmuls`."""
+    import tensorflow as tf
+
+    reference = _time_matmul(MATMUL_N, threads)
+    cfg = trainer_run.config("tiny", _overrides(d_model, full))
+    matmuls = flops.step_matmuls(cfg.model, cfg.train.batch_size)
+    seconds = {}
+    for mm in dict.fromkeys(matmuls):
+        a, b = tf.random.normal(mm.a), tf.random.normal(mm.b)
+        product = tf.function(
+            lambda x, y, mm=mm: tf.matmul(
+                x, y, transpose_a=mm.transpose_a, transpose_b=mm.transpose_b
+            )
+        )
+        seconds[mm] = _best_seconds(product, (a, b), 3, 0.25)
+    return {"rates": rank_matmuls(matmuls, seconds, reference)}
+
+
+def rank_matmuls(
+    matmuls: Sequence[flops.Matmul], seconds: dict[flops.Matmul, float], reference: float
+) -> list[dict]:
+    """Each distinct matmul of a step with its FLOP/s over the `reference` FLOP/s and its share
+    of the step's matmul time (repeats counted: each block's run n_layer times), slowest first.
+    `seconds`: one run of each, timed alone."""
+    total = sum(seconds[mm] for mm in matmuls)
+    found = [
+        {
+            "a": mm.a,
+            "b": mm.b,
+            "transpose_a": mm.transpose_a,
+            "transpose_b": mm.transpose_b,
+            "of_reference": mm.flops / took / reference,
+            "share_of_matmul_time": took * matmuls.count(mm) / total,
+        }
+        for mm, took in seconds.items()
+    ]
+    return sorted(found, key=lambda r: float(r["of_reference"]))
+
+
+def describe_matmul(rate: dict) -> str:
+    """A `rank_matmuls` entry as text: "(2048, 2048) x (512, 2048)T" (T: transposed)."""
+    a = f"{tuple(rate['a'])}" + ("T" if rate["transpose_a"] else "")
+    return f"{a} x {tuple(rate['b'])}" + ("T" if rate["transpose_b"] else "")
+
+
 def _threads(threads: int) -> None:
     import tensorflow as tf
 
@@ -210,7 +269,9 @@ def _point(
     )
 
 
-def _ceiling_figure(d_model: int, ceiling: float, samples: dict[int, float]) -> Figure:
+def _ceiling_figure(
+    d_model: int, ceiling: float, samples: dict[int, float], rates: list[dict]
+) -> Figure:
     # Above 100% can be real: on an AVX2-only EPYC the d_model 512 step's matmuls, smaller
     # than the reference's, ran faster than it (2026-12-02: 107%). Other load slowing the
     # references can do the same, so the note says both.
@@ -220,13 +281,25 @@ def _ceiling_figure(d_model: int, ceiling: float, samples: dict[int, float]) -> 
         if ceiling > 1
         else ""
     )
+    if rates:  # the slowest matmul, what a user tuning the shapes would look at first
+        slowest = rates[0]
+        note = "; ".join(
+            n
+            for n in (
+                note,
+                f"slowest matmul {describe_matmul(slowest)} at "
+                f"{slowest['of_reference']:.0%} of the reference "
+                f"({slowest['share_of_matmul_time']:.0%} of the matmul time)",
+            )
+            if n
+        )
     return Figure(
         name=f"MFU ceiling on CPU, d_model {d_model}: the step's matmuls alone, at the model's "
         f"shapes, over the {MATMUL_N}^2 matmul",
         value=ceiling,
         unit="%",
         inputs={"matmuls": "trainer/flops.py step_matmuls", "threads": workloads.THREADS},
-        details={"ceilings_by_d_model": samples},
+        details={"ceilings_by_d_model": samples, "matmul_rates": rates},
         note=note,
     )
 
@@ -241,7 +314,7 @@ def figures(full: bool) -> list[Figure]:
     points = [_checked(_point(d, full, max(samples), tops[d])) for d in D_MODELS]
     for p in points:
         p.details["matmul_flops_per_s_samples"] = samples
-    points.append(_ceiling_figure(512, tops[512], tops))
+    points.append(_ceiling_figure(512, tops[512], tops, matmul_rates(512, full)))
     policy = workloads.auto_policy()
     if policy == "mixed_bfloat16":
         bf16 = [matmul_reference(dtype="bfloat16")]
@@ -271,6 +344,7 @@ def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.mfu_bench")
     p.add_argument("--matmul", type=int, help="only time an N x N matmul and print its FLOP/s")
     p.add_argument("--ceiling", help="only time the step matmuls at these d_models (1,2,...)")
+    p.add_argument("--rates", type=int, help="only time each step matmul at this d_model")
     p.add_argument("--full", action="store_true", help="the full tier's configs (--ceiling)")
     p.add_argument("--threads", type=int, default=workloads.THREADS)
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
@@ -278,6 +352,9 @@ def main(argv: list[str]) -> None:
     if args.matmul:
         flops_per_s = _time_matmul(args.matmul, args.threads, args.dtype)
         print(json.dumps({"flops_per_second": flops_per_s}))
+        return
+    if args.rates:
+        print(json.dumps(_time_rates(args.rates, args.full, args.threads)))
         return
     if args.ceiling:
         d_models = [int(d) for d in args.ceiling.split(",")]

@@ -252,6 +252,9 @@ def test_mfu_over_100_is_flagged_and_a_ceiling_over_100_is_shown(monkeypatch):
     monkeypatch.setattr(mfu_bench, "matmul_reference", lambda **kwargs: 1e11)
     monkeypatch.setattr(mfu_bench, "ceilings", lambda d_models, full: {d: 1.07 for d in d_models})
     monkeypatch.setattr(workloads, "auto_policy", lambda: "float32")
+    slow = {"a": [8, 8, 256, 256], "b": [8, 8, 256, 64], "transpose_a": True}
+    slowest = {**slow, "transpose_b": False, "of_reference": 0.41, "share_of_matmul_time": 0.05}
+    monkeypatch.setattr(mfu_bench, "matmul_rates", lambda d_model, full: [slowest])
 
     def run(preset, overrides, attempt=0):
         d_model = next(int(o.split("=")[1]) for o in overrides if "d_model" in o)
@@ -267,3 +270,33 @@ def test_mfu_over_100_is_flagged_and_a_ceiling_over_100_is_shown(monkeypatch):
     assert mfu_256.value == pytest.approx(1.03)
     assert mfu_512.value is not None and 0 < mfu_512.value < 1 and mfu_512.note.endswith("107.0%")
     assert ceiling.value == pytest.approx(1.07) and "ran faster than the reference" in ceiling.note
+    assert ceiling.details["matmul_rates"] == [slowest]
+    assert ceiling.note.endswith(
+        "slowest matmul (8, 8, 256, 256)T x (8, 8, 256, 64) at 41% of the reference "
+        "(5% of the matmul time)"
+    )
+
+
+def test_the_step_matmuls_are_ranked_slowest_first_with_their_share_of_the_time():
+    from bench import mfu_bench, trainer_run
+
+    cfg = trainer_run.config("tiny", ())
+    matmuls = flops.step_matmuls(cfg.model, cfg.train.batch_size)
+    distinct = list(dict.fromkeys(matmuls))
+    # Each distinct matmul "ran" at its own rate over a 1e11 FLOP/s reference: 0.1, 0.2, ...
+    speed = {mm: (i + 1) / 10 for i, mm in enumerate(distinct)}
+    seconds = {mm: mm.flops / (speed[mm] * 1e11) for mm in distinct}
+    ranked = mfu_bench.rank_matmuls(matmuls, seconds, 1e11)
+    assert len(ranked) == len(distinct) < len(matmuls)  # the layers' repeats counted once
+    assert [r["of_reference"] for r in ranked] == pytest.approx(sorted(speed.values()))
+    assert sum(r["share_of_matmul_time"] for r in ranked) == pytest.approx(1.0)
+    # A matmul the step runs in every layer weighs n_layer times its single run.
+    first = ranked[0]  # the slowest: distinct[0], at 0.1
+    assert (first["a"], first["b"]) == (distinct[0].a, distinct[0].b)
+    total = sum(seconds[mm] for mm in matmuls)
+    share = seconds[distinct[0]] * matmuls.count(distinct[0]) / total
+    assert first["share_of_matmul_time"] == pytest.approx(share)
+    assert matmuls.count(distinct[0]) == cfg.model.n_layer
+    assert mfu_bench.describe_matmul(ranked[0]) == (
+        f"{distinct[0].a} x {distinct[0].b}" + ("T" if distinct[0].transpose_b else "")
+    )
