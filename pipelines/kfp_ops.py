@@ -30,6 +30,7 @@ SUCCESS_STATES = frozenset({"SUCCEEDED", "SKIPPED"})
 _EQUALS = 1  # filter.proto Predicate.Operation EQUALS, as kfp.Client sends it
 # A parameter's type in the PipelineSpec -> the JSON values it takes, and how to ask for one.
 _PARAMETER_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "STRING": ((str,), "a string"),
     "NUMBER_INTEGER": ((int,), "an integer"),
     "NUMBER_DOUBLE": ((int, float), "a number"),
     "BOOLEAN": ((bool,), "true or false"),
@@ -201,23 +202,44 @@ def pipeline_root(source: RunSource, given: str | None) -> str:
     return root
 
 
+class ParamText(str):
+    """A --param value as typed, before the pipeline's declared type of it says what it is."""
+
+
 def parse_params(items: Sequence[str]) -> dict[str, Any]:
-    """`key=value` pairs; a value is JSON when it parses as JSON, else the string itself."""
+    """`key=value` pairs, each value the text as typed (`ParamText`): `check_params` reads it
+    as the type the pipeline declares (`typed_value`)."""
     params: dict[str, Any] = {}
     for item in items:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--param {item!r} is not KEY=VALUE, e.g. --param corpus=gs://b/c/")
-        try:
-            params[key.strip()] = json.loads(text)
-        except ValueError:
-            params[key.strip()] = text
+        params[key.strip()] = ParamText(text)
     return params
 
 
-def check_params(source: RunSource, params: Mapping[str, Any]) -> None:
-    """Refuse parameters the pipeline lacks, missing ones that have no default, and values of
-    the wrong JSON type or out of range: KFP would take them, and the run would fail hours in."""
+def typed_value(parameter_type: str, value: Any) -> Any:
+    """A --param's text (`ParamText`) as the declared `parameter_type` reads it; other values
+    as they are. A STRING parameter takes the text itself (`worker_cpu=8` is "8", not the
+    number KFP would then refuse, or pass to a step that fails on it), or the content of a
+    quoted JSON string; any other type, or none declared, the text as JSON when it parses,
+    else the text (which the type check then names)."""
+    if not isinstance(value, ParamText):
+        return value
+    text = str(value)
+    try:
+        decoded = json.loads(text)
+    except ValueError:
+        return text
+    if parameter_type == "STRING" and not isinstance(decoded, str):
+        return text
+    return decoded
+
+
+def check_params(source: RunSource, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters as `source` declares their types (`typed_value`). Refuses parameters
+    the pipeline lacks, missing ones that have no default, and values of the wrong JSON type
+    or out of range: KFP would take them, and the run would fail hours in."""
     declared = source.spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
     unknown = sorted(set(params) - set(declared))
     if unknown:
@@ -233,12 +255,16 @@ def check_params(source: RunSource, params: Mapping[str, Any]) -> None:
     if missing:
         example = " ".join(f"--param {name}=..." for name in missing)
         raise UserError(f"{source.label} needs a value for {', '.join(missing)}: pass {example}")
-    for name, value in params.items():
-        kinds, wanted = _PARAMETER_TYPES.get(declared[name].get("parameterType", ""), ((), ""))
+    typed = {}
+    for name, given in params.items():
+        parameter_type = declared[name].get("parameterType", "")
+        value = typed[name] = typed_value(parameter_type, given)
+        kinds, wanted = _PARAMETER_TYPES.get(parameter_type, ((), ""))
         # bool is an int to Python, but JSON's true is no number.
         if kinds and (not isinstance(value, kinds) or isinstance(value, bool) != (bool in kinds)):
             raise UserError(f"--param {name}={json.dumps(value)}: {name} takes {wanted}")
-    check_values(params)
+    check_values(typed)
+    return typed
 
 
 def check_values(params: Mapping[str, Any]) -> None:
@@ -277,7 +303,7 @@ def start_run(
     run_name: str,
 ) -> Any:
     """Start one run of `source` and return it (a V2beta1Run)."""
-    check_params(source, params)
+    params = check_params(source, params)
     exp_id = experiment_id(api, experiment)
     package = str(source.package) if source.package else None
     return api.call(

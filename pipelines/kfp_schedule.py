@@ -130,7 +130,7 @@ def schedule(
     if max_concurrency < 1:
         raise UserError(f"--max-concurrency {max_concurrency}: pass 1 or more")
     source = kfp_ops.source_from_server(api, None)
-    kfp_ops.check_params(source, params)
+    params = kfp_ops.check_params(source, params)
     root = kfp_ops.pipeline_root(source, root)
     exp_id = kfp_ops.experiment_id(api, experiment)
     # Create first, then delete the old ones: a failed create leaves the old schedule in place

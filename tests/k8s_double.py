@@ -142,6 +142,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:  # noqa: N802
         parts, _, body = self._record("PATCH")
+        if self.kube.unavailable_patches > 0:  # as do_GET's 503, for writes
+            self.kube.unavailable_patches -= 1
+            return self._send_json(503, status_object(503, "ServiceUnavailable", "try again"))
         kind = self.headers.get("Content-Type", "")
         if not self._tfjobs(parts) or len(parts) != 7 or kind != "application/merge-patch+json":
             return self._send_json(415, status_object(415, "UnsupportedMediaType", kind))
@@ -251,6 +254,12 @@ class _Handler(BaseHTTPRequestHandler):
                     self._chunk(json.dumps({"type": "ADDED", "object": job}).encode() + b"\n")
                     since = cluster.rv
                 while not cluster.closed and time.monotonic() < until:
+                    if self.kube.cut_watches > 0:
+                        # An apiserver that restarts (or a proxy between) closes an open watch
+                        # mid-stream: no terminating chunk, the client reads a broken response.
+                        self.kube.cut_watches -= 1
+                        self.close_connection = True
+                        return
                     for rv, kind, obj in cluster.events:
                         meta = obj["metadata"]
                         if rv > since and meta["namespace"] == ns and meta["name"] == name:
@@ -404,6 +413,8 @@ class FakeKube:
         self.requests: list[Request] = []
         self.output = ""  # a test may keep the launcher's output here
         self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
+        self.unavailable_patches = 0  # and the next this-many PATCHes
+        self.cut_watches = 0  # the next this-many TFJob watch streams break off, unfinished
         self.cut_follows = 0  # the next this-many log follow streams drop after their first lines
         self.end_follows = 0  # then this many end cleanly after them, the container running on
         # then one stream each ends cleanly after so many characters of its first lines

@@ -300,3 +300,23 @@ def test_the_step_matmuls_are_ranked_slowest_first_with_their_share_of_the_time(
     assert mfu_bench.describe_matmul(ranked[0]) == (
         f"{distinct[0].a} x {distinct[0].b}" + ("T" if distinct[0].transpose_b else "")
     )
+
+
+def test_tokenize_keeps_each_sides_best_run_and_the_highest_memory():
+    from bench import tokenize_bench
+
+    def step(encode_s: float, peak_total: int) -> dict:
+        stages = {"read": 0.1, "encode": encode_s, "write": 0.5}
+        peaks = {"peak_step_MB": 600, "peak_worker_MB": 70, "peak_total_MB": peak_total}
+        return {"wall_s": encode_s + 1, "stages_s": stages, "core_cpu_s": 20.0, **peaks}
+
+    # A B B A at 100 MB: the second step run was the faster, the first reference the faster.
+    bares = [(8.0, 7.5), (6.0, 7.0)]
+    run = tokenize_bench.measured(100, [step(19.5, 900), step(9.5, 750)], bares)
+    assert run["core_s"] == pytest.approx(10.0) and run["core_s_samples"] == [20.0, 10.0]
+    assert run["bare_MBps"] == 8.0 and run["bare_MBps_samples"] == [8.0, 6.0]
+    assert run["ratio_vs_bare"] == pytest.approx(100 / 10.0 / 8.0)
+    assert run["peak_total_MB"] == 900  # memory: the highest peak of any run, not the faster's
+    assert run["bare_cpu_s_per_MB"] == pytest.approx(1 / 7.5) and run["attempts"] == 2
+    single = tokenize_bench.measured(1, [step(0.1, 600)], [(5.0, 6.0)])
+    assert single["core_s"] == pytest.approx(0.6) and single["attempts"] == 1

@@ -202,11 +202,39 @@ def test_run_config_is_resolved_here_into_the_config_parameter(double, token, co
     assert "unknown preset 'huge'" in capsys.readouterr().err
 
 
-def test_params_are_json_when_they_parse_else_strings():
-    params = kfp_ops.parse_params(["a=1", "b=true", "c=gs://x", 'd={"k": [1]}', "e=", "f=a=b"])
-    assert params == {"a": 1, "b": True, "c": "gs://x", "d": {"k": [1]}, "e": "", "f": "a=b"}
+def test_params_are_read_as_the_pipeline_declares_them():
+    items = ["a=1", "b=true", "c=gs://x", 'd={"k": [1]}', "e=", "f=a=b", "g=8", 'h="8"', "i=1e3"]
+    declared = {name: "" for name in "abcdef"}  # no type: JSON when it parses, else the text
+    declared |= {"g": "STRING", "h": "STRING", "i": "STRING"}
+    spec = {
+        "root": {
+            "inputDefinitions": {
+                "parameters": {n: {"parameterType": t} for n, t in declared.items()}
+            }
+        }
+    }
+    source = kfp_ops.RunSource("file test.yaml", spec)
+    params = kfp_ops.check_params(source, kfp_ops.parse_params(items))
+    assert params == {
+        **{"a": 1, "b": True, "c": "gs://x", "d": {"k": [1]}, "e": "", "f": "a=b"},
+        # A string parameter gets the text typed (worker_cpu=8 is "8", and 1e3 stays 1e3),
+        # or a quoted JSON string's content.
+        **{"g": "8", "h": "8", "i": "1e3"},
+    }
+    assert all(type(v) in (int, bool, str, dict) for v in params.values())  # no ParamText left
     with pytest.raises(UserError, match="KEY=VALUE"):
         kfp_ops.parse_params(["novalue"])
+
+
+def test_a_number_typed_for_a_string_parameter_reaches_the_run_as_the_string(
+    double, token, compiled
+):
+    upload(double, token, compiled)
+    extra = ["--param", "worker_cpu=8", "--param", "workers=4"]
+    assert gptpipe(double, token, "run", *NEEDED, *extra) == 0
+    (run,) = double.runs.values()
+    assert run.runtime_config.parameters["worker_cpu"] == "8"  # a str parameter
+    assert run.runtime_config.parameters["workers"] == 4  # an int one
 
 
 # ---- schedule ------------------------------------------------------------------------------

@@ -124,6 +124,10 @@ def test_list_gives_fingerprints_without_downloading(gcs_faults, tmp_path):
     assert [f.uri for f in storage.list_files(gcs.uri("corpus/a.txt"))] == [gcs.uri("corpus/a.txt")]
     assert storage.list_files(gcs.uri("corpus/*.md")) == []
     assert not [path for method, path in proxy.log if "alt=media" in path or "/download/" in path]
+    # A folder made in the Cloud Console has a zero-byte placeholder object "corpus/": it is
+    # not the file "corpus/" names, nor one of the folder's files.
+    gcs.put("corpus/", b"")
+    assert storage.list_files(gcs.uri("corpus/")) == storage.list_files(gcs.uri("corpus")) == folder
 
 
 def test_write_then_streamed_read(gcs, monkeypatch):

@@ -459,6 +459,41 @@ def _restarts_seen_only_in_events(times: int) -> list[Any]:
     return steps
 
 
+def test_a_restart_count_the_apiserver_failed_to_record_is_recorded_at_the_next_change():
+    """The annotation is what a retried launcher counts from: a restart whose patch failed
+    (a 503) is patched again at the next observation, not only at the next restart."""
+    steps = [
+        *scenarios.hang(),
+        _recorded(0),  # the first pods seen and recorded
+        lambda c: setattr(kube, "unavailable_patches", 1),
+        _lost_and_recreated,  # seen at once: one change of the ledger, one patch, failing
+        lambda c: c.condition("Restarting"),
+        lambda c: c.condition("Running"),
+        _recorded(1),
+        *scenarios.success()[3:],
+    ]
+    kube = FakeKube(steps)
+    with kube:
+        result, out = run_tfjob(kube)
+        annotations = kube.cluster.tfjobs[("ml", "train-run-1")]["metadata"]["annotations"]
+    assert result.restarts == 1 and annotations["gptpipe.dev/restarts"] == "1"
+    assert "could not record restarts on TFJob train-run-1: 503" in out
+
+
+def test_a_job_deleted_while_the_watch_was_down_is_reported_as_deleted():
+    def cut_then_delete(c: Script) -> None:
+        with c.cluster.cond:  # the open watch breaks off before it could carry the deletion
+            kube.cut_watches = 1
+            c.cluster.delete_job(c.cluster.job_key, "Foreground")
+
+    kube = FakeKube([*scenarios.hang(), cut_then_delete])
+    with kube, pytest.raises(LaunchError) as err:
+        run_tfjob(kube)
+    assert err.value.reason == "Deleted"
+    assert "TFJob ml/train-run-1 was deleted while running" in str(err.value)
+    assert "API unavailable" in kube.output  # the broken watch, waited out, then the job gone
+
+
 def _an_earlier_job_of_the_same_name(c: Script) -> None:
     """An event left on a deleted job of the same name (events live an hour): another uid."""
     earlier = {**c.job, "metadata": {**c.job["metadata"], "uid": "uid-of-an-earlier-job"}}
@@ -631,11 +666,20 @@ def test_worker0s_lines_beside_a_recorded_cause_are_said_to_be_worker0s():
     assert "log lines of worker-0:\n  | error: examples not found" in str(e)
 
 
-def test_permanent_exit_while_restarting_fails_and_deletes_the_job():
+@pytest.mark.parametrize(
+    ("last_line", "reason"),
+    [
+        ("ValueError: bad shard", "PermanentWorkerError"),
+        # The trainer's exit 2 naming its bad input (a user error, no traceback), which the
+        # launcher turns into a WorkerInputError: the job must go all the same.
+        ("error: shard train-00001 is not a GZIP TFRecord file", "WorkerInputError"),
+    ],
+)
+def test_permanent_exit_while_restarting_fails_and_deletes_the_job(last_line, reason):
     """A job stuck in Restarting after a permanent exit code (kubeflow/trainer#2044)."""
     steps = [
         *scenarios.hang(),
-        lambda c: c.log(1, "ValueError: bad shard"),
+        lambda c: c.log(1, last_line),
         lambda c: c.exit(1, 2),
         lambda c: c.condition("Restarting"),
     ]
@@ -643,12 +687,13 @@ def test_permanent_exit_while_restarting_fails_and_deletes_the_job():
         with pytest.raises(LaunchError) as err:
             run_tfjob(kube)
         assert (err.value.reason, err.value.replica, err.value.exit_code) == (
-            "PermanentWorkerError",
+            reason,
             "worker-1",
             2,
         )
-        assert "ValueError: bad shard" in str(err.value)
+        assert last_line.removeprefix("error: ") in str(err.value)
         assert kube.calls("DELETE", JOB_PATH)
+        assert f"deleted TFJob ml/train-run-1 ({reason})" in kube.output
 
 
 def test_hang_times_out_and_deletes_the_job():

@@ -194,7 +194,9 @@ def list_files(pattern: str) -> list[FileInfo]:
         return [_info(bucket, b) for b in blobs]
     folder = folder_key(key)
     blobs = _list_blobs(bucket, key.rstrip("/"), pattern)
-    exact = [b for b in blobs if b.name == key]
+    # A key ending in "/" names a folder: its zero-byte placeholder (the Cloud Console's
+    # "Create folder", TensorFlow's makedirs) is no file, and the folder's files are listed.
+    exact = [b for b in blobs if b.name == key and not key.endswith("/")]
     if exact:
         return [_info(bucket, exact[0])]
     members = [b for b in blobs if b.name.startswith(folder) and not _hidden(b.name, folder)]

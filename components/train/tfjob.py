@@ -126,7 +126,7 @@ class TFJobLauncher:
             except LaunchError as exc:
                 if follower is not None:
                     follower.stop()
-                if exc.reason in ("BackoffLimitExceeded", "PermanentWorkerError"):
+                if exc.reason in _ENDED_BY_US:
                     self._delete(spec, why=exc.reason)
                 raise
         if state.phase == "Failed":
@@ -282,11 +282,14 @@ class TFJobLauncher:
         return faults + 1
 
     def _get_when_reachable(self, spec: JobSpec, faults: int) -> tuple[dict[str, Any], int]:
-        """Read the job again, waiting out transient failures; the count goes on from `faults`."""
+        """Read the job again, waiting out transient failures; the count goes on from `faults`.
+        A job gone meanwhile (deleted while the watch was down) is the watch's DELETED."""
         while True:
             try:
                 return self._get(spec), faults
             except Exception as exc:
+                if getattr(exc, "status", None) == 404:
+                    raise self._deleted(spec) from None
                 faults = self._transient(spec, exc, faults)
 
     def _deleted(self, spec: JobSpec) -> LaunchError:
@@ -311,8 +314,9 @@ class TFJobLauncher:
                 state.digests[pod["metadata"]["name"]] = image_id.rsplit("@", 1)[-1]
             state.saw_exit(pod)
         before = state.ledger.restarts
-        if state.ledger.observe(pods):
-            self._record_restarts(spec, state.ledger)
+        state.unrecorded |= state.ledger.observe(pods)  # stays set if the patch raises
+        if state.unrecorded:
+            state.unrecorded = not self._record_restarts(spec, state.ledger)
         restarted = state.ledger.restarts > before
         if restarted or state.ledger.restarts > spec.backoff_limit:
             exits = self._exits(spec, uid, state)
@@ -326,8 +330,9 @@ class TFJobLauncher:
         if state.phase == "Restarting" and spec.restart_policy == "ExitCode":
             self._check_permanent(spec, pods)
 
-    def _record_restarts(self, spec: JobSpec, ledger: RestartLedger) -> None:
-        """Keep the ledger on the job (a merge patch of its annotations)."""
+    def _record_restarts(self, spec: JobSpec, ledger: RestartLedger) -> bool:
+        """Keep the ledger on the job (a merge patch of its annotations); False if that failed,
+        and the next observation tries again: a launcher that re-attaches counts from it."""
         from kubernetes.client.exceptions import ApiException
 
         patch = {"metadata": {"annotations": ledger.annotations()}}
@@ -335,8 +340,10 @@ class TFJobLauncher:
             self.custom.patch_namespaced_custom_object(
                 GROUP, VERSION, spec.namespace, PLURAL, spec.name, patch
             )
-        except ApiException as exc:  # the next observation tries again
+        except ApiException as exc:
             self._say(f"could not record restarts on TFJob {spec.name}: {exc.status} {exc.reason}")
+            return False
+        return True
 
     def _check_permanent(self, spec: JobSpec, pods: list[Mapping[str, Any]]) -> None:
         """Fail a job stuck in Restarting although a worker exited with a permanent code."""
@@ -484,6 +491,12 @@ class TFJobLauncher:
     def _say(self, message: str) -> None:
         self.out.write(f"[tfjob] {message}\n")
         self.out.flush()
+
+
+# The errors by which the launcher ends a job the operator would go on running (restarts past
+# the backoff limit; a worker's permanent exit, or its exit 2 naming its bad input, while the
+# job is Restarting: kubeflow/trainer#2044): the job is deleted, its workers' GPUs freed.
+_ENDED_BY_US = frozenset({"BackoffLimitExceeded", "PermanentWorkerError", "WorkerInputError"})
 
 
 def _listed(exits: list[WorkerExit]) -> str:

@@ -169,6 +169,7 @@ class JobState:
         self.condition: Mapping[str, Any] = {}  # that condition
         self.seen: set[tuple[str, str, str]] = set()
         self.ledger = ledger
+        self.unrecorded = False  # the ledger's last change is not on the job yet (a failed patch)
         self.digests: dict[str, str] = {}  # pod name -> the image digest its kubelet reports
         self.exits: set[WorkerExit] = set()  # failed exits seen in pod listings
         self.events_failures: set[str] = set()  # how listing the job's events failed (said once)
