@@ -213,15 +213,19 @@ class PreconditionGate:
         """A request that makes a new generation of `key` (upload, copy, rewrite, compose).
 
         Checked against the live object where the write lands [testbench database.py
-        `insert_object`]; a source's ifSource* conditions against the source, which must
-        exist (the emulator answers 404 if not).
+        `insert_object`]; a copy's or rewrite's source is looked up first, so a missing one
+        is 404 whatever the destination's conditions say (the emulator's 404) [testbench
+        rest_server.py `objects_copy`: `db.get_object` of the source, with its ifSource*
+        conditions, before `db.insert_object` of the destination].
         """
         if not wanted and not source_wanted:
             return send()
-        with self._locked([key, source] if source and source_wanted else [key]):
-            if source and source_wanted:
+        with self._locked([key, source] if source else [key]):
+            if source:
                 live = self._live(source)
-                refusal = verdict(source_wanted, live) if live else None
+                if live is None:
+                    return send()
+                refusal = verdict(source_wanted or {}, live)
                 if refusal:
                     return self._refuse("POST", source, refusal)
             refusal = verdict(wanted, self._live(key))

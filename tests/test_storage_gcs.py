@@ -178,6 +178,60 @@ def test_publish_copies_ready_last_verifies_and_removes_staging(gcs, tmp_path, m
         storage.publish_dir(source, gcs.uri("serving/1"), ready="saved_model.pb")
 
 
+def test_a_publish_whose_staging_another_step_finished_meanwhile_succeeds(
+    gcs_strict, tmp_path, monkeypatch
+):
+    """A push that finds another push's staging complete (its manifest written) promotes it
+    (serving.finish_interrupted) and deletes it, while its publisher is still promoting it."""
+    from components.storage import publish
+
+    source = _tree(tmp_path / "model", {**FILES, "saved_model.pb": b"graph"})
+    real_promote, finished = publish._promote, {}
+
+    def promote_after_another_step_did(*args):
+        # The other step runs between this publisher's manifest and its first copy.
+        monkeypatch.setattr(publish, "_promote", real_promote)
+        finished.update(storage.finish_publishes(gcs_strict.uri("serving"), "saved_model.pb"))
+        return real_promote(*args)
+
+    monkeypatch.setattr(publish, "_promote", promote_after_another_step_did)
+    storage.publish_dir(source, gcs_strict.uri("serving/1"), ready="saved_model.pb")
+    assert finished == {gcs_strict.uri("serving/1"): "finished"}
+    names = [*FILES, "saved_model.pb"]
+    assert gcs_strict.names("serving/") == sorted(f"serving/1/{r}" for r in names)
+
+
+def test_finishing_publishes_skips_a_staging_that_goes_while_it_is_read(
+    gcs_strict, tmp_path, monkeypatch
+):
+    from components.storage import publish
+
+    class Killed(Exception):
+        pass
+
+    def die(*args):
+        raise Killed
+
+    source = _tree(tmp_path / "model", {"a.txt": b"alpha", "saved_model.pb": b"graph"})
+    real_promote = publish._promote
+    monkeypatch.setattr(publish, "_promote", die)  # the publisher dies after its manifest
+    with pytest.raises(Killed):
+        storage.publish_dir(source, gcs_strict.uri("serving/1"), ready="saved_model.pb")
+    monkeypatch.setattr(publish, "_promote", real_promote)
+    real_read = publish.read_bytes
+
+    def read_after_another_step_finished(uri):
+        # Another step's call promotes the staging (and deletes it) right before this read.
+        monkeypatch.setattr(publish, "read_bytes", real_read)
+        other = storage.finish_publishes(gcs_strict.uri("serving"), "saved_model.pb")
+        assert other == {gcs_strict.uri("serving/1"): "finished"}
+        return real_read(uri)
+
+    monkeypatch.setattr(publish, "read_bytes", read_after_another_step_finished)
+    assert storage.finish_publishes(gcs_strict.uri("serving"), "saved_model.pb") == {}
+    assert gcs_strict.names("serving/") == ["serving/1/a.txt", "serving/1/saved_model.pb"]
+
+
 def test_atomic_dir_publishes_to_gcs_only_on_success(gcs):
     with pytest.raises(RuntimeError, match="boom"), storage.atomic_dir(gcs.uri("out")) as tmp:
         (tmp / "part.txt").write_text("half")

@@ -95,6 +95,10 @@ def _blob(uri: str, generation: int | None = None) -> google_storage.Blob:
     return client().bucket(bucket).blob(key, generation=generation)
 
 
+class ObjectNotFound(UserError):
+    """An object that is not there (404) in a bucket that is."""
+
+
 @contextlib.contextmanager
 def _errors(uri: str) -> Iterator[None]:
     """Turn GCS errors a user can cause into one UserError that names the URI."""
@@ -118,7 +122,7 @@ def _errors(uri: str) -> Iterator[None]:
             raise UserError(
                 f"bucket {bucket!r} does not exist (from {uri}); create it or fix the URI"
             ) from None
-        raise UserError(f"object {uri} not found") from None
+        raise ObjectNotFound(f"object {uri} not found") from None
 
 
 def _bucket_exists(bucket: str) -> bool:

@@ -174,7 +174,10 @@ def _promote(staging: str, final: str, expected: dict[str, str], ready: str) -> 
 def _copy_new(source: str, destination: str, crc32c: str) -> None:
     """Copy an object to a name no one has written, or that already holds the same bytes.
 
-    Raises FileExistsError when another publisher put different bytes there first.
+    Raises FileExistsError when another publisher put different bytes there first. A staged
+    object gone meanwhile is fine where `destination` holds its bytes: a staging folder can
+    have two promoters (its publisher, and `finish_publishes` run by another step that took
+    it for interrupted), and whichever finishes first deletes it, having copied everything.
     """
     try:
         gcs.copy_object(source, destination, if_generation_match=0)
@@ -184,6 +187,10 @@ def _copy_new(source: str, destination: str, crc32c: str) -> None:
             raise FileExistsError(
                 f"{destination} was written by another publisher with different bytes"
             ) from None
+    except gcs.ObjectNotFound:
+        there = gcs.stat(destination)
+        if there is None or there.crc32c != crc32c:
+            raise
 
 
 def _check_same(where: str, expected: dict[str, str], found: dict[str, str]) -> None:
@@ -203,9 +210,10 @@ def finish_publishes(
     """Complete or clean up the gs:// publishes under `parent` that a crash interrupted.
 
     A staging folder with `.publish.json` was fully uploaded: its copy into place is
-    finished (create-only, so a publisher still promoting it and this call agree), or, if
-    its final folder already holds `ready`, the staging is simply deleted: that folder is
-    complete, whoever completed it. One without `.publish.json` is abandoned once its newest
+    finished (create-only, so a publisher still promoting it and this call agree, and
+    whichever ends first deletes the staging, which the other then finds gone: `_copy_new`),
+    or, if its final folder already holds `ready`, the staging is simply deleted: that folder
+    is complete, whoever completed it. One without `.publish.json` is abandoned once its newest
     object is older than `stale_after_s` (younger ones may belong to a publisher still
     uploading), and deleted; its publisher never started copying into the final folder.
     Returns {final URI: "finished" | "cleaned"}. Local publishes need nothing: a dead
@@ -220,7 +228,12 @@ def finish_publishes(
         if name.startswith(STAGING_PREFIX):
             final = f"{GS}{bucket}/{folder}{staged_name(name)}"
             staging = f"{GS}{bucket}/{folder}{name}"
-            outcome = _finish_one(staging, final, ready, stale_after_s)
+            try:
+                outcome = _finish_one(staging, final, ready, stale_after_s)
+            except gcs.ObjectNotFound:
+                # The staging went while we read it: its publisher, or another step's call,
+                # promoted or cleaned it (`_copy_new`): nothing is left for this call to do.
+                continue
             if outcome:
                 done[final] = outcome
     return done

@@ -76,6 +76,19 @@ def test_copy_and_rewrite_are_create_only_on_the_destination(gcs_strict):
     assert gcs_strict.get("copy.txt") == gcs_strict.get("rewritten.txt") == b"payload"
 
 
+def test_a_copy_from_a_missing_source_is_404_before_the_destinations_condition(gcs_strict):
+    # The source is looked up first (storage-testbench rest_server.py objects_copy): onto an
+    # existing destination, create-only, a gone source is 404, not the destination's 412.
+    bucket = gcs_strict.bucket
+    source = gcs_strict.put("src.txt", b"payload")
+    bucket.copy_blob(source, bucket, "copy.txt", if_generation_match=0)
+    source.delete()
+    with pytest.raises(gexc.NotFound):
+        bucket.copy_blob(source, bucket, "copy.txt", if_generation_match=0)
+    with pytest.raises(gexc.NotFound):
+        bucket.blob("copy.txt").rewrite(source, if_generation_match=0)
+
+
 def test_delete_with_a_stale_generation_is_refused(gcs_strict):
     old = gcs_strict.put("x.txt", b"v1").generation
     new = gcs_strict.put("x.txt", b"v2").generation
