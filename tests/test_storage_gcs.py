@@ -178,11 +178,14 @@ def test_publish_copies_ready_last_verifies_and_removes_staging(gcs, tmp_path, m
         storage.publish_dir(source, gcs.uri("serving/1"), ready="saved_model.pb")
 
 
+@pytest.mark.fault("a push's staging folder promoted meanwhile by another push (gs://)")
 def test_a_publish_whose_staging_another_step_finished_meanwhile_succeeds(
     gcs_strict, tmp_path, monkeypatch
 ):
-    """A push that finds another push's staging complete (its manifest written) promotes it
-    (serving.finish_interrupted) and deletes it, while its publisher is still promoting it."""
+    """Both succeed: the publisher finds its staging gone and the folder complete.
+
+    Another push found the staging complete (its manifest written), promoted it through
+    serving.finish_interrupted and deleted it, while its publisher was promoting it."""
     from components.storage import publish
 
     source = _tree(tmp_path / "model", {**FILES, "saved_model.pb": b"graph"})
@@ -201,6 +204,7 @@ def test_a_publish_whose_staging_another_step_finished_meanwhile_succeeds(
     assert gcs_strict.names("serving/") == sorted(f"serving/1/{r}" for r in names)
 
 
+@pytest.mark.fault("a staging folder finished by another step while this one reads it (gs://)")
 def test_finishing_publishes_skips_a_staging_that_goes_while_it_is_read(
     gcs_strict, tmp_path, monkeypatch
 ):

@@ -459,9 +459,11 @@ def _restarts_seen_only_in_events(times: int) -> list[Any]:
     return steps
 
 
+@pytest.mark.fault("the apiserver answers 503 to the launcher's restart-count patch")
 def test_a_restart_count_the_apiserver_failed_to_record_is_recorded_at_the_next_change():
-    """The annotation is what a retried launcher counts from: a restart whose patch failed
-    (a 503) is patched again at the next observation, not only at the next restart."""
+    """The count is patched again at the next observation, not only at the next restart.
+
+    The annotation is what a retried launcher counts from."""
     steps = [
         *scenarios.hang(),
         _recorded(0),  # the first pods seen and recorded
@@ -480,6 +482,7 @@ def test_a_restart_count_the_apiserver_failed_to_record_is_recorded_at_the_next_
     assert "could not record restarts on TFJob train-run-1: 503" in out
 
 
+@pytest.mark.fault("a TFJob deleted while the launcher's watch connection was broken")
 def test_a_job_deleted_while_the_watch_was_down_is_reported_as_deleted():
     def cut_then_delete(c: Script) -> None:
         with c.cluster.cond:  # the open watch breaks off before it could carry the deletion
@@ -666,6 +669,7 @@ def test_worker0s_lines_beside_a_recorded_cause_are_said_to_be_worker0s():
     assert "log lines of worker-0:\n  | error: examples not found" in str(e)
 
 
+@pytest.mark.fault("a worker exits permanently while its TFJob is Restarting")
 @pytest.mark.parametrize(
     ("last_line", "reason"),
     [
@@ -676,7 +680,9 @@ def test_worker0s_lines_beside_a_recorded_cause_are_said_to_be_worker0s():
     ],
 )
 def test_permanent_exit_while_restarting_fails_and_deletes_the_job(last_line, reason):
-    """A job stuck in Restarting after a permanent exit code (kubeflow/trainer#2044)."""
+    """The run fails naming the worker's exit, and the job is deleted, freeing its workers.
+
+    The operator would keep it Restarting (kubeflow/trainer#2044)."""
     steps = [
         *scenarios.hang(),
         lambda c: c.log(1, last_line),
