@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 READY = SAVED_MODEL_FILE  # TF Serving loads a version once this file is there: it is copied last
 _MAX_RACES = 20  # how many concurrent publishers may take our version number before we give up
 CLAIMS_DIR = ".claims"  # `<destination>/.claims/<N>`: created once, by the publisher of version N
+IN_FLIGHT_WAIT_S = 300.0  # how long a push waits for the pushes claimed below it to end
+IN_FLIGHT_POLL_S = 1.0  # how often it looks again meanwhile
+STALE_CLAIM_S = 3600.0  # a claim this old whose version is not complete is a dead publisher's
 
 
 def serving_versions(destination: str | os.PathLike[str]) -> list[int]:
@@ -73,11 +76,18 @@ def finish_interrupted(destination: str) -> dict[str, str]:
 class ServedModelChanged(Exception):
     """The newest complete version is no longer the one a push was evaluated against."""
 
-    def __init__(self, expected: int | None, found: int | None, retired: bool = False) -> None:
+    def __init__(
+        self, expected: int | None, found: int | None, retired: bool = False, coming: int = 0
+    ) -> None:
         def name(v: int | None) -> str:
             return f"version {v}" if v is not None else "no model"
 
         now = f"a rollback is retiring {name(found)}" if retired else f"{name(found)} is served now"
+        if coming:
+            now = (
+                f"another push is still publishing version {coming} on top of it (claimed "
+                f"in {CLAIMS_DIR}/{coming}); run this one again once that push has ended"
+            )
         super().__init__(
             "the served model changed since evaluation: it was compared with "
             f"{name(expected)}, and {now}"
@@ -100,7 +110,11 @@ def publish_next(source: str, destination: str, expect_latest: int | None = ANY_
     refused with `ServedModelChanged` if, once our version is claimed, the newest complete
     version is another, or a rollback has retired it: a push is only published on top of the
     model it was evaluated against. A rollback retires before it claims, so either it retired
-    before this check (refused) or its version is claimed after ours (it stays on top).
+    before this check (refused) or its version is claimed after ours (it stays on top). A push
+    that claimed a number between that model's and ours and is still copying would land
+    under ours unseen (both compared with the same model, ours never with its): the check
+    waits for it to end (`_in_flight`), up to IN_FLIGHT_WAIT_S, and is refused if it still
+    has not.
     """
     token = secrets.token_hex(8)
     for _ in range(_MAX_RACES):
@@ -110,12 +124,18 @@ def publish_next(source: str, destination: str, expect_latest: int | None = ANY_
         if not storage.create_exclusive(claim, json.dumps(record).encode()):
             continue
         if expect_latest != ANY_VERSION:
+            coming = _in_flight(destination, expect_latest, version)
+            until = time.monotonic() + IN_FLIGHT_WAIT_S
+            while coming and time.monotonic() < until:
+                time.sleep(IN_FLIGHT_POLL_S)
+                coming = _in_flight(destination, expect_latest, version)
             versions = serving_versions(destination)
             latest = versions[-1] if versions else None
             retired = latest is not None and str(latest) in _read_retired(destination)
-            if latest != expect_latest or retired:
+            if latest != expect_latest or retired or coming:
                 storage.delete_file(claim)  # nothing was written under it: free the number
-                raise ServedModelChanged(expect_latest, latest, retired)
+                late = coming[0] if coming and latest == expect_latest and not retired else 0
+                raise ServedModelChanged(expect_latest, latest, retired, late)
         try:
             storage.publish_dir(source, storage.join(destination, str(version)), ready=READY)
         except Exception:  # a killed process cleans nothing: its claim and staging stay
@@ -130,6 +150,26 @@ def publish_next(source: str, destination: str, expect_latest: int | None = ANY_
 
 def _claimed(destination: str) -> list[str]:
     return list(storage.list_tree(storage.join(destination, CLAIMS_DIR)))
+
+
+def _in_flight(destination: str, above: int | None, below: int) -> list[int]:
+    """The versions between `above` and `below` that are claimed and not yet complete, whose
+    claims are younger than STALE_CLAIM_S (an older one is a dead publisher's: its number
+    stays skipped), ascending. A claim's time is its publisher's clock: a skew of minutes
+    does not matter at that scale."""
+    complete = set(serving_versions(destination))
+    coming = []
+    for name in _claimed(destination):
+        if not name.isdigit() or not (above or 0) < int(name) < below or int(name) in complete:
+            continue
+        try:
+            record = json.loads(storage.read_bytes(storage.join(destination, CLAIMS_DIR, name)))
+            claimed_at = float(record["claimed_at"])
+        except (UserError, OSError, ValueError, TypeError, KeyError):
+            continue  # gone meanwhile (its publisher failed and freed it), or not ours
+        if time.time() - claimed_at < STALE_CLAIM_S:
+            coming.append(int(name))
+    return sorted(coming)
 
 
 def rollback(destination: str, to_version: int) -> int:

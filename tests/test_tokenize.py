@@ -1,6 +1,7 @@
 """The tokenize step: corpus in, Examples artifact (docs/design.md) out."""
 
 import hashlib
+import io
 import json
 import re
 import shutil
@@ -227,6 +228,37 @@ def test_given_tokenizer_with_another_vocab_size_is_a_user_error(built, tmp_path
     with pytest.raises(UserError, match=f"{re.escape(str(model))}.*{VOCAB} pieces.*vocab_size"):
         _run(built[0], tmp_path / "out", tokenizer=model, vocab_size=VOCAB + 1)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.bad_input("a tokenizer whose newline is no piece of its own, or with a dummy prefix")
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"user_defined_symbols": []},  # "\n" only as the byte piece <0x0A>
+        {"add_dummy_prefix": True},  # a "▁" before every line the step encodes alone
+    ],
+)
+def test_given_tokenizer_the_line_by_line_encode_would_not_match_is_a_user_error(
+    built, tmp_path, change
+):
+    from components.tokenize import bpe
+
+    options = {**bpe.SENTENCEPIECE_TRAINER_OPTIONS, **change}
+    text = built[0].read_text(encoding="utf-8")
+    model = tmp_path / "given.model"
+    sentences = [line for line in text.split("\n") if line]
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=proto, vocab_size=VOCAB, **options
+    )
+    model.write_bytes(proto.getvalue())
+    processor = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    probe = bpe.ROUND_TRIP_PROBE
+    assert processor.decode(processor.encode(probe)) == probe  # it passes the round trip
+    assert encode.encode_text(processor, probe).tolist() != processor.encode(probe)
+    with pytest.raises(UserError, match="does not keep newlines as a piece of their own"):
+        _run(built[0], tmp_path / "out", tokenizer=model)
+    assert not (tmp_path / "out").exists()
 
 
 def test_output_folder_with_content_is_a_user_error(built, tmp_path):

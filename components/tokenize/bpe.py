@@ -17,6 +17,7 @@ from typing import Any
 import sentencepiece as spm
 
 from components import storage
+from components.tokenize.encode import encode_text
 from contracts.errors import UserError
 
 # Options for SentencePieceTrainer.train besides the input and vocab_size. They make the model
@@ -146,5 +147,14 @@ def read_given(path: str, vocab_size: int) -> bytes:
         raise UserError(
             f"tokenizer {path!r} does not reproduce newlines and spaces exactly; "
             "train it with SENTENCEPIECE_TRAINER_OPTIONS or omit it"
+        )
+    # The step encodes line by line (encode_text), which gives the model's own ids only where
+    # "\n" is a piece of its own and no line gets a dummy prefix: otherwise every shard would
+    # hold ids the exported model's tokenizer never produces, and nothing would fail.
+    if encode_text(processor, ROUND_TRIP_PROBE).tolist() != processor.encode(ROUND_TRIP_PROBE):
+        raise UserError(
+            f"tokenizer {path!r} does not keep newlines as a piece of their own "
+            "(user_defined_symbols=['\\n'], add_dummy_prefix=False): the step's line-by-line "
+            "encoding would not match it; train it with SENTENCEPIECE_TRAINER_OPTIONS or omit it"
         )
     return model

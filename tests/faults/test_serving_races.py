@@ -7,6 +7,8 @@ the create-only claims and copies are what keeps two publishers apart.
 
 import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -184,6 +186,80 @@ def test_a_push_compared_with_an_older_model_is_not_published(tmp_path):
     assert serving.serving_versions(dest) == [1, 2]
     claims = sorted(p.name for p in Path(dest, serving.CLAIMS_DIR).iterdir())
     assert claims == ["1", "2"]  # the refused push released the number it had claimed
+
+
+def _claim(dest: str, version: int, age_s: float = 0.0) -> str:
+    """Another push's claim of `version`, as publish_next writes it, made `age_s` ago."""
+    record = {"writer": "another", "claimed_at": time.time() - age_s, "source": "elsewhere"}
+    uri = storage.join(dest, serving.CLAIMS_DIR, str(version))
+    assert storage.create_exclusive(uri, json.dumps(record).encode())
+    return uri
+
+
+def _publish_in_background(source: str, dest: str, expect_latest: int) -> dict:
+    """publish_next in a thread; its outcome lands in the dict returned."""
+    outcome: dict = {}
+
+    def publish() -> None:
+        try:
+            outcome["version"] = serving.publish_next(source, dest, expect_latest)
+        except serving.ServedModelChanged as err:
+            outcome["refused"] = str(err)
+
+    outcome["thread"] = threading.Thread(target=publish, daemon=True)
+    outcome["thread"].start()
+    return outcome
+
+
+@pytest.mark.fault("two pushes compared with the same model publish one after the other")
+@pytest.mark.parametrize("how_the_first_ends", ["published", "failed", "never"])
+def test_a_push_waits_for_one_claimed_below_it_compared_with_the_same_model(
+    tmp_path, monkeypatch, how_the_first_ends
+):
+    """The second is never published on top of the first unseen.
+
+    Both were blessed against version 1; the first claimed version 2 and is still copying when
+    the second claims 3. Published, the first is what is served when the second checks:
+    refused. Failed (its claim freed), the second goes on top of version 1. Never ending, the
+    second is refused once it has waited IN_FLIGHT_WAIT_S."""
+    monkeypatch.setattr(serving, "IN_FLIGHT_POLL_S", 0.05)
+    monkeypatch.setattr(serving, "IN_FLIGHT_WAIT_S", 1.0 if how_the_first_ends == "never" else 60)
+    dest = str(tmp_path / "serving")
+    serving.publish_next(f"{model(tmp_path, 'v1', 16)}/Format-Serving", dest)
+    first, second = (f"{model(tmp_path, n, 16)}/Format-Serving" for n in ("first", "second"))
+    claim = _claim(dest, 2)
+
+    outcome = _publish_in_background(second, dest, expect_latest=1)
+    while not Path(dest, serving.CLAIMS_DIR, "3").exists():  # the second has claimed: waits
+        assert outcome["thread"].is_alive(), outcome
+        time.sleep(0.01)
+    time.sleep(0.2)
+    assert outcome["thread"].is_alive() and serving.serving_versions(dest) == [1]
+    if how_the_first_ends == "published":
+        storage.publish_dir(first, storage.join(dest, "2"), ready=serving.READY)
+    elif how_the_first_ends == "failed":
+        storage.delete_file(claim)
+    outcome["thread"].join(timeout=30)
+
+    if how_the_first_ends == "failed":
+        assert outcome.get("version") == 3 and serving.serving_versions(dest) == [1, 3]
+        return
+    assert "refused" in outcome and not Path(dest, serving.CLAIMS_DIR, "3").exists()
+    if how_the_first_ends == "published":
+        assert "compared with version 1, and version 2 is served now" in outcome["refused"]
+        assert serving.serving_versions(dest) == [1, 2]
+    else:
+        assert "another push is still publishing version 2" in outcome["refused"]
+        assert serving.serving_versions(dest) == [1]
+
+
+def test_a_dead_publishers_old_claim_below_does_not_hold_a_push_back(tmp_path, monkeypatch):
+    monkeypatch.setattr(serving, "IN_FLIGHT_WAIT_S", 600)  # were it waited for, this would hang
+    dest = str(tmp_path / "serving")
+    serving.publish_next(f"{model(tmp_path, 'v1', 16)}/Format-Serving", dest)
+    _claim(dest, 2, age_s=serving.STALE_CLAIM_S + 60)  # killed an hour ago: its number skipped
+    pushed = serving.publish_next(f"{model(tmp_path, 'v3', 16)}/Format-Serving", dest, 1)
+    assert pushed == 3 and serving.serving_versions(dest) == [1, 3]
 
 
 def test_a_push_to_an_empty_destination_needs_one_compared_with_nothing(tmp_path):
