@@ -183,6 +183,9 @@ def rollback(destination: str, to_version: int) -> int:
     version is retired too and the restored model published again on top, so a rollback
     always ends with its model served. Recording it in lineage is the caller's job.
     """
+    # First: a push interrupted after its upload is finished here, and is then a version
+    # above `to_version` like any other, retired with them.
+    finish_interrupted(destination)
     versions = serving_versions(destination)
     if to_version not in versions:
         raise UserError(
@@ -190,7 +193,6 @@ def rollback(destination: str, to_version: int) -> int:
             f"version there; complete versions are {versions or 'none'}"
         )
     source = storage.join(destination, str(to_version))
-    finish_interrupted(destination)
     _retire(destination, [v for v in versions if v > to_version], restored=to_version)
     for _ in range(_MAX_RACES):
         version = publish_next(source, destination)
@@ -208,10 +210,10 @@ def _retire(destination: str, versions: list[int], restored: int) -> list[int]:
 
     A rollback says "these models are bad"; without this, a later run on unchanged data (its
     train served from KFP's cache) would be blessed against the restored model and put one
-    back. Rolling back *to* a retired version un-retires it, and a version holding the
-    restored model (another rollback's copy of it) is never retired. The file is updated
-    under a precondition (`storage.update_bytes`), so two rollbacks at once both keep their
-    entries. Returns the versions retired.
+    back. Rolling back *to* a retired model un-retires it (under every number it was retired
+    as), and a version holding the restored model (another rollback's copy of it) is never
+    retired. The file is updated under a precondition (`storage.update_bytes`), so two
+    rollbacks at once both keep their entries. Returns the versions retired.
     """
     keep = storage.tree_crc32c(storage.join(destination, str(restored)))
     files = {
@@ -222,7 +224,8 @@ def _retire(destination: str, versions: list[int], restored: int) -> list[int]:
 
     def change(old: bytes | None) -> bytes:
         retired = json.loads(old) if old else {}
-        retired.pop(str(restored), None)
+        # The restored model is in service again, under whichever numbers it was retired.
+        retired = {v: crcs for v, crcs in retired.items() if v != str(restored) and crcs != keep}
         retired.update(files)
         return json.dumps(retired, indent=2).encode()
 

@@ -64,6 +64,8 @@ SAVED_MODEL_FILE = (
     "saved_model.pb"  # a SavedModel's graph; TF Serving loads a version once it is there
 )
 RETIRED_FILE = ".retired.json"  # beside the versions: models a rollback took out of service
+# The signatures every exported model has (trainer/export.py), which evaluate and the CLI call.
+SIGNATURES = ("generate", "score")
 
 # ---- ModelBlessing (evaluate writes, push reads) --------------------------------------------
 BLESSED = "BLESSED"  # an empty file: the candidate may be pushed

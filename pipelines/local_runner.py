@@ -159,11 +159,36 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
                 **run.extra,
             )
     except RuntimeError as err:
+        _close_unfinished(run, run_id, KILLED)
         failure = lineage.failure_of(run.metadata, run_id)
         if failure:
             raise PipelineFailed(f"step {failure[0]!r} failed: {failure[1]}", *failure) from None
         raise PipelineFailed(str(err)) from None
+    except BaseException:  # Ctrl-C, SIGTERM: the steps are stopped with the run
+        _close_unfinished(run, run_id, INTERRUPTED)
+        raise
     return lineage.run_summary(run.metadata, run_id)
+
+
+# A local run has no exit handler to close what a killed step left RUNNING (on a cluster the
+# pipeline's exit handler does: components/train/release.py); run_local closes it as the run
+# ends, so lineage and `gptpipe runs` never show a dead step running.
+KILLED = (
+    "the step's process ended without recording its end: killed (out of memory, SIGKILL) or "
+    "crashed; its log says how far it got"
+)
+INTERRUPTED = "the run was interrupted (Ctrl-C or SIGTERM) while the step ran"
+
+
+def _close_unfinished(run: LocalRun, run_id: str, reason: str) -> None:
+    """Mark the run's executions still RUNNING as FAILED with `reason`; a store that fails
+    this only warns: the run's own error is the one to tell."""
+    try:
+        lineage.close_unfinished(run.metadata, run_id, reason)
+    except Exception as err:  # noqa: BLE001
+        print(
+            f"gptpipe: warning: could not close the run's unfinished steps: {err}", file=sys.stderr
+        )
 
 
 def _absolute(uri: str) -> str:

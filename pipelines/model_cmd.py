@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from contracts.artifacts import SAVED_MODEL_FILE
+from contracts.artifacts import SAVED_MODEL_FILE, SIGNATURES
 from contracts.errors import UserError
 from pipelines.config import DEFAULT_ROOT, RunConfig
 
@@ -173,7 +173,7 @@ def open_model(uri: str) -> Iterator[Any]:
                 f"{uri} is not a SavedModel that loads ({_first_line(err)}): pass a model "
                 "version a run pushed"
             ) from None
-        missing = [name for name in ("generate", "score") if name not in model.signatures]
+        missing = [name for name in SIGNATURES if name not in model.signatures]
         if missing:
             raise UserError(
                 f"the SavedModel at {uri} has no {' or '.join(missing)} signature: it is not a "

@@ -186,11 +186,12 @@ class Outcome:
 
     @property
     def error(self) -> str:
-        """The failure in one line."""
+        """The failure in one line: its first, the summary (a launcher's error goes on with the
+        failing worker's log tail, which the step's log keeps)."""
         if self.failure is None:
             return ""
         error = without_colours(self.failure.error).strip().splitlines()
-        return error[-1] if error else "no error recorded"
+        return error[0] if error else "no error recorded"
 
     def log_of(self, step: str | None) -> Path:
         """A step's log, or the whole kfp.local log where there is none."""

@@ -64,6 +64,8 @@ def test_wrong_type_names_key_and_type():
         ("model.vocab_size=0", "vocab_size must be positive"),
         ("train.warmup_steps=1000", "warmup_steps=1000 must be in"),
         ("train.precision=fp8", "precision must be one of"),
+        ("train.seed=-1", r"seed must be in \[0, 2\*\*32 - 1\], got -1"),
+        ("train.seed=4294967296", "seed must be in"),  # numpy refuses it in every worker
     ],
 )
 def test_inconsistent_values(override, message):

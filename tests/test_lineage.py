@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -507,6 +508,28 @@ def test_a_step_is_recorded_running_at_once_and_a_killed_one_is_closed_later(sto
     assert lineage.close_unfinished(store_uri, "run-9", "the pod was killed") == ["evaluate"]
     assert lineage.failure_of(store_uri, "run-9") == ("evaluate", "the pod was killed")
     assert lineage.close_unfinished(store_uri, "run-9", "again") == []
+
+
+def test_the_failure_of_a_run_is_a_steps_last_attempt_not_one_a_retry_replaced(store_uri):
+    def attempt(step: str, state: str, error: str = "") -> None:
+        lineage.record_execution(
+            store_uri,
+            step=step,
+            pipeline_name=PIPELINE,
+            run_id="run-r",
+            parameters={},
+            inputs={},
+            outputs={},
+            properties={"error": error} if error else {},
+            state=state,
+        )
+        time.sleep(0.002)  # each attempt starts after the one before (start_time_ms)
+
+    attempt("train", "FAILED", "worker-0 exited with code 137")  # KFP retried it
+    attempt("train", "COMPLETE")
+    assert lineage.failure_of(store_uri, "run-r") is None
+    attempt("evaluate", "FAILED", "the model in service is damaged")
+    assert lineage.failure_of(store_uri, "run-r") == ("evaluate", "the model in service is damaged")
 
 
 def test_an_unreachable_store_fails_the_step_before_its_work(tmp_path, capsys):

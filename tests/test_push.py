@@ -7,6 +7,7 @@ import pytest
 
 from components import serving
 from components.push import executor
+from contracts.artifacts import RETIRED_FILE
 from contracts.errors import UserError
 
 
@@ -144,6 +145,22 @@ def test_a_rollback_retires_the_models_it_takes_out_of_service(tmp_path):
     assert serving.rollback(str(dest), 2) == 5
     back = executor.run(bad, make_blessing(tmp_path, True, "b5"), str(dest), str(tmp_path / "p5"))
     assert (back.pushed, back.pushed_version) == (1, "5") and "already served" in back.reason
+
+
+def test_rolling_back_to_a_model_unretires_it_under_every_number(tmp_path):
+    dest = tmp_path / "serving"
+    x = make_model_with(tmp_path, "x", b"graph x")
+    y = make_model_with(tmp_path, "y", b"graph y")
+    executor.run(x, make_blessing(tmp_path, True, "b1"), str(dest), str(tmp_path / "p1"))
+    executor.run(y, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"))
+    assert serving.rollback(str(dest), 1) == 3  # x again; y (2) retired
+    assert serving.rollback(str(dest), 2) == 4  # y again; x's copy (3) retired
+    assert serving.rollback(str(dest), 1) == 5  # x again: retired as 3 no more
+    retired = json.loads((dest / RETIRED_FILE).read_text())
+    assert sorted(retired) == ["2", "4"]  # y, under both its numbers
+    assert serving.retired_as(f"{x}/Format-Serving", str(dest)) is None
+    again = executor.run(x, make_blessing(tmp_path, True, "b3"), str(dest), str(tmp_path / "p3"))
+    assert again.pushed == 1 and "already served" in again.reason
 
 
 def test_a_model_served_already_is_credited_to_the_push_that_published_it(tmp_path):

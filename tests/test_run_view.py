@@ -286,6 +286,20 @@ def test_json_outcome_of_a_failed_run_names_the_step_its_error_and_its_log(tmp_p
     assert found["blessed"] is None and found["pushed_version"] is None
 
 
+def test_a_failure_with_a_log_tail_is_told_by_its_summary(tmp_path):
+    # A launcher's error: its summary, then the failing worker's last lines (format_failure).
+    logs = local_runner.RunLogs(tmp_path / "logs" / "local-x", tmp_path / "workers")
+    view = RunView.new("local-x", NOW - 10)
+    error = (
+        "job train-x did not finish within the launcher's timeout; deleted it\n"
+        "last lines of worker-0's log:\n"
+        "  | step 275 loss 2.31"
+    )
+    failure = local_runner.PipelineFailed(f"step 'train' failed: {error}", "train", error)
+    outcome = run_watch.Outcome(view, logs, None, failure)
+    assert outcome.error == "job train-x did not finish within the launcher's timeout; deleted it"
+
+
 # ---- what the steps report ------------------------------------------------------------------
 
 

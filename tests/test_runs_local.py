@@ -183,3 +183,33 @@ def test_a_root_without_a_store_is_named_and_no_store_is_made(tmp_path):
         run(["runs", "--local", "--root", str(tmp_path)])
     assert str(tmp_path) in str(err.value)
     assert list(tmp_path.iterdir()) == []  # reading never creates a store
+
+
+@pytest.mark.fault("a local run's step killed (SIGKILL, OOM) or the run interrupted")
+@pytest.mark.parametrize("ending", ["killed", "interrupted"])
+def test_a_local_run_closes_the_step_a_kill_left_running(tmp_path, monkeypatch, ending):
+    """The step reads FAILED with why, not RUNNING forever: no exit handler runs locally."""
+    from pipelines import local_runner
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n" * 100, encoding="utf-8")
+    run = local_runner.LocalRun(root=tmp_path, corpus=str(corpus))
+
+    def pipeline_whose_train_dies(**arguments):
+        # What a step's process leaves when it is SIGKILLed: its execution recorded RUNNING.
+        record(run.metadata, run_id, "train", 1000.0, state="RUNNING")
+        if ending == "killed":  # kfp.local: the task "finished with status FAILURE"
+            raise RuntimeError("Task 'train' finished with status FAILURE")
+        raise KeyboardInterrupt
+
+    run_id = "local-killed"
+    monkeypatch.setattr(local_runner, "build", lambda target, config: pipeline_whose_train_dies)
+    expected = local_runner.PipelineFailed if ending == "killed" else KeyboardInterrupt
+    with pytest.raises(expected) as raised:
+        local_runner.run_local(run, run_id=run_id)
+    (row,) = lineage.list_runs(run.metadata)
+    assert row["state"] == "FAILED" and row["end_time_ms"] is not None
+    (execution,) = lineage.run_summary(run.metadata, run_id)["executions"]
+    assert execution["state"] == "FAILED"
+    if ending == "killed":
+        assert raised.value.step == "train" and "killed (out of memory" in raised.value.error

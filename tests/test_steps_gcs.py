@@ -15,6 +15,7 @@ from components.evaluate import executor as evaluate
 from components.push import executor as push
 from components.storage import gcs as storage_gcs
 from components.tokenize import executor as tokenize
+from contracts.artifacts import RETIRED_FILE
 from contracts.errors import UserError
 
 pytest_plugins = ["gcs_emulator"]
@@ -266,6 +267,25 @@ def test_rollback_republishes_an_earlier_version_as_the_newest(gcs, tmp_path):
     assert serving.latest_version_uri(dest) == f"{dest}/3"
     with pytest.raises(UserError, match=r"version 7: .*complete versions are \[1, 2, 3\]"):
         serving.rollback(dest, 7)
+
+
+@pytest.mark.fault("a rollback while a push killed after its upload waits to be finished")
+def test_a_rollback_retires_an_interrupted_push_it_finishes(gcs, tmp_path, monkeypatch):
+    dest = gcs.uri("serving")
+    _push(tmp_path, _model(tmp_path, "x", b"x"), dest, "p1")
+    _push(tmp_path, _model(tmp_path, "y", b"y"), dest, "p2")
+    z = _model(tmp_path, "z", b"z")
+    real_copy = die_after_two_copies(monkeypatch)
+    with pytest.raises(PodKilled):  # uploaded, then killed copying into 3/
+        _push(tmp_path, z, dest, "p3")
+    monkeypatch.setattr(storage_gcs, "copy_object", real_copy)
+
+    assert serving.rollback(dest, 1) == 4  # finishes z as 3, then retires it with y
+    assert serving.serving_versions(dest) == [1, 2, 3, 4]
+    assert storage.same_files(f"{dest}/1", f"{dest}/4")
+    assert sorted(json.loads(gcs.get(f"serving/{RETIRED_FILE}"))) == ["2", "3"]
+    again = _push(tmp_path, z, dest, "p4")  # z from a cached train step: refused
+    assert again.pushed == 0 and "rolled back from version 3" in again.reason
 
 
 def test_push_to_a_gcs_object_is_a_user_error(gcs, tmp_path):

@@ -338,6 +338,8 @@ def _train_errors(t: TrainConfig) -> list[str]:
     for name in ("beta_1", "beta_2"):
         if not 0.0 <= getattr(t, name) < 1.0:
             errors.append(f"train.{name} must be in [0, 1), got {getattr(t, name)}")
+    if not 0 <= t.seed < 2**32:  # numpy's seed range (keras.utils.set_random_seed seeds it)
+        errors.append(f"train.seed must be in [0, 2**32 - 1], got {t.seed}")
     if t.precision not in PRECISIONS:
         errors.append(f"train.precision must be one of {PRECISIONS}, got {t.precision!r}")
     if t.jit_compile not in JIT_COMPILE:

@@ -25,6 +25,7 @@ from contracts.artifacts import (
     EVAL_TEXT,
     SAVED_MODEL_FILE,
     SERVING_DIR,
+    SIGNATURES,
     TRAIN_HISTORY,
     TRAIN_METRICS,
     write_blessing,
@@ -340,12 +341,19 @@ def _load(saved_model_dir: Path, what: str, fix: str):
     if not (saved_model_dir / SAVED_MODEL_FILE).is_file():
         raise UserError(f"{what}: no SavedModel at {saved_model_dir}; {fix}")
     try:
-        return tf.saved_model.load(str(saved_model_dir))
+        model = tf.saved_model.load(str(saved_model_dir))
     except (OSError, ValueError, IndexError, tf.errors.OpError) as err:
         raise UserError(
             f"{what}: the SavedModel at {saved_model_dir} is damaged and cannot be loaded "
             f"({_first_line(err)}); {fix}"
         ) from None
+    missing = [name for name in SIGNATURES if name not in model.signatures]
+    if missing:
+        raise UserError(
+            f"{what}: the SavedModel at {saved_model_dir} has no {' or '.join(missing)} "
+            f"signature, so it is not a gptpipe model; {fix}"
+        )
+    return model
 
 
 def _first_line(err: BaseException) -> str:

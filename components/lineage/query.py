@@ -118,14 +118,20 @@ def run_summary(store_uri: str, run_id: str) -> dict[str, Any]:
 
 
 def failure_of(store_uri: str, run_id: str) -> tuple[str, str] | None:
-    """Return (step, error message) of the run's first FAILED execution, or None."""
+    """Return (step, error message) of the run's first step whose last attempt FAILED, or
+    None. An attempt a retry replaced does not count: a train step that failed once and
+    succeeded on KFP's retry is no failure of the run."""
     store = open_store(store_uri)
     context = store.get_context_by_type_and_name(RUN_CONTEXT, run_id)
     if context is None:
         return None
+    last: dict[str, ExecutionView] = {}
     for view in _in_start_order(
         execution_views(store, store.get_executions_by_context(context.id))
     ):
+        last.pop(view["step"], None)  # re-inserted: the dict keeps the steps' last starts' order
+        last[view["step"]] = view
+    for view in last.values():
         if view["state"] == "FAILED":
             return view["step"], str(view["properties"].get("error", "see the step's log"))
     return None

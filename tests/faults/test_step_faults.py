@@ -269,6 +269,20 @@ def _baseline_vanishes(model: Path, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(serving, "latest_version_uri", then_removed)
 
 
+def _foreign_model_in_service(model: Path, tmp_path: Path, monkeypatch) -> None:
+    """A SavedModel that loads, but not one of ours: no `score` signature to compare with."""
+    import tensorflow as tf
+
+    class Doubler(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def predict(self, x):
+            return {"y": 2.0 * x}
+
+    doubler = Doubler()
+    folder = str(tmp_path / "serving" / "1")
+    tf.saved_model.save(doubler, folder, signatures={"serving_default": doubler.predict})
+
+
 def _disk_full_at_the_blessing(model: Path, tmp_path: Path, monkeypatch) -> None:
     def half_written(folder: Path, blessed: bool, info: dict) -> None:
         (folder / "NOT_BLESSED").write_text("")
@@ -301,13 +315,20 @@ def _disk_full_at_the_blessing(model: Path, tmp_path: Path, monkeypatch) -> None
             marks=pytest.mark.fault("the model in service removed while evaluate runs"),
         ),
         pytest.param(
+            _foreign_model_in_service,
+            UserError,
+            "the model in service at {tmp}/serving/1: the SavedModel at {tmp}/serving/1 has "
+            "no generate or score signature, so it is not a gptpipe model; run evaluate again",
+            marks=pytest.mark.bad_input("a SavedModel in service that is not a gptpipe model"),
+        ),
+        pytest.param(
             _disk_full_at_the_blessing,
             UserError,  # the storage layer's one line for ENOSPC, EDQUOT and EFBIG
             "while writing {tmp}/blessing: No space left on device",
             marks=pytest.mark.fault("a full disk while evaluate writes the blessing"),
         ),
     ],
-    ids=["variables-cut", "graph-cut", "baseline-gone", "disk-full"],
+    ids=["variables-cut", "graph-cut", "baseline-gone", "foreign-baseline", "disk-full"],
 )
 def test_a_crashed_evaluate_leaves_no_blessing_and_push_refuses(
     dataset, diverged, tmp_path, monkeypatch, fault, error, says
