@@ -124,7 +124,13 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_train_batch_end(batch, logs)
-        if self.check_due() and self.agree(1.0 if self.watch.requested else 0.0) > 0:
+        due = self.check_due()
+        # A step after which training stops anyway (the last one, or a divergence: the monitor,
+        # which runs first, decided it from the step count and the global loss, so on every
+        # worker alike) ends training normally: its validation and metrics are kept and the
+        # export follows at once. Backed up here instead, the job would resume with nothing
+        # left to train, and its Model would carry no training metrics.
+        if due and not self.model.stop_training and self.agree(float(self.watch.requested)) > 0:
             step = int(self.model.optimizer.iterations.numpy())
             self._backup(epoch=self._current_epoch, batch=batch)
             log.warning("preempted: backed up at step %d; exiting %d", step, EXIT_PREEMPTED)

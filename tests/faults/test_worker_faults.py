@@ -152,3 +152,19 @@ def test_sigterm_backs_up_exits_retryably_and_the_job_resumes(tmp_path, examples
     assert f'"steps": {STEPS}' in (job.model / "train_metrics.json").read_text()
     assert _done_metrics(job.log(0)) == _done_metrics(job.log(1))
     assert _leftovers(job) == []
+
+
+@pytest.mark.slow
+@pytest.mark.fault("SIGTERM to a worker at the last step")
+def test_sigterm_at_the_last_step_lets_training_end_and_export(tmp_path, examples):
+    """Training ends as it would have; the Model keeps its metrics. Backed up and restarted
+    instead, the job would resume with nothing left to train and no metrics to report."""
+    job = Job(tmp_path, examples, "--fault-at-step", str(STEPS), "--fault-signal", "TERM")
+    assert (job.result.attempts, job.result.restarts) == (1, 0)
+    assert "received SIGTERM" in job.log(1)
+    assert "preempted:" not in job.log(0) + job.log(1)
+    written = json.loads((job.model / "train_metrics.json").read_text())
+    assert written["steps"] == STEPS and math.isfinite(written["final_loss"])
+    assert written["tokens_per_second"] > 0
+    assert job.final_val_loss() > 0  # the last validation ran
+    assert (job.model / "Format-Serving" / "saved_model.pb").is_file()
