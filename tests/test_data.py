@@ -288,7 +288,10 @@ def test_a_place_a_billion_epochs_in_is_found_without_reading_them(shards):
 def test_workers_train_on_their_own_shards_or_their_own_windows_of_each(shards):
     cfg = resolve_config("tiny", ("model.seq_len=2", "train.batch_size=1"))
     two = data.Shards(shards.files[:2], shards.windows[:2])  # windows 0-4 and 5-7
-    for split, n, kept in ((shards, 2, "shards"), (two, 3, "windows")):
+    even = data.Shards(shards.files[:6], shards.windows[:6])  # in two: 5+6+2, 3+4+5 windows
+    # All seven in two: 14 and 12 windows, under BALANCE: every worker keeps every 2nd window.
+    cases = ((even, 2, "shards"), (two, 3, "windows"), (shards, 2, "windows"))
+    for split, n, kept in cases:
         seen = []
         for i in range(n):
             ctx = tf.distribute.InputContext(num_input_pipelines=n, input_pipeline_id=i)
@@ -299,6 +302,20 @@ def test_workers_train_on_their_own_shards_or_their_own_windows_of_each(shards):
             seen.append([int(x[0, 0]) for x, _ in batches])
         everything = sorted(itertools.chain(*seen))
         assert everything == list(range(sum(split.windows))), (kept, seen)
+
+
+def test_uneven_shards_are_split_by_window_so_no_worker_trains_on_a_remainder():
+    # A split of 4500 windows: one full shard and the remainder. By shard, worker 1 would
+    # cycle through 404 windows while worker 0 reads 4096: each batch half from the 404.
+    uneven = data.Shards(["full.gz", "rest.gz"], [4096, 404])
+    for i in range(2):
+        ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i)
+        mine, keep = data.pipeline_shards(uneven, ctx)
+        assert (mine, keep) == (uneven, (2, i))
+        assert sum(data._kept(mine.windows, *keep)) == 2250
+    many = data.Shards([f"{i}.gz" for i in range(9)], [4096] * 8 + [404])  # 5 and 4 shards
+    ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1)
+    assert data.pipeline_shards(many, ctx) == (data.Shards(many.files[1::2], [4096] * 4), (1, 0))
 
 
 def test_a_pipeline_left_without_windows_is_refused_on_every_worker(tmp_path):

@@ -279,16 +279,27 @@ def _kept(windows: Sequence[int], n: int, i: int) -> list[int]:
     return [len(range(i, w, n)) for w in windows]
 
 
+# Every replica contributes an equal share of each global batch, so a pipeline holding fewer
+# windows than another cycles through them faster: its windows weigh more in training. Whole
+# shards per pipeline are taken only when the pipelines' windows are this even (tokenize fills
+# every shard but the last, so a large split is; a small one, say 4096 + 404 windows over two
+# workers, would have the second worker's 404 drawn 10 times as often).
+BALANCE = 0.9  # the fewest windows of any pipeline over the most
+
+
 def pipeline_shards(
     shards: Shards, ctx: tf.distribute.InputContext | None
 ) -> tuple[Shards, tuple[int, int]]:
     """The shards one training input pipeline reads, and which of their windows it keeps:
-    every n-th shard when there are at least as many as the n pipelines (keeping all their
-    windows), else every shard, keeping every n-th window of each (`pipeline_files`' rule).
+    every n-th shard when there are at least as many as the n pipelines and that splits the
+    windows evenly (BALANCE), keeping all their windows; else every shard, keeping every n-th
+    window of each, which splits them within one window.
 
     Raises UserError when some pipeline would get no window, on every worker alike."""
     n = ctx.num_input_pipelines if ctx else 1
-    if _shard_by_file(len(shards.files), ctx):
+    per_pipeline = [sum(shards.windows[i::n]) for i in range(n)]
+    even = min(per_pipeline) >= BALANCE * max(per_pipeline)
+    if _shard_by_file(len(shards.files), ctx) and even:
         i = ctx.input_pipeline_id if ctx else 0
         return Shards(shards.files[i::n], shards.windows[i::n]), (1, 0)
     empty = [i for i in range(n) if sum(_kept(shards.windows, n, i)) == 0]
