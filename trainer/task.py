@@ -129,6 +129,11 @@ def train(
     callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb)
     try:
         _fit(trainee, cfg, datasets, callbacks)
+    except Preempted:
+        # fit skips on_train_end when a callback raises: keep this attempt's curve up to its
+        # backup, and its time, for the attempt that resumes there.
+        monitor.on_train_end()
+        raise
     finally:
         telemetry.close()
     metrics = _attempt_metrics(

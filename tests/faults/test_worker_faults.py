@@ -20,6 +20,7 @@ from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 from components.train.executor import trainer_command
 from components.train.launcher import JobSpec, LaunchResult
 from components.train.local_launcher import LocalLauncher
+from contracts.artifacts import TRAIN_HISTORY
 from trainer.config import resolve_config
 
 STEPS = 40  # TINY_OVERRIDES: train.train_steps
@@ -152,6 +153,11 @@ def test_sigterm_backs_up_exits_retryably_and_the_job_resumes(tmp_path, examples
     assert f'"steps": {STEPS}' in (job.model / "train_metrics.json").read_text()
     assert _done_metrics(job.log(0)) == _done_metrics(job.log(1))
     assert _leftovers(job) == []
+    # The curve holds the preempted attempt's steps up to its backup (its last validation was
+    # at 20), then the resumed attempt's: one curve, in order.
+    history = json.loads((job.model / "Format-Serving" / TRAIN_HISTORY).read_text())
+    steps = [point["step"] for point in history["points"]]
+    assert FAULT_STEP in steps and steps == sorted(set(steps)) and steps[-1] == STEPS
 
 
 @pytest.mark.slow
