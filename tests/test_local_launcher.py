@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -90,6 +91,9 @@ if mode == "leave-child":  # worker 1 exits 1, leaving a child that ignores SIGT
         sys.exit(1)
     block()
 if mode == "hang":
+    block()
+if mode == "stubborn":  # ignores SIGTERM: stopped only by SIGKILL, after the grace period
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     block()
 if mode == "cancel":
     if index == 0:
@@ -217,6 +221,25 @@ def test_sigterm_stops_every_worker_and_fails(job, tmp_path):
     with pytest.raises(LaunchCancelled, match="SIGTERM"):
         run_local(job("cancel"), tmp_path)
     assert signal.getsignal(signal.SIGTERM) is before
+    assert not any(alive(p) for p in recorded_pids(tmp_path))
+
+
+def test_a_second_ctrl_c_kills_the_workers_at_once_and_still_stops_them_all(job, tmp_path):
+    """The first Ctrl-C SIGTERMs the workers and grants a grace period; a second one, during
+    it, SIGKILLs them then: it never leaves workers behind."""
+    launcher = LocalLauncher(log_dir=tmp_path / "logs", out=io.StringIO(), kill_grace_seconds=600)
+
+    def press_ctrl_c_twice() -> None:
+        while len(recorded_pids(tmp_path)) < 4:  # both workers and their children are up
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt in the launcher
+        time.sleep(0.5)  # the workers ignore the SIGTERM that followed: the grace period runs
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c_twice, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        launcher.run(job("stubborn"))
+    assert len(recorded_pids(tmp_path)) == 4
     assert not any(alive(p) for p in recorded_pids(tmp_path))
 
 

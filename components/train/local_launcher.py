@@ -214,15 +214,21 @@ class _WorkerGroup:
         workers are reaped only then, so that each group's ID is still theirs when signalled
         (`exited`). On macOS a worker that exited was reaped already: its group is signalled
         as before, since members still running keep the group's ID from other processes.
+        A second Ctrl-C (or SIGTERM) during the grace period cuts it short: the groups are
+        SIGKILLed and reaped all the same, and the interruption is raised after.
         """
+        interrupted: BaseException | None = None
         for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
             for proc in self.procs:
                 if proc.returncode is None or not _WAITID:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(proc.pid, sig)
             until = time.monotonic() + wait
-            while time.monotonic() < until and any(group_alive(p.pid) for p in self.procs):
-                time.sleep(POLL_SECONDS)
+            try:
+                while time.monotonic() < until and any(group_alive(p.pid) for p in self.procs):
+                    time.sleep(POLL_SECONDS)
+            except BaseException as exc:  # noqa: BLE001 -- raised below, once nothing is left
+                interrupted = interrupted or exc
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=1)
@@ -230,6 +236,8 @@ class _WorkerGroup:
             self.pump.join(timeout=5)
         for f in self.files:
             f.close()
+        if interrupted is not None:
+            raise interrupted
 
 
 class LocalLauncher:
