@@ -177,7 +177,41 @@ def test_gpu_summary():
     assert s["mirrored_scaling"] == pytest.approx(0.9)
     assert s["host_syncs_speed_ratio"] is None
     one_gpu = gpu_bench.summarize(runs, peak_tflops=None, gpus=1)
-    assert one_gpu["mfu"] is None and one_gpu["mirrored_scaling"] is None
+    # On one GPU: MirroredStrategy's overhead over the plain bf16 step.
+    assert one_gpu["mfu"] is None and one_gpu["mirrored_scaling"] == pytest.approx(1.8)
+    assert gpu_bench.summarize(runs, peak_tflops=None, gpus=0)["mirrored_scaling"] is None
+
+
+def test_gpu_runs_without_xla_where_it_does_not_compile_and_each_run_is_capped(monkeypatch):
+    calls = []
+    no_ptxas = "No PTX compilation provider is available"
+
+    def child(args, timeout):
+        calls.append((args, timeout))
+        if args == ["--probe"]:
+            return {"gpus": 1, "device": "NVIDIA H200", "xla_error": no_ptxas}
+        return {"tokens_per_s": 100.0, "flops_per_token": 10**9}
+
+    monkeypatch.setattr(gpu_bench, "_child", child)
+    out = gpu_bench.run_all("gpt2-small", 8, allow_cpu=False)
+    errors = {name: run["error"] for name, run in out["runs"].items() if "error" in run}
+    assert set(errors) == {"bf16_xla", "bf16_xla_host_syncs"}
+    assert all(no_ptxas in e for e in errors.values())
+    ran = {args[1]: (args, timeout) for args, timeout in calls[1:]}
+    assert set(ran) == {"bf16", "fp32", "mirrored"}  # mirrored too, on one GPU
+    assert all("--no-xla-kernels" in args for args, _ in ran.values())
+    assert all(timeout <= gpu_bench.RUN_CAP_S for _, timeout in ran.values())
+    assert out["mfu"] == pytest.approx(100.0 * 10**9 / 989e12)
+
+
+def test_a_gpu_runs_result_is_its_last_json_line_and_a_failure_tells_its_stderr():
+    assert gpu_bench.last_json('{"a": 1}\nlog line\n{"tokens_per_s": 5.0}\n') == {
+        "tokens_per_s": 5.0
+    }
+    assert gpu_bench.last_json('{"a": 1}\nSegmentation fault at exit\n') == {"a": 1}
+    assert gpu_bench.last_json("Traceback (most recent call last):\n[1, 2]\n") is None
+    assert gpu_bench._tail(b"one\ntwo\nthree\nfour\n") == ": two | three | four"
+    assert gpu_bench._tail(None) == ""
 
 
 def test_gpu_script_without_a_gpu_prints_that_it_was_skipped_and_exits_0():

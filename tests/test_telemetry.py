@@ -373,3 +373,12 @@ def test_a_busy_metrics_port_is_logged_and_training_goes_on(caplog):
         server.set(step=1)  # still usable, only not served
         server.close()
     assert "cannot serve on port" in caplog.text
+
+
+def test_the_step_records_timestamps_on_cpus_without_xla_only():
+    from trainer import train_step
+
+    assert train_step.times_steps(jit=False, device_kind="cpu")
+    assert not train_step.times_steps(jit=True, device_kind="cpu")  # XLA compiles no timestamp
+    # On a GPU a timestamp depending on device tensors syncs the host with the stream each step.
+    assert not train_step.times_steps(jit=False, device_kind="gpu")

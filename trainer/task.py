@@ -183,9 +183,10 @@ def _monitor(
     history = TrainHistory(precision.device_name(), replicas, global_batch)
     history.load(work_dir)
     peak = flops.peak_flops(history.device)
+    timed = train_step.times_steps(jit, precision.device_kind()[0])
     measured = Measured(
-        input_wait=not jit,
-        allreduce=not jit and workers > 1 and precision.device_kind()[0] == "cpu",
+        input_wait=timed,
+        allreduce=timed and workers > 1,
         flops_per_token=flops.flops_per_token(cfg.model),
         peak_flops=peak * replicas if peak else None,
     )
@@ -233,7 +234,8 @@ def compiled_model(
         gpt = model.build_gpt(
             cfg.model, xla_kernels=config_lib.use_xla_kernels(cfg.train.jit_compile)
         )
-        trainee = train_step.instrumented(gpt, timed=not jit)
+        timed = train_step.times_steps(jit, precision.device_kind()[0])
+        trainee = train_step.instrumented(gpt, timed=timed)
         optimizer, schedule = build_optimizer(cfg, global_batch, policy)
         trainee.compile(
             optimizer=optimizer,

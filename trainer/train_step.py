@@ -17,7 +17,9 @@ step and are only read at logging steps, so measuring adds no host sync to a ste
   GPU, NCCL ops complete when enqueued, so the trainer does not report it there.
 
 Under XLA (`jit_compile`) the step is one compiled cluster without a timestamp op, so only the
-gradient norm is recorded.
+gradient norm is recorded; on a GPU too (`times_steps`): a timestamp, a host op, that depends
+on tensors on the GPU waits for the stream to reach them, a device-to-host sync in every step
+that would keep the host from queueing the next step while the GPU runs this one.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ class InstrumentedGPT(keras.Model):
 
     Built from a model of `trainer.model.build_gpt` (`InstrumentedGPT(gpt.inputs, gpt.outputs)`),
     it shares its layers and weights, so a checkpoint of either restores into the other.
-    `timed` is False under XLA, which cannot compile timestamps.
+    `timed`: whether it records timestamps (`times_steps`).
     """
 
     def __init__(self, inputs: Any, outputs: Any, timed: bool = True, **kwargs: Any) -> None:
@@ -109,6 +111,12 @@ class InstrumentedGPT(keras.Model):
             summed = tf.timestamp()
         self.step_stats.allreduce_s.assign_add(summed - local)
         return reduced
+
+
+def times_steps(jit: bool, device_kind: str) -> bool:
+    """Whether the train step records timestamps (input wait, all-reduce time): on a CPU and
+    without XLA only (the module's docstring)."""
+    return not jit and device_kind == "cpu"
 
 
 def instrumented(gpt: keras.Model, timed: bool) -> InstrumentedGPT:
