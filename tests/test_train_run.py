@@ -125,3 +125,27 @@ def test_the_component_takes_the_pipelines_names_and_jobspecs_defaults():
     assert params["worker_memory"].default == JobSpec.memory
     assert params["service_account"].default == ""  # the step's own
     assert {"examples_uri", "config", "launcher", "workers", "gpus_per_worker"} <= set(params)
+
+
+def test_a_pipeline_compiled_with_allow_unpinned_may_start_workers_from_its_tags():
+    """`gptpipe compile --allow-unpinned` makes a pipeline whose train step starts its workers
+    from the unpinned trainer tag; one compiled from the lock refuses a tag."""
+    from components.train import tfjob_manifest
+    from pipelines import compiler
+
+    unpinned = compiler.UNPINNED_IMAGES
+    assert executor.allows_unpinned("tfjob", unpinned.pipeline)
+    assert not executor.allows_unpinned("tfjob", PINNED)
+    assert executor.allows_unpinned("local", PINNED)
+    spec = executor.job_spec(
+        "gs://b/examples",
+        "gs://b/model",
+        "gs://b/work",
+        resolve_config("tiny"),
+        launcher="tfjob",
+        run_id="run-1",
+        image=unpinned.trainer,
+        allow_unpinned=executor.allows_unpinned("tfjob", unpinned.pipeline),
+    )
+    pod = tfjob_manifest.build_manifest(spec)["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    assert pod["spec"]["containers"][0]["image"] == unpinned.trainer

@@ -93,6 +93,7 @@ def train(
             active_deadline_seconds=deadline_seconds or None,  # the one place the names differ
             node_selector=node_selector,
             tolerations=tolerations,
+            allow_unpinned=executor.allows_unpinned(launcher, image),
             **placement,
         )
         launched_by = executor.make_launcher(launcher, work_dir)

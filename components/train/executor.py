@@ -70,6 +70,16 @@ def job_spec(
     )
 
 
+def allows_unpinned(launcher: str, step_image: str) -> bool:
+    """Whether the train step may start workers from an image not pinned by digest: locally,
+    or in a pipeline compiled with `--allow-unpinned`, whose steps' own image (`step_image`,
+    from the same lock or its absence) is then a tag too. A pipeline compiled from the lock
+    refuses one: its train step would otherwise run whatever a tag points at today."""
+    from components import provenance
+
+    return launcher == "local" or not provenance.is_pinned(step_image)
+
+
 def make_launcher(kind: str, work_dir: str) -> Launcher:
     """The launcher named `kind`; only its module is imported, so a local run loads no Kubernetes.
 
