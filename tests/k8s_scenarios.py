@@ -113,7 +113,6 @@ class Script:
         job = self.job
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         template = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]
-        container = template["spec"]["containers"][0]
         labels = {
             **template.get("metadata", {}).get("labels", {}),
             "training.kubeflow.org/job-name": name,
@@ -144,6 +143,10 @@ class Script:
                 "spec": copy.deepcopy(template["spec"]),
             }
         )
+        self._running(pod)
+
+    def _running(self, pod: dict[str, Any]) -> None:
+        container = pod["spec"]["containers"][0]
         stamp = now()
         pod["status"] = {
             "phase": "Running",
@@ -163,6 +166,51 @@ class Script:
                 }
             ],
         }
+
+    def cannot_start(self, index: int, reason: str, message: str) -> None:
+        """Worker `index`'s container waits with the kubelet's `reason` (pkg/kubelet/images/
+        types.go: ErrImagePull, ImagePullBackOff, ...): the pod stays Pending, no image ID
+        and no container ID yet (kubelet_pods.go convertToAPIContainerStatuses)."""
+        with self.cluster.cond:
+            pod = self.pod(index)
+            container = pod["spec"]["containers"][0]
+            pod["status"] = {
+                "phase": "Pending",
+                "startTime": now(),
+                "containerStatuses": [
+                    {
+                        "name": "tensorflow",
+                        "image": container["image"],
+                        "imageID": "",
+                        "ready": False,
+                        "restartCount": 0,
+                        "started": False,
+                        "state": {"waiting": {"reason": reason, "message": message}},
+                    }
+                ],
+            }
+            self.cluster.cond.notify_all()
+
+    def unschedulable(self, index: int, message: str) -> None:
+        """No node takes worker `index`: Pending with the scheduler's PodScheduled False,
+        Unschedulable condition (pkg/scheduler/schedule_one.go handleSchedulingFailure) and
+        no container status (no kubelet has it)."""
+        with self.cluster.cond:
+            condition = {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": message,
+                "lastTransitionTime": now(),
+            }
+            self.pod(index)["status"] = {"phase": "Pending", "conditions": [condition]}
+            self.cluster.cond.notify_all()
+
+    def start(self, index: int) -> None:
+        """Worker `index` starts after all (its image pulled, a node found)."""
+        with self.cluster.cond:
+            self._running(self.pod(index))
+            self.cluster.cond.notify_all()
 
     def pod(self, index: int) -> dict[str, Any]:
         ns, name = self.cluster.job_key

@@ -866,3 +866,60 @@ def test_a_worker_that_names_its_bad_input_is_one_user_error_line():
         "TFJob ml/train-run-1 failed: worker-1 exited with code 2: corrupt TFRecord shard "
         "gs://b/d/train-00001.tfrecord.gz"
     )
+
+
+def _said(out: io.StringIO, text: str) -> None:
+    """A step that waits (at most a minute) until the launcher has said `text`."""
+    until = time.monotonic() + 60
+    while text not in out.getvalue() and time.monotonic() < until:
+        time.sleep(0.05)
+
+
+def _launcher(kube: FakeKube, out: io.StringIO, grace: float) -> tfjob.TFJobLauncher:
+    api = kube.api_client()
+    return tfjob.TFJobLauncher(api, out=out, poll_seconds=1, start_grace_seconds=grace)
+
+
+PULL = 'Back-off pulling image "registry.example/trainer@sha256:0000": not found'
+
+
+@pytest.mark.fault("a worker's image cannot be pulled")
+def test_a_worker_that_cannot_start_fails_the_job_after_the_grace_and_frees_its_gpus():
+    steps = [
+        lambda c: c.condition("Created"),
+        lambda c: c.create_pods(),
+        lambda c: c.cannot_start(1, "ImagePullBackOff", PULL),  # worker 0 runs, holding its GPU
+    ]
+    out = io.StringIO()
+    with FakeKube(steps) as kube:
+        with pytest.raises(LaunchError) as err:
+            _launcher(kube, out, grace=1).run(make_spec())
+        assert kube.calls("DELETE", JOB_PATH) and kube.cluster.tfjobs == {}
+    assert (err.value.reason, err.value.replica) == ("WorkerCannotStart", "worker-1")
+    message = str(err.value)
+    said = rf"worker-1 could not start for \d+ s \(ImagePullBackOff: {re.escape(PULL)}\)"
+    assert re.search(said + "; deleted it", message), message
+    assert "pull secret" in message and "\n" not in message
+    assert out.getvalue().count(f"worker-1: ImagePullBackOff: {PULL} (failing the job") == 1
+    assert "deleted TFJob ml/train-run-1 (WorkerCannotStart)" in out.getvalue()
+
+
+def test_a_pull_that_recovers_within_the_grace_and_a_pod_waiting_for_a_node_do_not_fail():
+    gpus = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    out = io.StringIO()
+    steps = [
+        lambda c: c.condition("Created"),
+        lambda c: c.create_pods(),
+        lambda c: c.cannot_start(1, "ErrImagePull", "registry unavailable"),
+        lambda c: c.unschedulable(0, gpus),
+        lambda c: _said(out, "is not scheduled"),  # a listing saw both
+        lambda c: c.start(1),
+        lambda c: c.start(0),
+        *scenarios.success()[2:],
+    ]
+    with FakeKube(steps) as kube:
+        result = _launcher(kube, out, grace=60).run(make_spec())
+    assert result.restarts == 0
+    said = out.getvalue()
+    assert said.count("worker-1: ErrImagePull: registry unavailable (failing the job") == 1
+    assert said.count(f"worker-0 is not scheduled: {gpus} (it waits for a node") == 1

@@ -7,6 +7,9 @@ adds to the operator:
   `backoff_limit` itself: under `restartPolicy: ExitCode` the v1 operator recreates pods
   forever and ignores runPolicy.backoffLimit (kubeflow/trainer#2045);
 - a worker that exits 1-127 while the job shows Restarting (kubeflow/trainer#2044) fails the job;
+- a worker that cannot start (its image cannot be pulled, a Secret it needs is missing) fails
+  the job after `start_grace_seconds`, and one no node takes is said (`tfjob_start`): the
+  operator would keep either until the deadline, the other workers holding their GPUs;
 - it says which worker exited how, at each restart and in its error: from the pods it lists
   and, since the operator deletes failed pods at once, from the operator's ExitedWithCode events
   on the job (`tfjob_status`);
@@ -49,6 +52,7 @@ from components.train.tfjob_manifest import (
     worker0_selector,
 )
 from components.train.tfjob_restarts import RestartLedger
+from components.train.tfjob_start import START_GRACE_SECONDS, cannot_start_error, not_starting
 from components.train.tfjob_status import (
     BACKOFF_MESSAGE,
     EXITED_REASON,
@@ -59,6 +63,7 @@ from components.train.tfjob_status import (
     failure_error,
     merge_exits,
     permanent_error,
+    replica,
     terminated_exit,
 )
 from contracts.errors import UserError
@@ -86,6 +91,7 @@ class TFJobLauncher:
         *,
         poll_seconds: int = 30,
         log_tail_lines: int = 30,
+        start_grace_seconds: float = START_GRACE_SECONDS,
     ) -> None:
         from kubernetes import client
 
@@ -95,6 +101,7 @@ class TFJobLauncher:
         self.out = out if out is not None else sys.stdout
         self.poll_seconds = poll_seconds  # longest single watch request
         self.log_tail_lines = log_tail_lines
+        self.start_grace_seconds = start_grace_seconds  # a worker that cannot start, this long
 
     def run(self, spec: JobSpec, *, timeout_seconds: float | None = None) -> LaunchResult:
         """Run `spec` as a TFJob to the end; return the result or raise `LaunchError`.
@@ -313,6 +320,12 @@ class TFJobLauncher:
             if image_id:
                 state.digests[pod["metadata"]["name"]] = image_id.rsplit("@", 1)[-1]
             state.saw_exit(pod)
+        now = time.monotonic()
+        problems = [p for pod in pods if (p := not_starting(pod, replica(pod))) is not None]
+        for line in state.starts.observe(problems, now):
+            self._say(line)
+        if (stuck := state.starts.stuck(now, self.start_grace_seconds)) is not None:
+            raise cannot_start_error(spec, *stuck)
         before = state.ledger.restarts
         state.unrecorded |= state.ledger.observe(pods)  # stays set if the patch raises
         if state.unrecorded:
@@ -495,8 +508,11 @@ class TFJobLauncher:
 
 # The errors by which the launcher ends a job the operator would go on running (restarts past
 # the backoff limit; a worker's permanent exit, or its exit 2 naming its bad input, while the
-# job is Restarting: kubeflow/trainer#2044): the job is deleted, its workers' GPUs freed.
-_ENDED_BY_US = frozenset({"BackoffLimitExceeded", "PermanentWorkerError", "WorkerInputError"})
+# job is Restarting: kubeflow/trainer#2044; a worker that cannot start: tfjob_start): the job
+# is deleted, its workers' GPUs freed.
+_ENDED_BY_US = frozenset(
+    {"BackoffLimitExceeded", "PermanentWorkerError", "WorkerInputError", "WorkerCannotStart"}
+)
 
 
 def _listed(exits: list[WorkerExit]) -> str:

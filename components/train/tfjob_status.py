@@ -33,6 +33,7 @@ from components.train.launcher import (
 )
 from components.train.tfjob_manifest import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 from components.train.tfjob_restarts import RestartLedger
+from components.train.tfjob_start import StartWatch
 
 DEADLINE_MESSAGE = "active longer than specified deadline"  # runPolicy.activeDeadlineSeconds
 BACKOFF_MESSAGE = "reached the specified backoff limit"  # runPolicy.backoffLimit
@@ -173,6 +174,7 @@ class JobState:
         self.digests: dict[str, str] = {}  # pod name -> the image digest its kubelet reports
         self.exits: set[WorkerExit] = set()  # failed exits seen in pod listings
         self.events_failures: set[str] = set()  # how listing the job's events failed (said once)
+        self.starts = StartWatch()  # workers the kubelet cannot start, or no node takes
 
     def saw_exit(self, pod: Mapping[str, Any]) -> None:
         """Keep the pod's failed exit, if it has one (`merge_exits` orders them)."""
