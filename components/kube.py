@@ -38,6 +38,17 @@ def api_error_brief(exc: Exception) -> str:
     return f"{status} {getattr(exc, 'reason', '')}".strip() if status else type(exc).__name__
 
 
+def is_transient(exc: BaseException) -> bool:
+    """An API failure that waiting may cure: 429 (the apiserver's max-in-flight filter), a 5xx
+    (one restarting or overloaded), or a lost or timed-out connection."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    if isinstance(exc, ApiException):
+        return exc.status == 429 or (exc.status or 0) >= 500
+    return isinstance(exc, HTTPError | ConnectionError | TimeoutError)
+
+
 def pod_identity(
     env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE
 ) -> PodIdentity:

@@ -157,6 +157,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_DELETE(self) -> None:  # noqa: N802
         parts, query, body = self._record("DELETE")
+        if self.kube.unavailable_deletes > 0:  # as do_GET's 503, for deletes
+            self.kube.unavailable_deletes -= 1
+            return self._send_json(503, status_object(503, "ServiceUnavailable", "try again"))
         policy = query.get("propagationPolicy") or (body or {}).get("propagationPolicy")
         cluster = self.kube.cluster
         with cluster.cond:
@@ -414,6 +417,7 @@ class FakeKube:
         self.output = ""  # a test may keep the launcher's output here
         self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
         self.unavailable_patches = 0  # and the next this-many PATCHes
+        self.unavailable_deletes = 0  # and DELETEs
         self.cut_watches = 0  # the next this-many TFJob watch streams break off, unfinished
         self.cut_follows = 0  # the next this-many log follow streams drop after their first lines
         self.end_follows = 0  # then this many end cleanly after them, the container running on

@@ -16,7 +16,7 @@ from k8s_store import Cluster
 from kubernetes import client as kubernetes_client
 from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
-from components.train import tfjob, tfjob_logs, tfjob_manifest, tfjob_status
+from components.train import tfjob, tfjob_cleanup, tfjob_logs, tfjob_manifest, tfjob_status
 from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
 from components.train.tfjob_restarts import RestartLedger
 from contracts.errors import UserError
@@ -787,7 +787,7 @@ def test_delete_run_jobs_leaves_finished_jobs_to_their_ttl():
                 kind = {"train-done": "Succeeded", "train-failed": "Failed"}.get(name)
                 if kind:
                     job["status"] = {"conditions": [{"type": kind, "status": "True"}]}
-        assert tfjob.delete_run_jobs(kube.api_client(), "ml", run) == ["train-running"]
+        assert tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run) == ["train-running"]
         assert sorted(n for _, n in kube.cluster.tfjobs) == ["train-done", "train-failed"]
 
 
@@ -799,13 +799,33 @@ def test_delete_run_jobs_deletes_only_the_runs_jobs():
                 kube.cluster.add_job(
                     tfjob_manifest.build_manifest(make_spec(name=name, run_id=run_id))
                 )
-        deleted = tfjob.delete_run_jobs(kube.api_client(), "ml", run)
+        deleted = tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run)
         assert sorted(deleted) == ["train-a", "train-b"]
         assert list(kube.cluster.tfjobs) == [("ml", "train-c")]
         assert all(r.query["propagationPolicy"] == "Foreground" for r in kube.calls("DELETE"))
-        assert tfjob.delete_run_jobs(kube.api_client(), "ml", run) == []
+        assert tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run) == []
         with pytest.raises(UserError, match="run id"):
-            tfjob.delete_run_jobs(kube.api_client(), "ml", "")
+            tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", "")
+
+
+@pytest.mark.fault("the apiserver answers 503 to the exit handler")
+def test_delete_run_jobs_waits_out_a_transient_apiserver_outage():
+    """The exit handler also runs after a run that succeeded: one hiccup must not fail it."""
+    from kubernetes.client.exceptions import ApiException
+
+    run = "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"
+    slept: list[float] = []
+    with FakeKube() as kube:
+        with kube.cluster.cond:
+            kube.cluster.add_job(tfjob_manifest.build_manifest(make_spec(run_id=run)))
+        kube.unavailable, kube.unavailable_deletes = 2, 1
+        deleted = tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run, slept.append)
+        assert deleted == ["train-run-1"] and kube.cluster.tfjobs == {}
+        assert slept == [1.0, 2.0, 1.0]  # the list twice, the delete once
+        kube.unavailable = 100  # an outage that lasts: the error is real
+        with pytest.raises(ApiException) as err:
+            tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run, slept.append)
+    assert err.value.status == 503 and len(slept) == 3 + tfjob_cleanup.ATTEMPTS - 1
 
 
 # -- counting restarts from the pods --

@@ -27,10 +27,10 @@ def release(launcher: str, metadata: str) -> int:
         run_id = provenance.run_id(os.environ)
     deleted: list[str] = []
     if launcher == "tfjob":
-        from components.train import tfjob
+        from components.train import tfjob_cleanup
 
         namespace = kube.pod_identity(os.environ).namespace
-        deleted = tfjob.delete_run_jobs(kube.default_api_client(), namespace, run_id)
+        deleted = tfjob_cleanup.delete_run_jobs(kube.default_api_client(), namespace, run_id)
         print(f"release: deleted {len(deleted)} TFJob(s) of run {run_id}")
         for name in deleted:
             print(f"  {name}")

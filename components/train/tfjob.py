@@ -7,16 +7,15 @@ adds to the operator:
   `backoff_limit` itself: under `restartPolicy: ExitCode` the v1 operator recreates pods
   forever and ignores runPolicy.backoffLimit (kubeflow/trainer#2045);
 - a worker that exits 1-127 while the job shows Restarting (kubeflow/trainer#2044) fails the job;
-- a worker that cannot start (its image cannot be pulled, a Secret it needs is missing) fails
-  the job after `start_grace_seconds`, and one no node takes is said (`tfjob_start`): the
-  operator would keep either until the deadline, the other workers holding their GPUs;
+- a worker that cannot start (an image pull, a missing Secret) fails the job after
+  `start_grace_seconds`; one no node takes is said (`tfjob_start`);
 - it says which worker exited how, at each restart and in its error: from the pods it lists
   and, since the operator deletes failed pods at once, from the operator's ExitedWithCode events
   on the job (`tfjob_status`);
 - SIGTERM (a cancelled run), its own timeout, or too many restarts DELETE the TFJob, since
   nobody else would stop it. A Failed job is left to `ttlSecondsAfterFinished` (its pods keep
-  the logs), and an API error leaves the job running, so that a retried launcher re-attaches
-  to it; a retried launcher that finds the job Failed deletes it and runs it again.
+  the logs), and an API error leaves the job running, for a retried launcher to re-attach to;
+  one that finds the job Failed runs it again, unless it ran past its deadline.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ from components.train.launcher import (
     cancel_on_sigterm,
     format_failure,
     is_retryable_exit_code,
-    run_label,
 )
 from components.train.tfjob_logs import LogFollower
 from components.train.tfjob_manifest import (
@@ -62,6 +60,7 @@ from components.train.tfjob_status import (
     event_exits,
     failure_error,
     merge_exits,
+    past_deadline_error,
     permanent_error,
     replica,
     terminated_exit,
@@ -128,7 +127,8 @@ class TFJobLauncher:
             except (LaunchTimeout, LaunchCancelled, KeyboardInterrupt) as exc:
                 if follower is not None:
                     follower.stop()
-                self._delete(spec, why=type(exc).__name__)
+                if getattr(exc, "reason", "") != "DeadlineExceeded":  # that job stays: a record
+                    self._delete(spec, why=type(exc).__name__)
                 raise
             except LaunchError as exc:
                 if follower is not None:
@@ -165,6 +165,8 @@ class TFJobLauncher:
         if failed is None and not job["metadata"].get("deletionTimestamp"):
             self._say(f"re-attached to existing TFJob {spec.namespace}/{spec.name}")
             return job, True
+        if failed is not None and (past := past_deadline_error(spec, failed)) is not None:
+            raise past
         if failed is not None:
             self._say(
                 f"TFJob {spec.namespace}/{spec.name} failed in an earlier attempt "
@@ -273,15 +275,7 @@ class TFJobLauncher:
         inside the exit handler, and the exit handler would then delete the TFJob. After
         MAX_API_FAULTS failures in a row, the error is real.
         """
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
-        transient = (
-            exc.status == 429 or exc.status >= 500
-            if isinstance(exc, ApiException)
-            else isinstance(exc, HTTPError | ConnectionError | TimeoutError)
-        )
-        if not transient or faults + 1 >= MAX_API_FAULTS:
+        if not kube.is_transient(exc) or faults + 1 >= MAX_API_FAULTS:
             raise exc
         delay = min(2.0**faults, 30.0)
         self._say(f"API unavailable ({kube.api_error_brief(exc)}); retrying in {delay:.0f} s")
@@ -560,39 +554,3 @@ def _setup_problem(spec: JobSpec, status: int) -> str:
         f"the cluster has no TFJob resource ({GROUP}/{VERSION} {PLURAL}): install the Kubeflow "
         "Training Operator 1.9 with its TFJob CRD"
     )
-
-
-def delete_run_jobs(api_client: Any, namespace: str, run_id: str) -> list[str]:
-    """Delete every unfinished TFJob of run `run_id` in `namespace` (by its run-id label).
-
-    For the pipeline's exit handler, which runs however the run ended: a cancelled run, a train
-    step killed by OOM or eviction, or a launcher that crashed would otherwise leave workers
-    holding GPUs until activeDeadlineSeconds. Deletion is foreground (the workers' pods first).
-    A Succeeded or Failed job holds no GPU and is left to `ttlSecondsAfterFinished`, so a
-    failed job's pods and logs stay readable. Returns the names of the jobs deleted.
-    """
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    label = run_label(run_id)
-    if not label:
-        raise UserError(f"run id {run_id!r} names no run: pass the KFP run id whose jobs to delete")
-    custom = client.CustomObjectsApi(api_client)
-    jobs = custom.list_namespaced_custom_object(
-        GROUP, VERSION, namespace, PLURAL, label_selector=f"{LABEL_RUN_ID}={label}"
-    )
-    deleted = []
-    for job in jobs.get("items", []):
-        name = job["metadata"]["name"]
-        if condition_true(job, "Succeeded") or condition_true(job, "Failed"):
-            continue
-        try:
-            custom.delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Foreground"
-            )
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-            continue
-        deleted.append(name)
-    return deleted

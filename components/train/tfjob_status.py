@@ -244,6 +244,21 @@ def failure_error(
     )
 
 
+def past_deadline_error(spec: JobSpec, failed: Mapping[str, Any]) -> LaunchTimeout | None:
+    """For a retried launcher that finds its job Failed (condition `failed`): the error if it
+    ran past its deadline, which bounds the job across the step's retries (KFP 2.14+ honours
+    them), not each one: such a job is not run again with a fresh deadline. Else None."""
+    message = failed.get("message", "")
+    if DEADLINE_MESSAGE not in message:
+        return None
+    return LaunchTimeout(
+        f"TFJob {spec.namespace}/{spec.name} ran past its deadline in an earlier attempt "
+        f"({message}); not running it again: raise deadline_seconds, or start a new run",
+        reason="DeadlineExceeded",
+        job_name=spec.name,
+    )
+
+
 def permanent_error(
     spec: JobSpec, pod: Mapping[str, Any], code: int, why: str, tail: Sequence[str]
 ) -> LaunchError:

@@ -52,7 +52,7 @@ from trainer_fixtures import PIPELINE_SMALL
 
 from components import kube as kube_api
 from components import provenance
-from components.train import executor, tfjob, tfjob_manifest
+from components.train import executor, tfjob, tfjob_cleanup, tfjob_manifest
 from components.train.launcher import LaunchCancelled, LaunchError, LaunchTimeout
 from pipelines import cli, compiler, kfp_auth, kfp_client
 from pipelines.pipeline import Target
@@ -1011,7 +1011,7 @@ def _the_step_reads_its_own_pod(kube: FakeKube) -> None:
 def _release_deletes_the_runs_jobs(kube: FakeKube) -> None:
     with kube.cluster.cond:
         kube.cluster.add_job(tfjob_manifest.build_manifest(make_spec(name="train-running")))
-    assert tfjob.delete_run_jobs(kube.api_client(), "ml", RUN) == ["train-running"]
+    assert tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", RUN) == ["train-running"]
 
 
 def _each_launcher_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, FakeKube, Any]]:

@@ -169,6 +169,23 @@ def test_the_active_deadline_fails_the_job_and_the_launcher_reports_it(tmp_path,
     assert not any(alive(p) for p in pids(kube))
 
 
+@pytest.mark.fault("a retried launcher finds its job failed past its deadline")
+def test_a_retry_does_not_run_again_a_job_that_ran_past_its_deadline(tmp_path, records):
+    spec = fake_spec(records, "hang", active_deadline_seconds=1)
+    with running(tmp_path) as kube:
+        with pytest.raises(LaunchTimeout):
+            launch(kube, spec)
+        assert kube.wait_for(lambda c: not c.pods, timeout=15)
+        first_uid = kube.cluster.tfjobs[KEY]["metadata"]["uid"]
+        with pytest.raises(LaunchTimeout) as err:
+            launch(kube, spec)  # KFP's retry of the train step: its create answered 409
+        assert kube.cluster.tfjobs[KEY]["metadata"]["uid"] == first_uid  # no fresh deadline
+        assert not kube.calls("DELETE") and not kube.cluster.pods
+    assert err.value.reason == "DeadlineExceeded"
+    assert "ran past its deadline in an earlier attempt" in str(err.value)
+    assert not any(alive(p) for p in pids(kube))
+
+
 def sigterm_when(kube: FakeKube, predicate: Any) -> threading.Thread:
     """SIGTERM this process once predicate(cluster) holds: Kubernetes cancelling the step."""
 

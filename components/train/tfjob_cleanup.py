@@ -1,0 +1,82 @@
+"""Delete a run's unfinished TFJobs: the pipeline's exit handler (components/train/release.py).
+
+It runs however the run ended: a cancelled run, a train step killed by OOM or eviction, or a
+launcher that crashed would otherwise leave workers holding GPUs until activeDeadlineSeconds.
+It also runs after a run that succeeded, so one apiserver hiccup here must not turn that run
+into a failed one: transient API failures (`kube.is_transient`) are waited out, a few times.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from components import kube
+from components.train.launcher import run_label
+from components.train.tfjob_manifest import GROUP, LABEL_RUN_ID, PLURAL, VERSION
+from components.train.tfjob_status import condition_true
+from contracts.errors import UserError
+
+T = TypeVar("T")
+ATTEMPTS = 5  # per API call: about 15 s of backoff in all
+_DELAYS = (1.0, 2.0, 4.0, 8.0)
+
+
+def delete_run_jobs(
+    api_client: Any,
+    namespace: str,
+    run_id: str,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[str]:
+    """Delete every unfinished TFJob of run `run_id` in `namespace` (by its run-id label).
+
+    Deletion is foreground (the workers' pods first). A Succeeded or Failed job holds no GPU
+    and is left to `ttlSecondsAfterFinished`, so a failed job's pods and logs stay readable.
+    Returns the names of the jobs deleted.
+    """
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    label = run_label(run_id)
+    if not label:
+        raise UserError(f"run id {run_id!r} names no run: pass the KFP run id whose jobs to delete")
+    custom = client.CustomObjectsApi(api_client)
+    jobs = _retried(
+        lambda: custom.list_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, label_selector=f"{LABEL_RUN_ID}={label}"
+        ),
+        sleep,
+    )
+    deleted = []
+    for job in jobs.get("items", []):
+        name = job["metadata"]["name"]
+        if condition_true(job, "Succeeded") or condition_true(job, "Failed"):
+            continue
+
+        def delete(name: str = name) -> Any:
+            return custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, propagation_policy="Foreground"
+            )
+
+        try:
+            _retried(delete, sleep)
+        except ApiException as exc:
+            if exc.status != 404:  # gone already (a retried delete that had gone through)
+                raise
+            continue
+        deleted.append(name)
+    return deleted
+
+
+def _retried(call: Callable[[], T], sleep: Callable[[float], None]) -> T:
+    """`call()`, again after a transient API failure, up to ATTEMPTS times in all."""
+    for delay in _DELAYS[: ATTEMPTS - 1]:
+        try:
+            return call()
+        except Exception as exc:
+            if not kube.is_transient(exc):
+                raise
+            print(f"release: API unavailable ({kube.api_error_brief(exc)}); again in {delay:.0f} s")
+            sleep(delay)
+    return call()
