@@ -280,7 +280,8 @@ def _evaluate_baseline(
     emulator alike and checks crc32c.
     """
     with storage.local_copy(uri) as local:
-        model = _load(local, f"the model in service at {uri}", _RESERVE)
+        needs = SIGNATURES if prompts else ("score",)
+        model = _load(local, f"the model in service at {uri}", _RESERVE, needs)
         return score_text(model, eval_text), continue_prompts(model, prompts, max_new_tokens)
 
 
@@ -333,8 +334,9 @@ def _read_eval_text(examples_uri: str) -> str:
     return storage.read_bytes(uri).decode("utf-8")
 
 
-def _load(saved_model_dir: Path, what: str, fix: str):
-    """Load a SavedModel; a missing or damaged one is a UserError naming `what` and `fix`."""
+def _load(saved_model_dir: Path, what: str, fix: str, needs: Sequence[str] = SIGNATURES):
+    """Load a SavedModel; a missing or damaged one, or one without the signatures it `needs`,
+    is a UserError naming `what` and `fix`."""
     import tensorflow as tf
     import tensorflow_text  # noqa: F401 -- registers the in-graph SentencePiece ops
 
@@ -347,7 +349,7 @@ def _load(saved_model_dir: Path, what: str, fix: str):
             f"{what}: the SavedModel at {saved_model_dir} is damaged and cannot be loaded "
             f"({_first_line(err)}); {fix}"
         ) from None
-    missing = [name for name in SIGNATURES if name not in model.signatures]
+    missing = [name for name in needs if name not in model.signatures]
     if missing:
         raise UserError(
             f"{what}: the SavedModel at {saved_model_dir} has no {' or '.join(missing)} "

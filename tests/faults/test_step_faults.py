@@ -318,7 +318,7 @@ def _disk_full_at_the_blessing(model: Path, tmp_path: Path, monkeypatch) -> None
             _foreign_model_in_service,
             UserError,
             "the model in service at {tmp}/serving/1: the SavedModel at {tmp}/serving/1 has "
-            "no generate or score signature, so it is not a gptpipe model; run evaluate again",
+            "no score signature, so it is not a gptpipe model; run evaluate again",
             marks=pytest.mark.bad_input("a SavedModel in service that is not a gptpipe model"),
         ),
         pytest.param(
