@@ -121,12 +121,18 @@ def test_blessing_folder_without_marker_is_rejected(tmp_path):
         )
 
 
+def pushed_two(tmp_path, dest, first: str, second: str) -> tuple[str, str]:
+    """Two models pushed to `dest` as versions 1 and 2, each named by its graph's bytes."""
+    models = [make_model_with(tmp_path, name, f"{name} graph".encode()) for name in (first, second)]
+    for i, model in enumerate(models, 1):
+        blessing = make_blessing(tmp_path, True, f"b{i}")
+        executor.run(model, blessing, str(dest), str(tmp_path / f"p{i}"))
+    return models[0], models[1]
+
+
 def test_a_rollback_retires_the_models_it_takes_out_of_service(tmp_path):
     dest = tmp_path / "serving"
-    good = make_model_with(tmp_path, "good", b"good graph")
-    bad = make_model_with(tmp_path, "bad", b"bad graph")
-    executor.run(good, make_blessing(tmp_path, True, "b1"), str(dest), str(tmp_path / "p1"))
-    executor.run(bad, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"))
+    good, bad = pushed_two(tmp_path, dest, "good", "bad")
     assert serving.rollback(str(dest), 1) == 3  # v3 serves the good model again
 
     # A later run on unchanged data gets the bad model back (from KFP's cache): not re-published.
@@ -149,10 +155,7 @@ def test_a_rollback_retires_the_models_it_takes_out_of_service(tmp_path):
 
 def test_rolling_back_to_a_model_unretires_it_under_every_number(tmp_path):
     dest = tmp_path / "serving"
-    x = make_model_with(tmp_path, "x", b"graph x")
-    y = make_model_with(tmp_path, "y", b"graph y")
-    executor.run(x, make_blessing(tmp_path, True, "b1"), str(dest), str(tmp_path / "p1"))
-    executor.run(y, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"))
+    x, _ = pushed_two(tmp_path, dest, "x", "y")
     assert serving.rollback(str(dest), 1) == 3  # x again; y (2) retired
     assert serving.rollback(str(dest), 2) == 4  # y again; x's copy (3) retired
     assert serving.rollback(str(dest), 1) == 5  # x again: retired as 3 no more
