@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import time
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -315,7 +316,8 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
         )
     destination = serving.normalize(args.destination)  # as the pushes recorded it
     params = {"destination": destination, "rollback_to": args.to_version}
-    run_id = f"rollback-{int(time.time())}"
+    # Unique even for two rollbacks in one second: lineage keeps one run per id.
+    run_id = f"rollback-{int(time.time())}-{uuid.uuid4().hex[:6]}"
     found = provenance.detect(provenance.LOCAL_IMAGE, os.environ).properties()
     with lineage.step(args.metadata, "push", "gptpipe", run_id, params, found) as rec:
         rec.input("model", "PushedModel", storage.join(destination, str(args.to_version)))

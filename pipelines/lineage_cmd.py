@@ -34,6 +34,7 @@ PIPELINE_PARAMETERS = {
     ),
     "evaluate": ("serving_dir", "max_nats_per_char", "tolerance"),
 }
+MAX_ROLLBACKS = 100  # rollbacks of rollbacks `trace` follows back to the push that trained
 # Execution properties the lineage report shows for every execution.
 _PROVENANCE = (
     "image",
@@ -93,6 +94,15 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
         )
     push = lineage.producer_of(store_uri, pushed)
     push_inputs = lineage.inputs_of(store_uri, push) if push else {}
+    # A rollback's input is the version it restored (a PushedModel), not a Model: its chain
+    # is that version's own, rollbacks of rollbacks included.
+    restored: list[str] = []
+    while (earlier := _pick(push_inputs, "PushedModel", "model")) is not None and len(
+        restored
+    ) < MAX_ROLLBACKS:
+        restored.append(earlier["uri"])
+        restoring = lineage.producer_of(store_uri, earlier)
+        push_inputs = lineage.inputs_of(store_uri, restoring) if restoring else {}
     model = _pick(push_inputs, "Model", "model")
     blessing = _pick(push_inputs, "ModelBlessing", "blessing")
     evaluate = lineage.producer_of(store_uri, blessing) if blessing else None
@@ -103,6 +113,7 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
     return {
         "pushed_model": pushed,
         "push": push,
+        "restored_from": restored,  # the versions a rollback restored, newest first
         "model": model,
         "blessing": blessing,
         "evaluate": evaluate,
@@ -140,6 +151,7 @@ def report(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
             "destination": pushed.get("pushed_destination"),
             "version": pushed.get("pushed_version"),
             "push": _execution(chain["push"]),
+            "restored_from": chain["restored_from"],
         },
         "model": _artifact(chain["model"]),
         "train": _train(chain["train"]),
@@ -224,6 +236,8 @@ def print_report(found: dict[str, Any]) -> None:
         f"pushed={pushed['pushed']})"
     )
     _add_execution(tree, "push", pushed["push"])
+    for uri in pushed["restored_from"]:
+        tree.add(f"a rollback: restores version {uri.rstrip('/').rsplit('/', 1)[-1]} ({uri})")
     model = tree.add(f"[bold]Model[/] {(found['model'] or {}).get('uri', 'not recorded')}")
     train = found["train"]
     node = _add_execution(model, "train", train)
@@ -298,8 +312,8 @@ def reproduce(
     if missing or found["examples"] is None:
         lacks = ", ".join(missing or ["Examples"])
         raise UserError(
-            f"the lineage of {pushed_model_uri} lacks {lacks} (a rollback or a "
-            "partial record): reproduce the model that the original push published"
+            f"the lineage of {pushed_model_uri} lacks {lacks} (a partial record): "
+            "reproduce the model that the original push published"
         )
     arguments = {
         name: steps[step]["parameters"][name]  # type: ignore[index]
@@ -307,8 +321,9 @@ def reproduce(
         for name in names
         if name in steps[step]["parameters"]  # type: ignore[index]  # older records lack some
     }
-    if lineage.is_service(store_uri):
-        arguments["metadata"] = store_uri  # a gRPC store: record the reproduction beside it
+    # No `metadata` argument: the address read from (--mlmd, often a port-forward to
+    # localhost) is seldom one the steps' pods can reach; they record where the pipeline's
+    # default says, the cluster's own store (docs/lineage.md).
     images = Images(pipeline=found["train"]["image"], trainer=found["train"]["trainer_image"])
     _check_pinned(images, allow_unpinned)
     config = check_config(arguments["config"], steps["train"]["parameters"])  # type: ignore[index]

@@ -136,7 +136,7 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
         pipeline_root=pipeline_root,
         raise_on_error=True,
     )
-    corpus = run.corpus if any(ch in run.corpus for ch in "*?[") else _absolute(run.corpus)
+    corpus = _absolute(run.corpus)
     pipeline = build(LOCAL_TARGET, run.config)
     run_id = run_id or new_run_id()
     environment = {provenance.RUN_ID_ENV: run_id}
@@ -192,8 +192,16 @@ def _close_unfinished(run: LocalRun, run_id: str, reason: str) -> None:
 
 
 def _absolute(uri: str) -> str:
-    """A local path made absolute (steps run in other folders); a gs:// URI as it is."""
-    return uri if storage.is_gcs(uri) else str(Path(uri).resolve())
+    """A local path or glob made absolute (steps run in other folders, and lineage records it
+    for `gptpipe reproduce` to list again from anywhere); a gs:// URI as it is. A glob keeps
+    its pattern: only the folder before it is resolved."""
+    if storage.is_gcs(uri):
+        return uri
+    if not any(ch in uri for ch in "*?["):
+        return str(Path(uri).resolve())
+    parts = Path(uri).parts
+    fixed = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
+    return str(Path(*parts[:fixed]).resolve().joinpath(*parts[fixed:]))
 
 
 @contextlib.contextmanager

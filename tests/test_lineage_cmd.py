@@ -190,6 +190,26 @@ def test_lineage_latest_and_human_output(recorded, capsys, monkeypatch):
         assert expected in text
 
 
+def test_the_lineage_of_a_rolled_back_version_is_the_version_it_restored(recorded, capsys):
+    serving = Path(recorded["pushed"]).parent  # .../serving/gpt, with version 1 recorded
+    (serving / "1").mkdir(parents=True)
+    (serving / "1" / "saved_model.pb").write_bytes(b"graph one")
+    (serving / "2").mkdir()
+    (serving / "2" / "saved_model.pb").write_bytes(b"graph two")  # pushed, not recorded here
+    rollback = ["rollback", "--destination", str(serving), "--to", "1"]
+    assert cli.main([*rollback, "--metadata", recorded["store"]]) == 0
+    assert cli.main([*rollback, "--metadata", recorded["store"]]) == 0  # a rollback of it: 4
+    capsys.readouterr()
+    found = lineage_cmd.report(recorded["store"], str(serving / "4"))
+    assert found["pushed_model"]["version"] == "4"
+    assert found["pushed_model"]["restored_from"] == [str(serving / "1")]
+    assert found["train"]["job_name"] == "gptpipe-train-abc"  # version 1's chain, down to data
+    assert found["examples"]["dataset_version"] == recorded["manifest"]["dataset_version"]
+    assert found["evaluation"]["blessed"] == 1
+    assert cli.main(["lineage", "--latest", "--root", str(recorded["root"])]) == 0
+    assert "restores version 1" in capsys.readouterr().out
+
+
 def test_lineage_errors_are_one_line(recorded, tmp_path, capsys):
     assert cli.main(["lineage", "--root", str(recorded["root"])]) == 2
     assert "MODEL_URI" in capsys.readouterr().err

@@ -213,3 +213,14 @@ def test_a_local_run_closes_the_step_a_kill_left_running(tmp_path, monkeypatch, 
     assert execution["state"] == "FAILED"
     if ending == "killed":
         assert raised.value.step == "train" and "killed (out of memory" in raised.value.error
+
+
+def test_a_local_corpus_glob_is_recorded_absolute(tmp_path, monkeypatch):
+    """Lineage keeps the corpus for `gptpipe reproduce`, which may list it from elsewhere."""
+    from pipelines import local_runner
+
+    monkeypatch.chdir(tmp_path)
+    assert local_runner._absolute("data/*.txt") == str(tmp_path / "data" / "*.txt")
+    assert local_runner._absolute("*.txt") == str(tmp_path / "*.txt")
+    assert local_runner._absolute("data/a.txt") == str(tmp_path / "data" / "a.txt")
+    assert local_runner._absolute("gs://b/data/*.txt") == "gs://b/data/*.txt"
