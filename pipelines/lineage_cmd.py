@@ -97,9 +97,10 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
     # A rollback's input is the version it restored (a PushedModel), not a Model: its chain
     # is that version's own, rollbacks of rollbacks included.
     restored: list[str] = []
-    while (earlier := _pick(push_inputs, "PushedModel", "model")) is not None and len(
-        restored
-    ) < MAX_ROLLBACKS:
+    while len(restored) < MAX_ROLLBACKS:
+        earlier = _pick(push_inputs, "PushedModel", "model")
+        if earlier is None:
+            break
         restored.append(earlier["uri"])
         restoring = lineage.producer_of(store_uri, earlier)
         push_inputs = lineage.inputs_of(store_uri, restoring) if restoring else {}
