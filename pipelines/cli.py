@@ -157,6 +157,7 @@ def _add_reproduce(sub: Any) -> None:
         action="store_true",
         help="reuse recorded image references that carry no digest",
     )
+    image_pull_secret_option(rep)  # lineage does not record the original run's
     rep.set_defaults(func=_cmd_reproduce)
 
 
@@ -201,7 +202,11 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     store = lineage_cmd.store_address(args.root, args.mlmd)
     model = lineage_cmd.resolve_model(store, args.model_uri, latest=False)
     pipeline, params = lineage_cmd.reproduce(
-        store, model, args.output, allow_unpinned=args.allow_unpinned
+        store,
+        model,
+        args.output,
+        allow_unpinned=args.allow_unpinned,
+        image_pull_secrets=tuple(args.image_pull_secrets),
     )
     print(f"wrote {pipeline} and {params}")
     return 0

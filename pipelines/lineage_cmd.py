@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from components import lineage, provenance, storage
+from components import lineage, provenance, serving, storage
 from contracts.errors import UserError
 from pipelines.config import DEFAULT_ROOT
 from pipelines.pipeline import Images, Target
@@ -64,7 +64,8 @@ def store_address(root: str | None, mlmd: str | None) -> str:
 
 
 def resolve_model(store_uri: str, model_uri: str | None, latest: bool) -> str:
-    """The PushedModel URI to start from: the one given, or the latest pushed with --latest."""
+    """The PushedModel URI to start from: the one given (a serving folder: its newest complete
+    version), or the latest pushed with --latest."""
     if latest:
         found = lineage.latest_pushed_model(store_uri)
         if found is None:
@@ -72,9 +73,10 @@ def resolve_model(store_uri: str, model_uri: str | None, latest: bool) -> str:
         return found
     if not model_uri:
         raise UserError("give a MODEL_URI (e.g. runs/serving/gpt/1) or --latest")
-    if storage.is_gcs(model_uri):
-        return model_uri.rstrip("/")
-    return str(Path(model_uri).resolve())
+    uri = model_uri.rstrip("/") if storage.is_gcs(model_uri) else str(Path(model_uri).resolve())
+    # A serving folder stands for the version it serves: the pushes that published nothing
+    # are recorded at the folder itself, and the newest of those is not the model in service.
+    return serving.latest_version_uri(uri) or uri
 
 
 # --- lineage -------------------------------------------------------------------------------
@@ -294,12 +296,19 @@ def _source_line(source: dict[str, Any]) -> str:
 
 
 def reproduce(
-    store_uri: str, pushed_model_uri: str, output: str | Path, *, allow_unpinned: bool = False
+    store_uri: str,
+    pushed_model_uri: str,
+    output: str | Path,
+    *,
+    allow_unpinned: bool = False,
+    image_pull_secrets: tuple[str, ...] = (),
 ) -> tuple[Path, Path]:
     """Write a compiled pipeline and its arguments that redo the run behind a pushed model.
 
     Same images by digest, same parameters, same corpus URIs; refused (UserError) when a
-    source no longer matches its recorded fingerprint. Returns (pipeline YAML, params JSON).
+    source no longer matches its recorded fingerprint. `image_pull_secrets` are compiled in as
+    `gptpipe compile --image-pull-secret` does (lineage does not record the original run's).
+    Returns (pipeline YAML, params JSON).
     """
     from pipelines import compiler
 
@@ -332,7 +341,11 @@ def reproduce(
         arguments["corpus"], found["examples"]["sources"], found["examples"]["dataset_version"]
     )
     root = str(arguments.get("artifact_root", ""))
-    target = Target(images, pipeline_root=root if storage.is_gcs(root) else "")
+    target = Target(
+        images,
+        pipeline_root=root if storage.is_gcs(root) else "",
+        image_pull_secrets=image_pull_secrets,
+    )
     pipeline = compiler.compile_pipeline(output, target, config)
     params = Path(output).with_suffix(".params.json")
     params.write_text(

@@ -117,6 +117,13 @@ def record_rest(
     return pushed
 
 
+def record_not_pushed(store: str, destination: Path) -> None:
+    """A push that published nothing, recorded as push/executor.py does: at the destination."""
+    with lineage.step(store, "push", "gptpipe", "run-rejected", {}, {}) as rec:
+        props = {"pushed": 0, "pushed_destination": str(destination), "pushed_version": ""}
+        rec.output("pushed_model", "PushedModel", str(destination), props)
+
+
 @pytest.fixture
 def recorded(tmp_path):
     store = str(tmp_path / "runs" / "metadata.sqlite")
@@ -208,6 +215,10 @@ def test_the_lineage_of_a_rolled_back_version_is_the_version_it_restored(recorde
     assert found["evaluation"]["blessed"] == 1
     assert cli.main(["lineage", "--latest", "--root", str(recorded["root"])]) == 0
     assert "restores version 1" in capsys.readouterr().out
+    # The serving folder itself stands for the version it serves, not for a push recorded
+    # there that published nothing.
+    record_not_pushed(recorded["store"], serving)
+    assert lineage_cmd.resolve_model(recorded["store"], str(serving), False) == str(serving / "4")
 
 
 def test_lineage_errors_are_one_line(recorded, tmp_path, capsys):
@@ -221,13 +232,15 @@ def test_lineage_errors_are_one_line(recorded, tmp_path, capsys):
 
 def test_reproduce_writes_pipeline_and_parameters(recorded, tmp_path, capsys):
     out = tmp_path / "again" / "gptpipe.yaml"
-    assert (
-        cli.main(
-            ["reproduce", recorded["pushed"], "--root", str(recorded["root"]), "--output", str(out)]
-        )
-        == 0
-    )
-    spec, _ = yaml.safe_load_all(out.read_text())
+    argv = ["reproduce", recorded["pushed"], "--root", str(recorded["root"]), "--output", str(out)]
+    assert cli.main([*argv, "--image-pull-secret", "regcred"]) == 0
+    spec, platform = yaml.safe_load_all(out.read_text())
+    # The pull secret, compiled into every step (lineage does not record the original's).
+    secrets = [
+        config["imagePullSecret"]
+        for config in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].values()
+    ]
+    assert secrets and all([x["secretName"] for x in s] == ["regcred"] for s in secrets), secrets
     images = {e["container"]["image"] for e in spec["deploymentSpec"]["executors"].values()}
     assert images == {PIPELINE_IMAGE}
     assert TRAINER_IMAGE in out.read_text()
