@@ -7,6 +7,7 @@ evaluation that blessed the model and the baseline it was compared with.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,7 @@ def _examples(view: lineage.ArtifactView | None) -> dict[str, Any] | None:
         "sources": _json(props.get("sources"), []),
         "windows": props.get("windows"),
         "tokens": props.get("tokens"),
+        "tokenizer_sha256": props.get("tokenizer_sha256"),
         "splits": {
             split: {k: props.get(f"{split}_{k}") for k in ("windows", "tokens", "chars")}
             for split in _json(props.get("split_names"), [])
@@ -340,6 +342,8 @@ def reproduce(
     check_sources(
         arguments["corpus"], found["examples"]["sources"], found["examples"]["dataset_version"]
     )
+    if arguments.get("tokenizer"):
+        check_tokenizer(str(arguments["tokenizer"]), found["examples"])
     root = str(arguments.get("artifact_root", ""))
     target = Target(
         images,
@@ -422,6 +426,25 @@ def check_sources(corpus: str, recorded: list[dict[str, Any]], dataset_version: 
         raise UserError(
             f"corpus {corpus!r} now also holds {extra[0]}, which {version} did not "
             "include: the same data version cannot be reproduced from it"
+        )
+
+
+def check_tokenizer(uri: str, examples: dict[str, Any]) -> None:
+    """Raise UserError unless the given tokenizer at `uri` is the one the dataset version was
+    made with (its bytes' sha256, which the version hashes too)."""
+    version = f"dataset version {str(examples['dataset_version'])[:12]}"
+    try:
+        data = storage.read_bytes(uri)
+    except (OSError, UserError):
+        raise UserError(
+            f"tokenizer {uri} of {version} is gone: the data cannot be reproduced"
+        ) from None
+    recorded = examples.get("tokenizer_sha256")
+    if recorded and hashlib.sha256(data).hexdigest() != recorded:
+        raise UserError(
+            f"tokenizer {uri} changed since {version} was made (sha256 {recorded[:12]} -> "
+            f"{hashlib.sha256(data).hexdigest()[:12]}): the same data version cannot be "
+            "reproduced from it"
         )
 
 

@@ -4,6 +4,7 @@ The store is filled the way the components fill it (a real tokenize, `lineage.st
 provenance properties), without training a model: these tests are about the records.
 """
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -286,6 +287,24 @@ def test_reproduce_refuses_changed_sources(recorded, tmp_path, change):
     with pytest.raises(UserError, match=f"source {corpus}"):
         lineage_cmd.reproduce(*args)
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_reproduce_refuses_a_given_tokenizer_that_changed_or_went(recorded, tmp_path):
+    """A given tokenizer is part of the dataset version (its sha256): reproduce checks it as it
+    checks the corpus, before writing anything."""
+    tokenizer = tmp_path / "tok.model"
+    tokenizer.write_bytes(b"a sentencepiece model")
+    examples = {
+        "dataset_version": recorded["manifest"]["dataset_version"],
+        "tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(),
+    }
+    lineage_cmd.check_tokenizer(str(tokenizer), examples)  # the same bytes: fine
+    tokenizer.write_bytes(b"another model")
+    with pytest.raises(UserError, match=f"tokenizer {tokenizer} changed since dataset version"):
+        lineage_cmd.check_tokenizer(str(tokenizer), examples)
+    tokenizer.unlink()
+    with pytest.raises(UserError, match=f"tokenizer {tokenizer} of dataset version .* is gone"):
+        lineage_cmd.check_tokenizer(str(tokenizer), examples)
 
 
 def test_reproduce_refuses_unpinned_images_unless_allowed(tmp_path):
