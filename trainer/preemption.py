@@ -121,6 +121,12 @@ class PreemptibleBackup(keras.callbacks.BackupAndRestore):
         self.initial_step = int(self.model.optimizer.iterations.numpy())
         if self.initial_step:
             log.info("resumed at step %d from the backup in %s", self.initial_step, self.backup_dir)
+        # Keras counts batches toward save_freq from this attempt's start; resumed mid-epoch
+        # (a preemption backup), that would put every later backup off the epoch ends, and the
+        # last one short of the last step, which a restart after a failed export then trains
+        # again. Counted from step 0, backups stay at multiples of save_freq.
+        if isinstance(self.save_freq, int):
+            self._batches_count = self.initial_step % self.save_freq
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         super().on_train_batch_end(batch, logs)

@@ -22,6 +22,7 @@ from components.train.launcher import JobSpec, LaunchResult
 from components.train.local_launcher import LocalLauncher
 from contracts.artifacts import TRAIN_HISTORY
 from trainer.config import resolve_config
+from trainer.preemption import backed_up_step
 
 STEPS = 40  # TINY_OVERRIDES: train.train_steps
 BACKUP_EVERY = 20  # TINY_OVERRIDES: train.checkpoint_every
@@ -158,6 +159,9 @@ def test_sigterm_backs_up_exits_retryably_and_the_job_resumes(tmp_path, examples
     history = json.loads((job.model / "Format-Serving" / TRAIN_HISTORY).read_text())
     steps = [point["step"] for point in history["points"]]
     assert FAULT_STEP in steps and steps == sorted(set(steps)) and steps[-1] == STEPS
+    # Backups after the resume stay at multiples of BACKUP_EVERY, the last at the last step
+    # (what a restart after a failed export resumes from), not 20 steps after step 25.
+    assert backed_up_step(str(job.work / "backup")) == STEPS
 
 
 @pytest.mark.slow
