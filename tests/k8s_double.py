@@ -142,7 +142,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_PATCH(self) -> None:  # noqa: N802
         parts, _, body = self._record("PATCH")
-        if self.kube.unavailable_patches > 0:  # as do_GET's 503, for writes
+        if self.kube.unavailable_patches > 0:  # as do_GET's 503: refused before the handler
             self.kube.unavailable_patches -= 1
             return self._send_json(503, status_object(503, "ServiceUnavailable", "try again"))
         kind = self.headers.get("Content-Type", "")
@@ -179,8 +179,9 @@ class _Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         parts, query, _ = self._record("GET")
         if self.kube.unavailable > 0:
-            # An apiserver briefly overloaded or restarting answers 503 with a Status body
-            # (k8s.io/apiserver pkg/server/filters/maxinflight.go answers 429 the same way).
+            # An apiserver shutting down answers 503 with a Status body, reason
+            # ServiceUnavailable (k8s.io/apiserver pkg/server/filters/waitgroup.go
+            # waitGroupWriteRetryAfterToResponse; maxinflight.go answers 429 the same way).
             self.kube.unavailable -= 1
             return self._send_json(503, status_object(503, "ServiceUnavailable", "try again"))
         if self._tfjobs(parts):
@@ -258,8 +259,10 @@ class _Handler(BaseHTTPRequestHandler):
                     since = cluster.rv
                 while not cluster.closed and time.monotonic() < until:
                     if self.kube.cut_watches > 0:
-                        # An apiserver that restarts (or a proxy between) closes an open watch
-                        # mid-stream: no terminating chunk, the client reads a broken response.
+                        # An apiserver that crashes, or a proxy between, breaks an open watch
+                        # mid-stream: no terminating chunk, the client reads a broken response
+                        # (one shutting down gracefully ends it like a timeout: handlers/
+                        # watch.go serveHTTPSelect returns on ServerShuttingDownCh).
                         self.kube.cut_watches -= 1
                         self.close_connection = True
                         return

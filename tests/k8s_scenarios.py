@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -102,12 +102,23 @@ class Script:
             "failed": phases.count("Failed"),
         }
 
-    def create_pods(self) -> None:
-        """Create the Worker pods (the operator) and start their containers (the kubelet)."""
+    def create_pods(
+        self,
+        waiting: Mapping[int, tuple[str, str]] | None = None,
+        unscheduled: Mapping[int, str] | None = None,
+    ) -> None:
+        """Create the Worker pods (the operator) and start their containers (the kubelet), but
+        those in `waiting` ({index: (reason, message)}: the kubelet cannot create the
+        container, `cannot_start`) and those in `unscheduled` ({index: the scheduler's
+        message}: no node takes them, `unschedulable`)."""
         with self.cluster.cond:
             worker = self.job["spec"]["tfReplicaSpecs"]["Worker"]
             for index in range(worker.get("replicas", 1)):
                 self._new_pod(index)
+                if waiting and index in waiting:
+                    self._waiting(self.pod(index), *waiting[index])
+                elif unscheduled and index in unscheduled:
+                    self._unscheduled(self.pod(index), unscheduled[index])
 
     def _new_pod(self, index: int) -> None:
         job = self.job
@@ -168,43 +179,50 @@ class Script:
         }
 
     def cannot_start(self, index: int, reason: str, message: str) -> None:
-        """Worker `index`'s container waits with the kubelet's `reason` (pkg/kubelet/images/
-        types.go: ErrImagePull, ImagePullBackOff, ...): the pod stays Pending, no image ID
-        and no container ID yet (kubelet_pods.go convertToAPIContainerStatuses)."""
+        """Worker `index`, created waiting (`create_pods`), waits with another of the kubelet's
+        reasons: its image pull back-off alternates ErrImagePull, at each try, and
+        ImagePullBackOff, between them (pkg/kubelet/images/image_manager.go pullImage)."""
         with self.cluster.cond:
             pod = self.pod(index)
-            container = pod["spec"]["containers"][0]
-            pod["status"] = {
-                "phase": "Pending",
-                "startTime": now(),
-                "containerStatuses": [
-                    {
-                        "name": "tensorflow",
-                        "image": container["image"],
-                        "imageID": "",
-                        "ready": False,
-                        "restartCount": 0,
-                        "started": False,
-                        "state": {"waiting": {"reason": reason, "message": message}},
-                    }
-                ],
-            }
+            assert pod["status"]["phase"] == "Pending", "a container never started is Pending"
+            self._waiting(pod, reason, message)
             self.cluster.cond.notify_all()
 
-    def unschedulable(self, index: int, message: str) -> None:
-        """No node takes worker `index`: Pending with the scheduler's PodScheduled False,
-        Unschedulable condition (pkg/scheduler/schedule_one.go handleSchedulingFailure) and
-        no container status (no kubelet has it)."""
-        with self.cluster.cond:
-            condition = {
-                "type": "PodScheduled",
-                "status": "False",
-                "reason": "Unschedulable",
-                "message": message,
-                "lastTransitionTime": now(),
-            }
-            self.pod(index)["status"] = {"phase": "Pending", "conditions": [condition]}
-            self.cluster.cond.notify_all()
+    @staticmethod
+    def _waiting(pod: dict[str, Any], reason: str, message: str) -> None:
+        """The kubelet's status for a container it cannot create: the pod Pending (kubelet_pods.go
+        getPhase), the container's waiting reason and message from its reasonCache, no image
+        ID yet, no container ID (convertToAPIContainerStatuses), not started (prober_manager.go
+        UpdatePodStatus)."""
+        pod["status"] = {
+            "phase": "Pending",
+            "startTime": pod["status"].get("startTime") or now(),
+            "containerStatuses": [
+                {
+                    "name": "tensorflow",
+                    "image": pod["spec"]["containers"][0]["image"],
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "started": False,
+                    "state": {"waiting": {"reason": reason, "message": message}},
+                }
+            ],
+        }
+
+    @staticmethod
+    def _unscheduled(pod: dict[str, Any], message: str) -> None:
+        """No node takes the pod: Pending with the scheduler's PodScheduled False, Unschedulable
+        condition (pkg/scheduler/schedule_one.go handleSchedulingFailure: FitError's "0/N nodes
+        are available: ..."), no start time and no container status (no kubelet has it)."""
+        condition = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": message,
+            "lastTransitionTime": now(),
+        }
+        pod["status"] = {"phase": "Pending", "conditions": [condition]}
 
     def start(self, index: int) -> None:
         """Worker `index` starts after all (its image pulled, a node found)."""

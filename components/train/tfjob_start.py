@@ -7,10 +7,14 @@ and the workers that did start, and every worker already placed on a node, hold 
 that time (kubeflow/trainer#2001, #1136). The launcher reads why from the pods it lists anyway:
 
 - the kubelet's waiting reasons for a container it cannot create (pkg/kubelet/images/types.go:
-  ErrImagePull, ImagePullBackOff, InvalidImageName, ErrImageNeverPull, ImageInspectError;
-  pkg/kubelet/container/sync_result.go: CreateContainerConfigError, CreateContainerError). It
-  retries them with a backoff of up to 5 minutes, which a registry hiccup survives; one that
-  lasts START_GRACE_SECONDS does not resolve by waiting, and the launcher fails the job;
+  ErrImagePull, ImagePullBackOff, RegistryUnavailable, SignatureValidationFailed,
+  InvalidImageName, ErrImageNeverPull, ImageInspectError; pkg/kubelet/kuberuntime/
+  kuberuntime_container.go: CreateContainerConfigError, CreateContainerError). It retries
+  them with a back-off from 10 s up to 5 minutes (kubelet.go MaxImageBackOff), a failing pull
+  showing ErrImagePull at each try and ImagePullBackOff between them (images/image_manager.go
+  pullImage), so a worker is timed by its pod, whatever the reason of the moment. A registry
+  hiccup clears within that; a worker that cannot start for START_GRACE_SECONDS will not, and
+  the launcher fails the job;
 - the scheduler's `PodScheduled: False, reason Unschedulable` (pkg/scheduler/schedule_one.go
   `handleSchedulingFailure`), with why no node fits. That one can resolve (a node scaled up, a
   job ended), so the launcher only says it, once per pod.
@@ -32,6 +36,8 @@ _IMAGE = (
 STUCK_REASONS = {
     "ErrImagePull": _IMAGE,
     "ImagePullBackOff": _IMAGE,
+    "RegistryUnavailable": _IMAGE,
+    "SignatureValidationFailed": _IMAGE,
     "InvalidImageName": _IMAGE,
     "ErrImageNeverPull": _IMAGE,
     "ImageInspectError": _IMAGE,
@@ -74,15 +80,16 @@ def not_starting(pod: Mapping[str, Any], replica: str) -> NotStarting | None:
 
 
 class StartWatch:
-    """Since when each worker has not been starting, by its pod and reason (monotonic clock)."""
+    """Since when each worker has not been starting (monotonic clock), by its pod and whether
+    it cannot start or waits for a node: not by the reason of the moment, which alternates."""
 
     def __init__(self) -> None:
-        self.since: dict[tuple[str, str], tuple[NotStarting, float]] = {}
-        self.said: set[tuple[str, str]] = set()
+        self.since: dict[tuple[str, bool], tuple[NotStarting, float]] = {}
+        self.said: set[tuple[str, bool]] = set()
 
     def observe(self, found: Iterable[NotStarting], now: float) -> list[str]:
         """Take the current listing's problems in; return the lines to say about new ones."""
-        current = {(n.uid, n.reason): n for n in found}
+        current = {(n.uid, n.reason == UNSCHEDULABLE): n for n in found}
         self.since = {
             key: (current[key], self.since[key][1] if key in self.since else now) for key in current
         }
