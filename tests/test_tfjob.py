@@ -906,8 +906,10 @@ TRY = 'failed to pull and unpack image "registry.example/trainer@sha256:0000": n
 
 @pytest.mark.fault("a worker's image cannot be pulled")
 def test_a_worker_that_cannot_start_fails_the_job_after_the_grace_and_frees_its_gpus():
-    """Timed by its pod, not by the reason of the moment: a failing pull alternates ErrImagePull
-    (each try) and ImagePullBackOff (between them), here faster than the grace."""
+    """The job fails once the worker has not started for the grace, and is deleted.
+
+    The worker is timed by its pod, not by the reason of the moment: a failing pull alternates
+    ErrImagePull (each try) and ImagePullBackOff (between them), here faster than the grace."""
 
     def flip_until_deleted(c: Script) -> None:
         until = time.monotonic() + 60  # past the launcher's timeout: only the grace ends it

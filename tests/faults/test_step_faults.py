@@ -166,11 +166,14 @@ def test_the_train_step_fails_with_the_damaged_shard_as_its_first_line(dataset, 
         train_step.run(spec, cfg, str(model), str(work), launcher)
     failed = raised.value
     first = str(failed).splitlines()[0]
-    # With 4 train shards, worker 1 reads shards 1 and 3: it is the one that finds the damage.
-    assert first.startswith(f"job {spec.name} failed: worker-1 exited with code 2: "), first
+    # The 4 train shards hold 3 full ones and a remainder: too uneven to give each worker its
+    # own (data.pipeline_shards), so both read every shard and either may find the damage first.
+    who = failed.replica
+    assert who in ("worker-0", "worker-1")
+    assert first.startswith(f"job {spec.name} failed: {who} exited with code 2: "), first
     assert f"corrupt TFRecord shard {shard}: " in first and "while decompressing data" in first
     assert f"delete the folder {examples} and run again" in first
-    assert (failed.reason, failed.replica, failed.exit_code) == ("WorkerInputError", "worker-1", 2)
+    assert (failed.reason, failed.exit_code) == ("WorkerInputError", 2)
     assert not any("Traceback" in line for line in failed.log_tail), failed.log_tail
     assert not model.exists()
 
