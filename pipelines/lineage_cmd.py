@@ -439,12 +439,11 @@ def check_tokenizer(uri: str, examples: dict[str, Any]) -> None:
         raise UserError(
             f"tokenizer {uri} of {version} is gone: the data cannot be reproduced"
         ) from None
-    recorded = examples.get("tokenizer_sha256")
-    if recorded and hashlib.sha256(data).hexdigest() != recorded:
+    recorded, now = examples.get("tokenizer_sha256"), hashlib.sha256(data).hexdigest()
+    if recorded and now != recorded:
         raise UserError(
             f"tokenizer {uri} changed since {version} was made (sha256 {recorded[:12]} -> "
-            f"{hashlib.sha256(data).hexdigest()[:12]}): the same data version cannot be "
-            "reproduced from it"
+            f"{now[:12]}): the same data version cannot be reproduced from it"
         )
 
 
