@@ -81,7 +81,7 @@ def _model_options(parser: argparse.ArgumentParser) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Print the model's continuation of the prompt."""
-    check_sampling(args.max_new_tokens, args.temperature)
+    check_sampling(args.max_new_tokens, args.temperature, args.seed)
     uri = resolve_model(args.model, args.version)
     with open_model(uri) as model:
         print(generate(model, args.prompt, args.max_new_tokens, args.temperature, args.seed))
@@ -185,8 +185,11 @@ def open_model(uri: str) -> Iterator[Any]:
 # ---- generate -------------------------------------------------------------------------------
 
 
-def check_sampling(max_new_tokens: int, temperature: float) -> None:
-    """Refuse what the generate signature would misread (a NaN temperature samples garbage)."""
+def check_sampling(max_new_tokens: int, temperature: float, seed: int | None = None) -> None:
+    """Refuse what the generate signature would misread (a NaN temperature samples garbage)
+    or refuse with a traceback (a seed outside the int64 it takes)."""
+    if seed is not None and not -(2**63) <= seed < 2**63:
+        raise UserError(f"--seed {seed}: pass a whole number that fits in 64 bits")
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens}: pass 1 or more")
     if not (math.isfinite(temperature) and temperature > 0):

@@ -152,6 +152,7 @@ def test_a_damaged_savedmodel_is_one_line_naming_it(tmp_path):
         ("--temperature", "inf", "--temperature inf: pass a number above 0"),
         ("--max-new-tokens", "0", "--max-new-tokens 0: pass 1 or more"),
         ("--max-new-tokens", "-3", "--max-new-tokens -3: pass 1 or more"),
+        ("--seed", str(2**63), f"--seed {2**63}: pass a whole number that fits in 64 bits"),
     ],
 )
 def test_bad_sampling_options_fail_before_any_model_is_read(tmp_path, option, value, expected):
