@@ -20,6 +20,8 @@ from kfp import local
 from components import lineage, provenance, storage
 from components.evaluate.thresholds import check_thresholds
 from components.provenance import LOCAL_IMAGE
+from components.storage.local import glob_root
+from components.storage.uris import has_wildcard
 from contracts.artifacts import WORKER_LOGS_DIR, step_work_dir
 from contracts.errors import UserError
 from contracts.progress import PROGRESS_ENV
@@ -197,11 +199,10 @@ def _absolute(uri: str) -> str:
     its pattern: only the folder before it is resolved."""
     if storage.is_gcs(uri):
         return uri
-    if not any(ch in uri for ch in "*?["):
+    if not has_wildcard(uri):
         return str(Path(uri).resolve())
-    parts = Path(uri).parts
-    fixed = next(i for i, part in enumerate(parts) if any(ch in part for ch in "*?["))
-    return str(Path(*parts[:fixed]).resolve().joinpath(*parts[fixed:]))
+    fixed = Path(glob_root(uri))
+    return str(fixed.resolve().joinpath(*Path(uri).parts[len(fixed.parts) :]))
 
 
 @contextlib.contextmanager

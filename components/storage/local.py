@@ -38,13 +38,13 @@ def list_files(pattern: str) -> list[FileInfo]:
             f"corpus not found: {pattern!r} is not a file, folder or matching glob (relative "
             f"paths start at {Path.cwd()}); check the path, or give a gs:// URI"
         )
-    base = path.parent if path.is_file() else (path if path.is_dir() else Path(_glob_root(pattern)))
+    base = path.parent if path.is_file() else (path if path.is_dir() else Path(glob_root(pattern)))
     found = [p for p in found if not _hidden_path(p, base)]
     files = sorted({p.resolve() for p in found})
     return [FileInfo(str(p), p.stat().st_size, sha256_file(p)) for p in files]
 
 
-def _glob_root(pattern: str) -> str:
+def glob_root(pattern: str) -> str:
     """The fixed folder part of a glob: everything before the first wildcard segment."""
     parts = Path(pattern).parts
     fixed = [p for p in parts[: next(i for i, p in enumerate(parts) if has_wildcard(p))]]
