@@ -113,3 +113,20 @@ def test_a_dead_writers_temporary_is_removed_once_stale_and_a_live_ones_kept(tmp
         (tmp / "manifest.json").write_text("{}")
     assert not dead.exists() and live.is_dir()
     assert (final / "manifest.json").is_file()
+
+
+def test_list_tree_skips_what_another_process_removed_after_listing(tmp_path, monkeypatch):
+    """A claim's temporary file renamed away between the listing and the stat (another push's
+    `create_exclusive`, seen in CI as FileNotFoundError in a racing rollback) is not in the tree."""
+    _tree(tmp_path / "claims", {"3": b"{}", ".3.tmp-x": b"{}", "gone/4": b"{}"})
+    real_walk = os.walk
+
+    def walk_then_remove(root, *args, **kwargs):
+        for folder, dirs, names in real_walk(root, *args, **kwargs):
+            for name in names:
+                if name != "3":
+                    os.remove(os.path.join(folder, name))  # listed, then gone
+            yield folder, dirs, names
+
+    monkeypatch.setattr(local.os, "walk", walk_then_remove)
+    assert list(local.list_tree(str(tmp_path / "claims"))) == ["3"]

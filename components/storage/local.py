@@ -11,6 +11,7 @@ import io
 import os
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -65,11 +66,20 @@ def list_tree(uri: str) -> dict[str, FileInfo]:
     root = Path(uri)
     if not root.is_dir():
         return {}
-    return {
-        p.relative_to(root).as_posix(): FileInfo(str(p), p.stat().st_size, "")
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
+    found = {}
+    # Another process may remove what was just listed: a temp file `create_exclusive` renames
+    # away, or a folder a promoter deletes. What is gone is not part of the tree (os.walk skips
+    # a folder that vanished; a file that did is skipped here).
+    for folder, _, names in os.walk(root):
+        for name in names:
+            path = Path(folder, name)
+            try:
+                info = path.stat()
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(info.st_mode):
+                found[path.relative_to(root).as_posix()] = FileInfo(str(path), info.st_size, "")
+    return dict(sorted(found.items()))
 
 
 def has_content(uri: str) -> bool:
