@@ -8,7 +8,7 @@ inside the functions, so code that never talks to a cluster (a local run) never 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +47,25 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, ApiException):
         return exc.status == 429 or (exc.status or 0) >= 500
     return isinstance(exc, HTTPError | ConnectionError | TimeoutError)
+
+
+def wait_out(
+    exc: Exception,
+    faults: int,
+    limit: int,
+    say: Callable[[str], None],
+    sleep: Callable[[float], None],
+) -> int:
+    """Back off after API failure number `faults + 1` in a row, and return that count; re-raise
+    `exc` if it is not transient (`is_transient`) or is the `limit`-th in a row. The delays
+    double from 1 s up to 30 s; `say` reports each one. The one backoff rule of the launcher's
+    watch and the exit handler's cleanup."""
+    if not is_transient(exc) or faults + 1 >= limit:
+        raise exc
+    delay = min(2.0**faults, 30.0)
+    say(f"API unavailable ({api_error_brief(exc)}); again in {delay:.0f} s")
+    sleep(delay)
+    return faults + 1
 
 
 def pod_identity(

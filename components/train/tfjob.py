@@ -275,12 +275,7 @@ class TFJobLauncher:
         inside the exit handler, and the exit handler would then delete the TFJob. After
         MAX_API_FAULTS failures in a row, the error is real.
         """
-        if not kube.is_transient(exc) or faults + 1 >= MAX_API_FAULTS:
-            raise exc
-        delay = min(2.0**faults, 30.0)
-        self._say(f"API unavailable ({kube.api_error_brief(exc)}); retrying in {delay:.0f} s")
-        time.sleep(delay)
-        return faults + 1
+        return kube.wait_out(exc, faults, MAX_API_FAULTS, self._say, time.sleep)
 
     def _get_when_reachable(self, spec: JobSpec, faults: int) -> tuple[dict[str, Any], int]:
         """Read the job again, waiting out transient failures; the count goes on from `faults`.

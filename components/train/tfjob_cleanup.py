@@ -20,7 +20,6 @@ from contracts.errors import UserError
 
 T = TypeVar("T")
 ATTEMPTS = 5  # per API call: about 15 s of backoff in all
-_DELAYS = (1.0, 2.0, 4.0, 8.0)
 
 
 def delete_run_jobs(
@@ -71,12 +70,13 @@ def delete_run_jobs(
 
 def _retried(call: Callable[[], T], sleep: Callable[[float], None]) -> T:
     """`call()`, again after a transient API failure, up to ATTEMPTS times in all."""
-    for delay in _DELAYS[: ATTEMPTS - 1]:
+    faults = 0
+    while True:
         try:
             return call()
         except Exception as exc:
-            if not kube.is_transient(exc):
-                raise
-            print(f"release: API unavailable ({kube.api_error_brief(exc)}); again in {delay:.0f} s")
-            sleep(delay)
-    return call()
+            faults = kube.wait_out(exc, faults, ATTEMPTS, _say, sleep)
+
+
+def _say(message: str) -> None:
+    print(f"release: {message}")
