@@ -19,6 +19,9 @@ SPLITS = ("train", "eval")  # the splits every Examples folder has
 EXAMPLES_MANIFEST = "manifest.json"  # written last: its presence marks the folder complete
 TOKENIZER_FILE = "tokenizer.model"  # the SentencePiece model the shards were encoded with
 EVAL_TEXT = "raw/eval.txt"  # the eval split's text, for tokenizer-independent scoring
+# A sketch of the train split's text (components/overlap.py): how much of an eval text a
+# model trained on. The trainer copies it into the SavedModel (MODEL_TEXT_SKETCH).
+TRAIN_TEXT_SKETCH = "train_text_sketch.bin"
 DATASETS_DIR = "datasets"  # under the artifact root: one content-addressed folder per version
 # In the tokenize task's own KFP output artifact: where the content-addressed Examples are. KFP's
 # launcher refuses an output URI outside the run's folder, so the artifact stays there and points.
@@ -58,6 +61,7 @@ TRAIN_METRICS = "train_metrics.json"  # steps, final loss, divergence, throughpu
 # "eval_points": [{"step", "tokens", "val_loss"}], "wall_s", "device", ...}. TF Serving
 # ignores assets.extra/.
 TRAIN_HISTORY = "assets.extra/train_history.json"
+MODEL_TEXT_SKETCH = f"assets.extra/{TRAIN_TEXT_SKETCH}"  # the sketch of the text it trained on
 
 # ---- Serving folder (push writes, evaluate reads the baseline, rollback rewrites) ------------
 SAVED_MODEL_FILE = (

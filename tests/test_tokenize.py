@@ -6,13 +6,16 @@ import json
 import re
 import shutil
 from pathlib import Path
+from unittest.mock import ANY
 
 import numpy as np
 import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
+from components import overlap
 from components.tokenize import encode, executor
+from contracts.artifacts import TRAIN_TEXT_SKETCH
 from contracts.errors import UserError
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
@@ -317,3 +320,13 @@ def test_a_version_folder_holding_another_version_is_refused(tmp_path):
     manifest.write_text(json.dumps({**first.manifest, "dataset_version": "0" * 64}))
     with pytest.raises(UserError, match="not the one it is named for"):
         executor.run_content_addressed(str(corpus), str(store), **options)
+
+
+def test_the_examples_carry_a_sketch_of_their_train_text_alone(built):
+    """What evaluate measures a model's sight of the eval text with (components/overlap.py)."""
+    corpus, out, _ = built
+    eval_text = (out / "raw" / "eval.txt").read_bytes()
+    train_text = corpus.read_bytes()[: -len(eval_text)]
+    sketch = (out / TRAIN_TEXT_SKETCH).read_bytes()
+    assert overlap.seen_share(sketch, train_text).share == 1.0
+    assert overlap.seen_share(sketch, eval_text) == overlap.Seen(0.0, ANY, exact=True)

@@ -17,6 +17,9 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from components import overlap
+from contracts.artifacts import TRAIN_TEXT_SKETCH
+
 SEQ_LEN = 16
 VOCAB_SIZE = 320  # byte fallback needs 256 byte pieces + the corpus' characters + merges
 
@@ -131,6 +134,9 @@ def make_examples_dir(
             "tokens": len(ids[split]),
             "chars": len(part),
         }
+    sketch = overlap.Sketch()  # as tokenize sketches its train chunks
+    sketch.add(parts["train"].encode("utf-8"))
+    (folder / TRAIN_TEXT_SKETCH).write_bytes(sketch.to_bytes())
     digest = hashlib.sha256(model_path.read_bytes()).hexdigest()
     manifest = {
         "dataset_version": hashlib.sha256(text.encode() + digest.encode()).hexdigest(),

@@ -192,9 +192,12 @@ def export_model(
     tokenizer_model_path: str,
     export_dir: str,
     history: TrainHistory | None = None,
+    extras: Mapping[str, str] | None = None,
 ) -> str:
     """Write the serving SavedModel to export_dir atomically (temp sibling, then rename), with
-    the training curve at TRAIN_HISTORY when there is one."""
+    the training curve at TRAIN_HISTORY when there is one, and each file of `extras` (a path
+    inside the SavedModel: the file to copy there; under assets.extra/, which TF Serving
+    ignores)."""
     module = GPTServing(keras_model, cfg.model.seq_len, tokenizer_model_path)
     generate = module.generate.get_concrete_function()
     signatures = {
@@ -209,6 +212,9 @@ def export_model(
         tf.saved_model.save(module, tmp, signatures=signatures)
         if history is not None:
             _write_history(history, tmp)
+        for inside, source in (extras or {}).items():
+            tf.io.gfile.makedirs(posixpath.dirname(posixpath.join(tmp, inside)))
+            tf.io.gfile.copy(source, posixpath.join(tmp, inside))
         _move_into_place(tmp, export_dir)
     finally:
         _remove_if_present(tmp)  # only left when the save failed
@@ -231,6 +237,7 @@ def write_model_artifact(
     work_dir: str,
     is_chief: bool,
     history: TrainHistory | None = None,
+    extras: Mapping[str, str] | None = None,
 ) -> None:
     """Every worker exports the trained `gpt` (saving may need collectives); the chief writes
     the Model artifact to `model_dir`, the others into scratch space in `work_dir` they remove.
@@ -247,6 +254,7 @@ def write_model_artifact(
             work_dir,
             is_chief,
             history,
+            extras,
         )
     except tf.errors.OpError as err:
         raise ExportFailed(str(err)) from err
@@ -275,12 +283,13 @@ def _write_for_role(
     work_dir: str,
     is_chief: bool,
     history: TrainHistory | None,
+    extras: Mapping[str, str] | None,
 ) -> None:
     """The chief writes `model_dir`; the others write scratch space in `work_dir` and remove it."""
     scratch = posixpath.join(work_dir, f"scratch-model-{uuid.uuid4().hex[:8]}")
     target = model_dir if is_chief else scratch
     try:
-        write_model_dir(gpt, cfg, tokenizer_path, metrics, target, history)
+        write_model_dir(gpt, cfg, tokenizer_path, metrics, target, history, extras)
     finally:
         if not is_chief:
             _remove_if_present(target)
@@ -293,6 +302,7 @@ def write_model_dir(
     metrics: Mapping[str, Any],
     model_dir: str,
     history: TrainHistory | None = None,
+    extras: Mapping[str, str] | None = None,
 ) -> None:
     """Assemble the Model artifact in a temp sibling, then move it into place."""
     model_dir = model_dir.rstrip("/")
@@ -300,7 +310,7 @@ def write_model_dir(
     tmp = _temp_sibling(model_dir)
     tf.io.gfile.makedirs(tmp)
     try:
-        export_model(gpt, cfg, tokenizer_path, posixpath.join(tmp, SERVING_DIR), history)
+        export_model(gpt, cfg, tokenizer_path, posixpath.join(tmp, SERVING_DIR), history, extras)
         for fname, payload in (
             (MODEL_CONFIG, config_lib.config_to_dict(cfg)),
             (TRAIN_METRICS, metrics),

@@ -28,8 +28,10 @@ from contracts.artifacts import (
     CHECKED_SHARDS_DIR,
     CHECKPOINT_DIR,
     EXAMPLES_MANIFEST,
+    MODEL_TEXT_SKETCH,
     TOKENIZER_FILE,
     TRAIN_METRICS,
+    TRAIN_TEXT_SKETCH,
 )
 from contracts.errors import UserError
 from contracts.process import exit_without_final_gc
@@ -145,7 +147,15 @@ def train(
     tokenizer_file = manifest.get("tokenizer", {}).get("file", TOKENIZER_FILE)
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
     export.write_model_artifact(
-        gpt, cfg, tokenizer_path, metrics, model_dir, work_dir, is_chief, monitor.history
+        gpt,
+        cfg,
+        tokenizer_path,
+        metrics,
+        model_dir,
+        work_dir,
+        is_chief,
+        monitor.history,
+        _extras(examples_dir),
     )
     if fault_cb:
         fault_cb.after_export()
@@ -155,6 +165,14 @@ def train(
     # alone (ExitCode never recreates a Succeeded pod) and wait for them until the deadline.
     log.info("done: %s", json.dumps(metrics))
     return metrics
+
+
+def _extras(examples_dir: str) -> dict[str, str]:
+    """What the SavedModel carries from the Examples besides its tokenizer: the sketch of the
+    train text, so that a later evaluation can tell how much of its eval text this model
+    trained on (Examples written before the sketch existed have none)."""
+    sketch = posixpath.join(examples_dir, TRAIN_TEXT_SKETCH)
+    return {MODEL_TEXT_SKETCH: sketch} if tf.io.gfile.exists(sketch) else {}
 
 
 def _telemetry(

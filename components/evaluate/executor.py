@@ -17,12 +17,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from components import serving, storage
+from components import overlap, serving, storage
 from components.evaluate import report
-from components.evaluate.results import EvalResult, RunFacts, Scores
+from components.evaluate.results import SEEN_MEANS, EvalResult, RunFacts, Scores
 from components.evaluate.thresholds import check_thresholds
 from contracts.artifacts import (
     EVAL_TEXT,
+    MODEL_TEXT_SKETCH,
     SAVED_MODEL_FILE,
     SERVING_DIR,
     SIGNATURES,
@@ -44,6 +45,9 @@ COMPARE_TOKENS = 64  # new tokens per continuation: enough to read, quick on CPU
 # What to do when a SavedModel is missing or damaged: the candidate's, or the one in service.
 _RETRAIN = "run the pipeline again to train it anew"
 _RESERVE = "run evaluate again; if it stays so, serve a healthy version (gptpipe rollback)"
+# A model that trained on this share of the eval text or more gets a note in the reason: its
+# score is flattered (components/overlap.py).
+SEEN_NOTE = 0.01
 
 
 def run(
@@ -90,6 +94,10 @@ def run(
     )
     diverged = _diverged(model_dir)
     blessed, reason = decide(candidate, baseline, max_nats_per_char, tolerance, diverged)
+    eval_bytes = eval_text.encode("utf-8")
+    candidate_seen = _seen(storage.join(model_dir, SERVING_DIR), eval_bytes)
+    baseline_seen = _seen(baseline_uri, eval_bytes) if baseline_uri else None
+    reason += _flattered(candidate_seen, baseline_seen)
     facts = run_facts or RunFacts()
     steps = report.step_records(facts.executions, int(time.time() * 1000))
     histories = {
@@ -97,7 +105,16 @@ def run(
         "baseline": read_history(baseline_uri) if baseline_uri else None,
     }
     numbers = report.key_numbers(histories["candidate"], steps)
-    result = EvalResult(candidate, baseline, baseline_uri or "", blessed, reason, numbers)
+    result = EvalResult(
+        candidate,
+        baseline,
+        baseline_uri or "",
+        blessed,
+        reason,
+        numbers,
+        candidate_seen,
+        baseline_seen,
+    )
     # A diverged model's logits are NaN: sampling from them is meaningless, so show none.
     healthy = not diverged and math.isfinite(candidate.nats_per_char)
     samples = generate_samples(candidate_model, num_samples, sample_tokens) if healthy else []
@@ -150,6 +167,37 @@ def decide(
         f"eval {ours:.4f} nats/char meets the threshold and is within {tolerance:.1%} "
         f"of the baseline's {baseline.nats_per_char:.4f}"
     )
+
+
+def _seen(saved_model_uri: str, eval_text: bytes) -> overlap.Seen | None:
+    """How much of `eval_text` the SavedModel at `saved_model_uri` trained on, from the sketch
+    it carries (MODEL_TEXT_SKETCH); None without one (exported before it was written), or
+    with a warning for an unreadable one: it only informs."""
+    uri = storage.join(saved_model_uri, MODEL_TEXT_SKETCH)
+    if not storage.has_content(uri):
+        return None
+    try:
+        return overlap.seen_share(storage.read_bytes(uri), eval_text)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        log.warning("ignoring the unreadable train-text sketch %s: %s", uri, err)
+        return None
+
+
+def _flattered(candidate: overlap.Seen | None, baseline: overlap.Seen | None) -> str:
+    """Notes for the reason on each model that trained on SEEN_NOTE or more of the eval text:
+    its score is flattered, so the comparison leans its way."""
+    notes = []
+    if baseline and baseline.share >= SEEN_NOTE:
+        notes.append(
+            f"the model in service trained on {baseline.describe()}, which flatters its score "
+            "(the split changed since it trained: eval_fraction, or an edited corpus file)"
+        )
+    if candidate and candidate.share >= SEEN_NOTE:
+        notes.append(
+            f"the candidate trained on {candidate.describe()}, which flatters its score (the "
+            "corpus repeats that text in its train split)"
+        )
+    return "".join(f"; note: {note}" for note in notes)
 
 
 def score_text(model, text: str) -> Scores:
@@ -231,15 +279,15 @@ def render_report(result: EvalResult, samples: list[tuple[str, str]]) -> str:
         "",
         f"**{'Blessed' if result.blessed else 'Not blessed'}**: {result.reason}",
         "",
-        "| model | nats/token | nats/char | perplexity | tokens | chars |",
-        "|---|---|---|---|---|---|",
+        "| model | nats/token | nats/char | perplexity | tokens | chars | eval text trained on |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, s in rows:
         lines.append(
             f"| {name} | {s.nats_per_token:.4f} | {s.nats_per_char:.4f} | "
-            f"{s.perplexity:.2f} | {s.tokens} | {s.chars} |"
+            f"{s.perplexity:.2f} | {s.tokens} | {s.chars} | {result.seen_text(name)} |"
         )
-    lines.append("")
+    lines += ["", SEEN_MEANS, ""]
     if result.baseline is None:
         lines += [
             "No model is in service yet, so the change check against a baseline was skipped.",
@@ -263,6 +311,11 @@ def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> No
         "baseline_model": result.baseline_model,
         "candidate": asdict(result.candidate),
         "baseline": asdict(result.baseline) if result.baseline else None,
+        # the eval text each model trained on (components/overlap.py), null where unknown
+        "eval_text_seen": {
+            "candidate": asdict(result.candidate_seen) if result.candidate_seen else None,
+            "baseline": asdict(result.baseline_seen) if result.baseline_seen else None,
+        },
     }
     with storage.atomic_dir(blessing_dir) as tmp:
         write_blessing(tmp, result.blessed, info)
@@ -386,5 +439,8 @@ def metrics(result: EvalResult) -> dict[str, float]:
     if result.baseline:
         numbers["baseline_nats_per_token"] = result.baseline.nats_per_token
         numbers["baseline_nats_per_char"] = result.baseline.nats_per_char
+    for name, seen in (("candidate", result.candidate_seen), ("baseline", result.baseline_seen)):
+        if seen:
+            numbers[f"eval_text_seen_by_{name}"] = seen.share
     numbers.update(result.run_numbers)
     return numbers

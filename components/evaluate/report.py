@@ -24,7 +24,7 @@ from typing import Any, TypeGuard
 from components import lineage
 from components.evaluate import plots
 from components.evaluate.plots import History, is_number
-from components.evaluate.results import EvalResult, Scores
+from components.evaluate.results import SEEN_MEANS, EvalResult, Scores
 
 NO_CURVE = "no training curve recorded"
 
@@ -179,12 +179,14 @@ def _verdict(report: Report) -> Markup:
 
 def _scores_section(report: Report) -> Markup:
     result = report.result
-    rows = [_score_row("candidate", result.candidate, "")]
+    rows = [_score_row("candidate", result.candidate, "") + [result.seen_text("candidate")]]
     if result.baseline is not None:
-        rows.append(_score_row("baseline", result.baseline, result.baseline_model))
-    table = _table(
-        ["model", "nats/char", "nats/token", "perplexity", "tokens", "chars", "SavedModel"], rows
-    )
+        rows.append(
+            _score_row("baseline", result.baseline, result.baseline_model)
+            + [result.seen_text("baseline")]
+        )
+    header = ["model", "nats/char", "nats/token", "perplexity", "tokens", "chars", "SavedModel"]
+    table = _table([*header, "eval text trained on"], rows)
     rules = [
         f"max_nats_per_char: the candidate's nats/char is at most "
         f"{_num(report.max_nats_per_char, '.4f')}",
@@ -196,8 +198,11 @@ def _scores_section(report: Report) -> Markup:
     else:
         rules[1] += ": skipped, no model is in service yet"
     items = "".join(f"<li>{_esc(rule)}</li>" for rule in rules)
+    seen = f"<p>{_esc(SEEN_MEANS)}</p>"
     return _section(
-        "scores", "Eval loss", Markup(f"{table}<p>Blessed when both hold:</p><ul>{items}</ul>")
+        "scores",
+        "Eval loss",
+        Markup(f"{table}<p>Blessed when both hold:</p><ul>{items}</ul>{seen}"),
     )
 
 

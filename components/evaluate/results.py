@@ -8,6 +8,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from components import lineage
+from components.overlap import WINDOW_BYTES, Seen
+
+# What the reports' "eval text trained on" column means.
+SEEN_MEANS = (
+    f"eval text trained on: the share of the eval text's {WINDOW_BYTES}-byte windows (one from "
+    "each line start) that were in the model's training text. A model in service that trained "
+    "on some of it (the split changed since: eval_fraction, an edited corpus file) scores "
+    "better than it should; unknown for a model exported without a sketch of its training text."
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,15 @@ class EvalResult:
     # training and run numbers for the Metrics artifact (report.key_numbers): tokens/s, MFU,
     # each step's wall time and GPU-hours
     run_numbers: dict[str, float] = field(default_factory=dict)
+    # How much of the eval text each model trained on (components/overlap.py); None where it
+    # cannot be told (a model exported before its SavedModel carried the sketch).
+    candidate_seen: Seen | None = None
+    baseline_seen: Seen | None = None
+
+    def seen_text(self, name: str) -> str:
+        """`name`'s (candidate or baseline) share of the eval text it trained on, in words."""
+        seen = self.candidate_seen if name == "candidate" else self.baseline_seen
+        return f"{seen.share:.1%}" if seen else "unknown"
 
 
 @dataclass(frozen=True)

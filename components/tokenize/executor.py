@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components import storage
+from components import overlap, storage
 from components.tokenize import bpe
 from components.tokenize.corpus import (
     CHUNK_BYTES,
@@ -44,6 +44,7 @@ from contracts.artifacts import (
     EXAMPLES_REF,
     SPLITS,
     TOKENIZER_FILE,
+    TRAIN_TEXT_SKETCH,
 )
 from contracts.errors import UserError
 
@@ -131,7 +132,10 @@ def run(
         if tokenizer
         else bpe.Sample(tokenizer_sample_bytes, train_bytes(sources, eval_fraction))
     )
-    chunks = _check_and_sample(corpus, sources, eval_fraction, chunk_bytes, sample, report, total)
+    sketch = overlap.Sketch()
+    chunks = _check_and_sample(
+        corpus, sources, eval_fraction, chunk_bytes, sample, sketch, report, total
+    )
     parameters, given = _parameters(
         tokenizer,
         vocab_size=vocab_size,
@@ -150,6 +154,7 @@ def run(
         model = given or _train(sample, vocab_size, corpus, report)
         sample = None  # the sample's memory is free again before encoding starts
         (tmp / TOKENIZER_FILE).write_bytes(model)
+        (tmp / TRAIN_TEXT_SKETCH).write_bytes(sketch.to_bytes())
         processes = _processes(workers, chunks)
         report.line(
             f"encoding {chunks} chunks "
@@ -296,19 +301,24 @@ def _check_and_sample(
     eval_fraction: float,
     chunk_bytes: int,
     sample: bpe.Sample | None,
+    sketch: overlap.Sketch,
     report: Report,
     total: int,
 ) -> int:
     """Read every byte once before any work, so that every check (binary, long lines, UTF-8,
-    edits, blank) fails fast; take the tokenizer's sample. Returns how many chunks there are."""
+    edits, blank) fails fast; take the tokenizer's sample and sketch the train text (what
+    evaluate checks eval text against, components/overlap.py). Returns how many chunks there
+    are."""
     chunks, done, has_text = 0, 0, False
     with report.stage("read", total) as advance:
         for source in sources:
             for chunk in read_chunks(source, eval_fraction, chunk_bytes):
                 chunks += 1
                 has_text = has_text or not chunk.text.isspace()
-                if sample is not None and chunk.split == SPLITS[0]:
-                    sample.add(chunk.text)
+                if chunk.split == SPLITS[0]:
+                    sketch.add(chunk.text.encode("utf-8"))
+                    if sample is not None:
+                        sample.add(chunk.text)
                 done += chunk.size
                 advance(done)
         check_not_blank(has_text, corpus)
