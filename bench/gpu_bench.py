@@ -97,12 +97,14 @@ def summarize(runs: dict[str, dict[str, Any]], peak_tflops: float | None, gpus: 
         return rate[a] / (scale * rate[b]) if a in rate and b in rate else None
 
     per_token = next((v["flops_per_token"] for v in runs.values() if "flops_per_token" in v), 0)
+    # MFU is against the bf16 peak, so only of the runs in bf16: float32 (TF32 on the tensor
+    # cores) has its own, lower peak, and a failed bf16 run must not leave it as the headline.
     mfu_by_run = {
         k: flops.mfu(r, per_token, peak_tflops * 1e12 * (gpus if k == "mirrored" else 1))
         for k, r in rate.items()
-        if peak_tflops and k != "bf16_xla_host_syncs"
+        if peak_tflops and k in ("bf16_xla", "bf16", "mirrored")
     }
-    single = [k for k in ("bf16_xla", "bf16", "fp32") if k in mfu_by_run]
+    single = [k for k in ("bf16_xla", "bf16") if k in mfu_by_run]
     return {
         "tokens_per_s": rate,
         "mfu": max((mfu_by_run[k] for k in single), default=None),

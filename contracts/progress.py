@@ -21,6 +21,7 @@ from typing import Any
 
 PROGRESS_ENV = "GPTPIPE_PROGRESS"  # the events file of the run being watched; unset: no events
 MIN_INTERVAL_S = 0.5  # at most two progress events a second per reporter (the last always goes)
+MAX_EVENT_BYTES = 4096  # one write(2) of at most PIPE_BUF bytes to an O_APPEND file lands whole
 
 
 @dataclass
@@ -52,13 +53,22 @@ class Progress:
     def _write(self, event: dict[str, Any]) -> None:
         if not self.path:
             return
-        line = json.dumps({"step": self.step, "time": time.time(), **event}, default=str) + "\n"
-        data = line.encode("utf-8")[:4095]
+        data = _line({"step": self.step, "time": time.time(), **event})
+        while len(data) > MAX_EVENT_BYTES and len(event.get("text", "")) > 1:
+            # Shortened, not cut: a cut line would lose its newline and take the next with it.
+            event = {**event, "text": event["text"][: len(event["text"]) // 2] + "…"}
+            data = _line({"step": self.step, "time": time.time(), **event})
+        if len(data) > MAX_EVENT_BYTES:
+            return  # nothing of it is worth a broken line
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)
         finally:
             os.close(fd)
+
+
+def _line(event: dict[str, Any]) -> bytes:
+    return (json.dumps(event, default=str) + "\n").encode("utf-8")
 
 
 def read_events(path: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:

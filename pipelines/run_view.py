@@ -17,6 +17,7 @@ functions of the view and the time, so tests check frames without a run.
 from __future__ import annotations
 
 import datetime
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,7 +108,11 @@ def _move(step: StepView, state: str, at: float) -> None:
         step.started = at
     if state in ENDED and step.ended is None:
         step.ended = at
-    if state == DONE and step.total:  # its last progress may have been left unsent
+    # Its last progress may have been left unsent; but a training that diverged stopped where
+    # its last progress (a non-finite loss) says.
+    loss = (step.numbers or {}).get("loss")
+    stopped = isinstance(loss, float) and not math.isfinite(loss)
+    if state == DONE and step.total and not stopped:
         step.done = step.total
     step.state = state
 

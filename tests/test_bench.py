@@ -180,6 +180,9 @@ def test_gpu_summary():
     # On one GPU: MirroredStrategy's overhead over the plain bf16 step.
     assert one_gpu["mfu"] is None and one_gpu["mirrored_scaling"] == pytest.approx(1.8)
     assert gpu_bench.summarize(runs, peak_tflops=None, gpus=0)["mirrored_scaling"] is None
+    assert "fp32" not in s["mfu_by_run"]  # the bf16 peak is not float32's
+    failed = {**runs, "bf16_xla": {"error": "x"}, "bf16": {"error": "x"}}
+    assert gpu_bench.summarize(failed, peak_tflops=1.0, gpus=2)["mfu"] is None
 
 
 def test_gpu_runs_without_xla_where_it_does_not_compile_and_each_run_is_capped(monkeypatch):

@@ -37,6 +37,9 @@ def test_flops_per_token_is_six_n_plus_the_causal_attention_term():
         ("NVIDIA H200", 989e12),
         ("NVIDIA H100 80GB HBM3", 989e12),
         ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H100 NVL", 835e12),  # not the SXM part's 989
+        ("NVIDIA H200 NVL", 835e12),
+        ("NVIDIA GH200 480GB", 989e12),
         ("NVIDIA A100-SXM4-80GB", 312e12),
         ("NVIDIA L4", 121e12),
         ("NVIDIA L40S", 362e12),

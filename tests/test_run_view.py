@@ -349,3 +349,28 @@ def test_push_reports_the_objects_it_publishes(tmp_path):
         (3, 3, "objects"),
     ]
     assert found[2]["text"] == "pushed as version 1"
+
+
+def test_an_event_too_long_to_append_whole_is_shortened_and_the_next_one_still_read(tmp_path):
+    """Events are appended in one write(2) of at most PIPE_BUF bytes; a longer note is shortened
+    (a line cut there would lose its newline and take the next event with it)."""
+    events = tmp_path / "progress.jsonl"
+    reporter = Progress(str(events), "push")
+    reporter.note("é" * 5000)
+    reporter.note("pushed as version 3")
+    found, _ = read_events(str(events))
+    assert [e["text"][:3] for e in found] == ["ééé", "pus"]
+    assert found[0]["text"].endswith("…") and len(events.read_bytes().split(b"\n")[0]) <= 4096
+
+
+def test_a_training_that_diverged_shows_where_it_stopped_not_a_full_bar():
+    """A done step's bar is filled (its last progress may be unsent), but not past a divergence,
+    where training stopped (the trainer sends that event unthrottled)."""
+    view = RunView.new("local-x", NOW - 60)
+    steps = {"kind": "progress", "unit": "steps", "total": 1000}
+    run_view.apply_event(view, event("train", NOW - 30, done=300, loss=float("nan"), **steps))
+    started_and_ended(view, "train", NOW - 50, NOW - 10)
+    assert "300/1,000 steps · loss nan" in row(final_frame(view), "train")
+    run_view.apply_event(view, event("tokenize", NOW - 30, done=3, loss=2.0, **steps))
+    started_and_ended(view, "tokenize", NOW - 50, NOW - 10)
+    assert "1,000/1,000 steps" in row(final_frame(view), "tokenize")

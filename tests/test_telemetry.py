@@ -305,9 +305,10 @@ def test_the_pod_monitor_scrapes_what_the_tfjob_chief_serves():
 class FakeNvml(types.SimpleNamespace):
     """NVML's calls as pynvml makes them, for two GPUs (there is none here)."""
 
-    def __init__(self, fail_init: bool = False) -> None:
+    def __init__(self, fail_init: bool = False, no_utilization: bool = False) -> None:
         super().__init__(shut=False)
         self.fail_init = fail_init
+        self.no_utilization = no_utilization
 
     def nvmlInit(self) -> None:
         if self.fail_init:
@@ -323,6 +324,8 @@ class FakeNvml(types.SimpleNamespace):
         return index
 
     def nvmlDeviceGetUtilizationRates(self, handle: int) -> types.SimpleNamespace:
+        if self.no_utilization:  # as on a MIG device: NVML_ERROR_NOT_SUPPORTED
+            raise RuntimeError("Not Supported")
         return types.SimpleNamespace(gpu=[65, 90][handle], memory=10)
 
     def nvmlDeviceGetMemoryInfo(self, handle: int) -> types.SimpleNamespace:
@@ -382,3 +385,30 @@ def test_the_step_records_timestamps_on_cpus_without_xla_only():
     assert not train_step.times_steps(jit=True, device_kind="cpu")  # XLA compiles no timestamp
     # On a GPU a timestamp depending on device tensors syncs the host with the stream each step.
     assert not train_step.times_steps(jit=False, device_kind="gpu")
+
+
+def test_a_divergence_is_reported_at_once_not_throttled(tmp_path):
+    """The run view shows where a diverged training stopped: that event is never held back."""
+    from contracts.progress import Progress, read_events
+    from trainer.telemetry import LogPoint, Telemetry
+
+    events = tmp_path / "events.jsonl"
+    telemetry = Telemetry(None, None, Progress(str(events), "train"))
+    for step, loss in ((10, 3.0), (20, 2.5), (30, float("nan"))):  # within MIN_INTERVAL_S
+        telemetry.report(LogPoint(step, 100, step * 64, loss, 1e-3, 1.0, None))
+    found, _ = read_events(str(events))
+    assert [e["done"] for e in found] == [10, 30] and math.isnan(found[-1]["loss"])
+
+
+def test_a_gpu_without_utilization_still_reports_its_memory_and_power():
+    """A MIG slice has no utilisation counter (NVML: Not Supported); its other series stay."""
+    nvml, port = FakeNvml(no_utilization=True), _free_port()
+    server = MetricsServer(port, gpus=True, nvml=nvml)  # type: ignore[arg-type]
+    try:
+        with urllib.request.urlopen(f"http://localhost:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    finally:
+        server.close()
+    assert "gptpipe_gpu_utilization_ratio{" not in text
+    assert 'gptpipe_gpu_memory_used_bytes{gpu="1"}' in text
+    assert 'gptpipe_gpu_power_watts{gpu="1"} 350.0' in text

@@ -23,6 +23,9 @@ from trainer.config import ModelConfig
 # device name, so the more specific names come first and "NVIDIA L40" is not taken for an L4.
 PEAK_FLOPS = (
     ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),  # 1,671 TFLOP/s with sparsity (the NVL data sheets), as the H200 NVL
+    ("H200 NVL", 835e12),
+    ("GH200", 989e12),  # the Grace Hopper superchip's H100
     ("H200", 989e12),
     ("H100", 989e12),
     ("A100", 312e12),

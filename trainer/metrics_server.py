@@ -80,16 +80,20 @@ class GpuCollector:
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         util, memory, power = self._families()
+        nvml = self.nvml
+        reads = (
+            (util, lambda handle: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0),
+            (memory, lambda handle: float(nvml.nvmlDeviceGetMemoryInfo(handle).used)),
+            (power, lambda handle: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),  # mW
+        )
         for index, handle in enumerate(self.handles):
-            gpu = [str(index)]
-            try:
-                util.add_metric(gpu, self.nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
-                memory.add_metric(gpu, float(self.nvml.nvmlDeviceGetMemoryInfo(handle).used))
-                power.add_metric(gpu, self.nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0)
-            except Exception as err:  # a GPU that fell off the bus, a query it does not support
-                if not self._warned:
-                    log.warning("metrics: NVML query of GPU %d failed: %s", index, err)
-                    self._warned = True
+            for family, read in reads:  # each on its own: a MIG slice has no utilisation
+                try:
+                    family.add_metric([str(index)], read(handle))
+                except Exception as err:  # a GPU that fell off the bus, a query not supported
+                    if not self._warned:
+                        log.warning("metrics: NVML query of GPU %d failed: %s", index, err)
+                        self._warned = True
         yield from (util, memory, power)
 
     def close(self) -> None:

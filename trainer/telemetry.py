@@ -157,7 +157,8 @@ class Telemetry:
             numbers = {"loss": round(point.loss, 4) if math.isfinite(point.loss) else point.loss}
             if speed is not None:
                 numbers["tokens_per_s"] = round(speed.tokens_per_s, 1)
-            final = point.step >= point.total_steps
+            # Never throttled away: the last step, and a divergence (training stops there).
+            final = point.step >= point.total_steps or not math.isfinite(point.loss)
             self.progress.update(point.step, point.total_steps, "steps", final=final, **numbers)
 
     def report_eval(self, step: int, val_loss: float, history: TrainHistory) -> None:
