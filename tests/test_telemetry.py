@@ -412,3 +412,55 @@ def test_a_gpu_without_utilization_still_reports_its_memory_and_power():
     assert "gptpipe_gpu_utilization_ratio{" not in text
     assert 'gptpipe_gpu_memory_used_bytes{gpu="1"}' in text
     assert 'gptpipe_gpu_power_watts{gpu="1"} 350.0' in text
+
+
+def test_an_attempt_killed_outright_keeps_its_time_and_tensorboard_no_step_twice(
+    tmp_path, monkeypatch
+):
+    """Killed at step 150 (validated and backed up at 100), resumed at 100, done at 200: the
+    time up to the last validation counts, and TensorBoard holds each step once (the killed
+    attempt's 110-150 dropped; the resumed attempt logs them again)."""
+    import types
+
+    from trainer import callbacks
+    from trainer.callbacks import TrainMonitor
+    from trainer.history import TrainHistory
+    from trainer.telemetry import Telemetry
+
+    clock = [0.0]
+    monkeypatch.setattr(callbacks.time, "perf_counter", lambda: clock[0])
+
+    def attempt(start: int, stop: int, killed: bool) -> TrainHistory:
+        history = TrainHistory("CPU", 1, 8)
+        history.load(str(tmp_path))
+        telemetry = Telemetry(str(tmp_path))
+        monitor = TrainMonitor(1000, 10, 128, lambda s: tf.constant(1e-3), history, telemetry)
+        iterations = types.SimpleNamespace(numpy=lambda: start)
+        model = types.SimpleNamespace(
+            optimizer=types.SimpleNamespace(iterations=iterations), stop_training=False
+        )
+        monitor.set_model(model)
+        monitor.on_train_begin()
+        for batch in range(stop - start):
+            monitor.on_train_batch_begin(batch)
+            clock[0] += 1.0  # a second a step
+            monitor.on_train_batch_end(batch, {"loss": 2.0})
+            if monitor.step % 100 == 0:
+                monitor.on_epoch_end(0, {"val_loss": 1.5})
+        if not killed:
+            monitor.on_train_end()
+        telemetry.close()  # task.py closes it in `finally`, as when a peer is lost
+        return history
+
+    attempt(0, 150, killed=True)
+    history = attempt(100, 200, killed=False)
+    assert history.wall_s == 200.0  # 100 s to the killed attempt's validation, then 100 s
+    assert [p["step"] for p in history.points][-1] == 200
+    logged: dict[int, int] = {}
+    for path in sorted((tmp_path / "logs" / "train").glob("events.out.tfevents.*")):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            if any(v.tag == "loss" for v in event.summary.value):
+                logged[event.step] = logged.get(event.step, 0) + 1
+    # Each attempt also logs its first step (1, then 101).
+    expected = sorted([1, 101, *range(10, 201, 10)])
+    assert sorted(logged) == expected and set(logged.values()) == {1}

@@ -103,14 +103,22 @@ class TrainMonitor(StepCallback):
         self._pause_from: float | None = None
         self._epoch_ended = False
         self._started = 0.0
+        self._wall_before = 0.0
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._started = time.perf_counter()
+        self._wall_before = self.history.wall_s  # the earlier attempts'
+
+    def _count_wall(self) -> None:
+        """history.wall_s: the earlier attempts' and this one's so far. Kept at each validation
+        too, so that an attempt killed outright (OOM, a lost node) loses only the time since."""
+        self.history.wall_s = self._wall_before + time.perf_counter() - self._started
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         if self.first_step is None:
             super().on_train_batch_begin(batch, logs)
             self.history.resume_at(self.step)
+            self.telemetry.resume_at(self.step)
         self._end_pause()
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -132,6 +140,7 @@ class TrainMonitor(StepCallback):
             self.history.eval_points.append(
                 {"step": step, "tokens": step * self.tokens_per_step, "val_loss": val_loss}
             )
+            self._count_wall()
             self.telemetry.report_eval(step, val_loss, self.history)
 
     def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
@@ -139,7 +148,7 @@ class TrainMonitor(StepCallback):
             self._end_pause()
             self._log(self.step)  # fit stopped between logging steps
         if self.batches:
-            self.history.wall_s += time.perf_counter() - self._started
+            self._count_wall()
             if self.timed_steps:
                 self.history.mfu = self.measured.mfu(self.tokens_per_second())
         self.telemetry.keep(self.history)

@@ -31,6 +31,7 @@ from trainer.metrics_server import MetricsServer
 log = logging.getLogger("trainer")
 
 # How often TensorBoard's files are written out; on gs:// each write uploads the file again.
+RUNS = ("train", "validation")  # TensorBoard runs, each a folder under logs/
 FLUSH_MILLIS = 30_000
 
 
@@ -101,15 +102,10 @@ class Telemetry:
         self.work_dir = work_dir  # None: no TensorBoard logs and no curve kept
         self.metrics = metrics
         self.progress = progress
+        # TensorBoard's writers, made at their first scalar: after `resume_at` has trimmed what
+        # earlier attempts wrote.
         self._writers: dict[str, Any] = {}
-        if work_dir is not None:
-            logs = posixpath.join(work_dir, TENSORBOARD_DIR)
-            self._writers = {
-                run: tf.summary.create_file_writer(
-                    posixpath.join(logs, run), flush_millis=FLUSH_MILLIS
-                )
-                for run in ("train", "validation")
-            }
+        self._logs = None if work_dir is None else posixpath.join(work_dir, TENSORBOARD_DIR)
 
     @classmethod
     def off(cls) -> Telemetry:
@@ -161,6 +157,17 @@ class Telemetry:
             final = point.step >= point.total_steps or not math.isfinite(point.loss)
             self.progress.update(point.step, point.total_steps, "steps", final=final, **numbers)
 
+    def resume_at(self, step: int) -> None:
+        """Drop the scalars earlier attempts logged after `step`, where this attempt resumes
+        (its backup): it logs those steps again, and TensorBoard does not purge a step logged
+        twice by tf.summary's event files, so the curves would double back on themselves.
+        Called before this attempt's first scalar (history.resume_at's twin)."""
+        if self._logs is None or self._writers:
+            return
+        for run in RUNS:
+            for path in tf.io.gfile.glob(posixpath.join(self._logs, run, "events.out.tfevents.*")):
+                _trim_events(path, step)
+
     def report_eval(self, step: int, val_loss: float, history: TrainHistory) -> None:
         """Publish a validation, and keep the curve so far in the work folder."""
         self._scalars("validation", step, {"loss": val_loss})
@@ -184,10 +191,37 @@ class Telemetry:
             self.metrics.close()
 
     def _scalars(self, run: str, step: int, values: dict[str, float | None]) -> None:
+        if self._logs is None:
+            return
         writer = self._writers.get(run)
         if writer is None:
-            return
+            folder = posixpath.join(self._logs, run)
+            writer = tf.summary.create_file_writer(folder, flush_millis=FLUSH_MILLIS)
+            self._writers[run] = writer
         with writer.as_default(step=step):
             for tag, value in values.items():
                 if value is not None:
                     tf.summary.scalar(tag, value)
+
+
+def _trim_events(path: str, step: int) -> None:
+    """Rewrite one TensorBoard event file without its summaries after `step` (a temporary file,
+    renamed over it); a file with none is left alone. Records after a torn one (a process
+    killed mid-write) are unreadable anyway and are dropped with it."""
+    kept, dropped = [], 0
+    try:
+        for record in tf.data.TFRecordDataset(path):
+            event = tf.compat.v1.Event.FromString(record.numpy())
+            if event.HasField("summary") and event.step > step:
+                dropped += 1
+            else:
+                kept.append(record.numpy())
+    except tf.errors.DataLossError:
+        dropped += 1
+    if not dropped:
+        return
+    tmp = f"{path}.trim-tmp"
+    with tf.io.TFRecordWriter(tmp) as writer:
+        for record in kept:
+            writer.write(record)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
