@@ -166,12 +166,25 @@ def _cmd_kfp_run(args: argparse.Namespace) -> int:
     final = kfp_ops.wait(
         api, str(run.run_id), args.poll, lambda state: print(f"run {run.run_id}: {state}")
     )
+    from pipelines.pipeline import EXIT_TASK
+
+    failures = kfp_ops.failed_tasks(final)
+    cleanup = [f for f in failures if f.task == EXIT_TASK]
+    if cleanup:
+        # The exit task's failure does not fail the run (Argo's exit hook), so say it here:
+        # a TFJob it did not delete holds its GPUs until its activeDeadlineSeconds.
+        print(
+            f"gptpipe: run {run.run_id}: its exit task {EXIT_TASK} failed "
+            f"({cleanup[0].error}): a TFJob of this run still running keeps its GPUs; list "
+            f"them with `kubectl get tfjobs -l {kfp_ops.run_jobs_selector(str(run.run_id))}`",
+            file=sys.stderr,
+        )
     if final.state in kfp_ops.SUCCESS_STATES:
         return 0
-    failures = kfp_ops.failed_tasks(final)
+    steps = [f for f in failures if f.task != EXIT_TASK]
     if args.mlmd:
-        failures = _cmd_kfp_lineage_failure(args.mlmd, str(run.run_id)) or failures
-    why = "; ".join(f"task {f.task} failed: {f.error}" for f in failures) or "no failed task"
+        steps = _cmd_kfp_lineage_failure(args.mlmd, str(run.run_id)) or steps
+    why = "; ".join(f"task {f.task} failed: {f.error}" for f in steps) or "no failed task"
     print(f"gptpipe: run {run.run_id} {final.state}: {why}", file=sys.stderr)
     return 1
 

@@ -16,6 +16,8 @@ from typing import Any
 import yaml
 
 from components.evaluate.thresholds import check_thresholds
+from components.train.launcher import run_label
+from components.train.tfjob_manifest import LABEL_RUN_ID
 from contracts.errors import UserError
 from pipelines.compiler import check_pipeline_root
 from pipelines.kfp_client import Api, KfpError
@@ -341,6 +343,11 @@ def wait(
         sleep(poll_s)
 
 
+def run_jobs_selector(run_id: str) -> str:
+    """The label selector of a run's TFJobs (and their pods)."""
+    return f"{LABEL_RUN_ID}={run_label(run_id)}"
+
+
 @dataclass(frozen=True)
 class TaskFailure:
     """A failed task of a run and what the API says about why."""
@@ -352,37 +359,56 @@ class TaskFailure:
 def failed_tasks(run: Any) -> list[TaskFailure]:
     """The innermost FAILED tasks of a run, from `run_details.task_details`, with their errors.
 
-    KFP 2.5 builds task details from the Argo nodes: a task that failed shows up as the DAG
+    KFP 2.5 gives one task per Argo node, linked by `child_tasks` as Argo links its nodes
+    (apiserver/server/api_converter.go toModelTask): a task that failed shows up as the DAG
     node named after it and, inside, its pod node named "executor"
-    (backend/src/v2/compiler/argocompiler/container.go); a failed child fails its parents. The
-    innermost failures are the ones no other failed task sits inside; an "executor" takes its
-    parent's name. KFP 2.5 leaves a task's `error` empty (`toApiPipelineTaskDetail`), so the
-    state history, then the run's own error, then the node to look up stand in.
+    (backend/src/v2/compiler/argocompiler/container.go), and the steps of a DAG form a chain
+    (each hangs off the pod before it), so a failed DAG reaches its failed step through tasks
+    that succeeded. The innermost failures are those from which no other failed task can be
+    reached; an "executor" takes the name of the task it sits in. KFP 2.5 leaves a task's
+    `error` empty (`toApiPipelineTaskDetail`), so the state history, then the run's own
+    error, then the node to look up stand in.
     """
     details = getattr(run.run_details, "task_details", None) or []
+    by_pod = {str(t.pod_name): t for t in details if t.pod_name}
+    children: dict[int, list[Any]] = {id(t): [] for t in details}
+    parent: dict[int, Any] = {}
+    by_id = {str(t.task_id): t for t in details if t.task_id}
+    for task in details:
+        linked = [by_pod.get(str(c.pod_name)) for c in task.child_tasks or []]
+        if task.parent_task_id and str(task.parent_task_id) in by_id:  # an API-made task tree
+            up = by_id[str(task.parent_task_id)]
+            children[id(up)].append(task)
+            parent.setdefault(id(task), up)
+        for child in linked:
+            if child is not None:
+                children[id(task)].append(child)
+                parent.setdefault(id(child), task)
     failed = [t for t in details if str(t.state) == "FAILED"]
-    parent_of: dict[str, Any] = {}
-    for task in failed:
-        for child in task.child_tasks or []:
-            parent_of[str(child.pod_name or child.task_id)] = task
-    by_id = {str(t.task_id): t for t in failed}
-    inner = [t for t in failed if not _has_failed_child(t, parent_of, failed)]
     found = []
-    for task in inner:
-        parent = by_id.get(str(task.parent_task_id or "")) or parent_of.get(str(task.pod_name))
+    for task in failed:
+        if _reaches_a_failure(task, children):
+            continue
         name = str(task.display_name or "")
-        if name == "executor" and parent is not None:
-            name = str(parent.display_name)
+        up = parent.get(id(task))
+        if name == "executor" and up is not None:
+            name = str(up.display_name)
         found.append(TaskFailure(name or str(task.task_id), _task_error(task, run)))
     return found
 
 
-def _has_failed_child(task: Any, parent_of: Mapping[str, Any], failed: Sequence[Any]) -> bool:
-    return any(
-        parent_of.get(str(other.pod_name)) is task or other.parent_task_id == task.task_id
-        for other in failed
-        if other is not task
-    )
+def _reaches_a_failure(task: Any, children: Mapping[int, list[Any]]) -> bool:
+    """True if another FAILED task is reachable from `task` through `children`."""
+    seen, queue = {id(task)}, list(children[id(task)])
+    while queue:
+        other = queue.pop()
+        if id(other) in seen:
+            continue
+        seen.add(id(other))
+        if str(other.state) == "FAILED":
+            return True
+        queue.extend(children[id(other)])
+    return False
 
 
 def _task_error(task: Any, run: Any) -> str:

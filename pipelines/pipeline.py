@@ -14,7 +14,13 @@ from pipelines.config import STEP_RESOURCES, RunConfig
 from trainer.config import Config, config_to_dict
 
 PIPELINE_NAME = "gptpipe"
-# KFP retries of the train step: a pod lost with its node, an OOM-killed launcher.
+EXIT_TASK = "release"  # the exit handler's task: KFP names it after release_component.release
+# KFP retries of the train step (KFP 2.14+; 2.5 ignores a retry policy inside the exit handler's
+# group): an OOM-killed launcher, whose retry re-attaches to the TFJob. Argo retries a Failed
+# pod only, not one lost with its node (an Error), and only within backoffMaxDuration (the
+# SDK's cap, 1 h) of the first attempt's start, which is also the retried pod's deadline
+# (argo-workflows operator.go processNodeRetries): a retry saves a training that ends within
+# that hour; a longer one fails at the hour, as it would have failed without the retry.
 TRAIN_RETRIES = 2
 _DEFAULTS = RunConfig()
 

@@ -62,6 +62,8 @@ class RunScript:
     error: str = "worker 0 exited with code 137 (OOMKilled)"
     duration_s: int = 3725  # created_at to finished_at
     run_id: str = ""  # the id the run gets ("" for a fresh uuid), to seed ML Metadata with
+    release_fails: bool = False  # the exit task fails (the run's state stays the steps')
+    release_error: str = ""  # its error, as `error` is the failed step's
 
 
 class ApiError(Exception):
@@ -381,44 +383,62 @@ def _advance(run: Any, script: RunScript, polls: int) -> None:
 
 
 def _tasks(run: Any, script: RunScript) -> list[Any]:
-    """Task details as KFP 2.5 builds them from the Argo nodes (api_converter.go toModelTask
-    for util.NodeStatus): the root DAG, the exit handler, per task a driver and a DAG node,
-    and inside each the pod node named "executor" (argocompiler/container.go)."""
+    """Task details as KFP 2.5 builds them, one per Argo node (apiserver/server/api_converter.go
+    toModelTask for util.NodeStatus: `pod_name` is the node id, `child_tasks` the node's
+    Children, no `parent_task_id`). The nodes are those of the Workflow argocompiler makes:
+    argo.go/dag.go the entrypoint's "root-driver" then "root", per task "<name>-driver" then
+    "<name>"; container.go an executor DAG whose pod node is "executor"; dag.go addExitTask
+    the ExitHandler's exit task as a lifecycle hook of "exit-handler-1". They are linked as
+    argo-workflows 3.5 links them: dag.go executeDAGTask makes a task without dependencies a
+    child of its DAG's node and any other a child of its dependencies' outbound (pod) nodes, so
+    the steps form a chain, not a fan; exit_handler.go runOnExitNode makes the hook's node a
+    child of the task's. A failed exit hook does not fail its parent (dag.go assessDAGPhase)."""
     failed = script.outcome == "FAILED"
-    nodes: list[Any] = []
+    outcome = "FAILED" if failed else "SUCCEEDED"
+    nodes: list[dict[str, Any]] = []
 
-    def node(name: str, state: str, children: Iterable[Any] = (), error: str = "") -> Any:
-        pod = f"{run.run_id[:8]}-{len(nodes)}"
-        status = kfp_server_api.GooglerpcStatus(code=2, message=error) if error else None
-        task = kfp_server_api.V2beta1PipelineTaskDetail(
-            run_id=run.run_id,
-            task_id=str(uuid.uuid4()),
-            display_name=name,
-            state=state,
-            pod_name=pod,
-            error=status,
-            state_history=[kfp_server_api.V2beta1RuntimeStatus(state=state, error=status)],
-            child_tasks=[
-                kfp_server_api.PipelineTaskDetailChildTask(pod_name=c.pod_name) for c in children
-            ]
-            or None,
-        )
-        nodes.append(task)
-        return task
+    def node(name: str, state: str = "SUCCEEDED", parent: Any = None, error: str = "") -> Any:
+        made = {"name": name, "state": state, "error": error, "children": []}
+        made["id"] = f"{run.run_id[:8]}-{len(nodes)}"
+        if parent is not None:
+            parent["children"].append(made["id"])
+        nodes.append(made)
+        return made
 
-    steps = []
+    workflow = node(f"gptpipe-{run.run_id[:5]}", outcome)
+    root = node("root", outcome, node("root-driver", parent=workflow))
+    handler = node("exit-handler-1", outcome, node("exit-handler-1-driver", parent=root))
+    outbound = handler  # the first task hangs off the DAG's node, each next off the last pod
     for step in ("tokenize", "train", "evaluate", "push"):
         fails = failed and step == script.failed_task
         state = "FAILED" if fails else "SUCCEEDED"
-        executor = node("executor", state, error=script.error if fails else "")
-        steps += [node(f"{step}-driver", "SUCCEEDED"), node(step, state, [executor])]
+        task = node(step, state, node(f"{step}-driver", parent=outbound))
+        outbound = node("executor", state, task, script.error if fails else "")
         if fails:
             break
-    outcome = "FAILED" if failed else "SUCCEEDED"
-    handler = node("exit-handler-1", outcome, steps)
-    release = node("release", "SUCCEEDED", [node("executor", "SUCCEEDED")])
-    node(f"gptpipe-{run.run_id[:5]}", outcome, [handler, release])
-    return nodes
+    release_state = "FAILED" if script.release_fails else "SUCCEEDED"
+    hook = node("exit-handler-1.onExit", release_state, handler)
+    release = node("release", release_state, node("release-driver", parent=hook))
+    node("executor", release_state, release, script.release_error if script.release_fails else "")
+    return [_task_detail(run, made) for made in nodes]
+
+
+def _task_detail(run: Any, made: dict[str, Any]) -> Any:
+    error = made["error"]
+    status = kfp_server_api.GooglerpcStatus(code=2, message=error) if error else None
+    return kfp_server_api.V2beta1PipelineTaskDetail(
+        run_id=run.run_id,
+        task_id=str(uuid.uuid4()),
+        display_name=made["name"],
+        state=made["state"],
+        pod_name=made["id"],
+        error=status,
+        state_history=[kfp_server_api.V2beta1RuntimeStatus(state=made["state"], error=status)],
+        child_tasks=[
+            kfp_server_api.PipelineTaskDetailChildTask(pod_name=child) for child in made["children"]
+        ]
+        or None,
+    )
 
 
 def _spec_struct(text: str) -> Any:

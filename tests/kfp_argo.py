@@ -10,7 +10,8 @@ makes of a pipeline, executed by argo-workflows 3.5 (the version KFP 2.5.0 build
 - termination (the KFP API's TerminateRun sets activeDeadlineSeconds to 0,
   apiserver/resource/resource_manager.go): running pods are stopped, no new pods start, except
   exit handlers', which ignore the deadline (argo workflow/controller/workflowpod.go,
-  exec_control.go, exit_handler.go). The run reads CANCELED.
+  exec_control.go, exit_handler.go). The run reads FAILED (KFP never reports CANCELED: below);
+- an exit hook that fails leaves the run's state as the group made it (dag.go assessDAGPhase).
 Tasks run one at a time in name order where Argo would run ready tasks in parallel.
 """
 
@@ -41,7 +42,6 @@ from kfp_launcher import Sandbox, launch
 from kfp_objectstore import BucketConfig
 from kfp_results import (
     CACHED,
-    CANCELED,
     FAILED,
     SUCCEEDED,
     ArtifactResult,
@@ -159,7 +159,12 @@ class RunHandle:
                 self.run_id, self.run_name, self.run_root, FAILED, self.tasks, repr(err)
             )
             raise
-        state = CANCELED if self.cancelled.is_set() else (SUCCEEDED if ok else FAILED)
+        # A terminated run is FAILED in KFP 2.5: TerminateRun (apiserver/storage/run_store.go)
+        # marks it CANCELING, and once the workflow has ended, ReportWorkflowResource
+        # (resource/resource_manager.go) takes the workflow's own condition, a failure on the
+        # zero deadline; IsTerminating (common/util/workflow.go) is false for an ended
+        # workflow, so the run never reads CANCELED.
+        state = SUCCEEDED if ok and not self.cancelled.is_set() else FAILED
         self._result = RunResult(
             self.run_id,
             self.run_name,
@@ -197,8 +202,11 @@ class RunHandle:
             states[name] = self._run_task(context, execution, name, dag.tasks[name], on_exit)
             failed = failed or states[name] == FAILED
             for hook in hooks.get(name, []):  # dag.go/common.go addExitTask: the task's exit hook
+                # Argo 3.5 exit_handler.go runOnExitNode hangs the hook's node under the task's,
+                # and dag.go assessDAGPhase takes a DAG's phase from its target tasks alone: a
+                # failed exit hook shows only as its own task's state, never the run's (KFP
+                # PR #11470: "the run's status is not impacted" by the exit task).
                 states[hook] = self._run_task(context, execution, hook, dag.tasks[hook], True)
-                failed = failed or states[hook] == FAILED
         for name in dag.tasks:
             if name not in states:
                 self.tasks.setdefault(

@@ -58,7 +58,7 @@ class TaskResult:
 
 @dataclass
 class RunResult:
-    """A finished run: SUCCEEDED, FAILED (naming the first failed task) or CANCELED."""
+    """A finished run: SUCCEEDED or FAILED (naming the first failed task; a cancelled run too)."""
 
     run_id: str
     run_name: str  # the Argo Workflow's name ({{$.pipeline_job_resource_name}})

@@ -8,7 +8,7 @@ import yaml
 
 from contracts.errors import UserError
 from pipelines import cli, compiler
-from pipelines.pipeline import Target
+from pipelines.pipeline import EXIT_TASK, Target
 from trainer.config import DEFAULT_PRESET, config_to_dict, resolve_config
 
 HERE = Path(__file__).resolve().parent
@@ -168,7 +168,7 @@ def test_train_retries_and_the_release_step_is_the_exit_handler(tmp_path):
     spec, platform = compiled(tmp_path)
     tasks = all_tasks(spec)
     assert tasks["train"]["retryPolicy"]["maxRetryCount"] == 2
-    release = spec["root"]["dag"]["tasks"]["release"]
+    release = spec["root"]["dag"]["tasks"][EXIT_TASK]  # the name `gptpipe kfp run` looks for
     assert release["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
     (group,) = release["dependentTasks"]
     assert set(spec["components"][f"comp-{group}"]["dag"]["tasks"]) == {

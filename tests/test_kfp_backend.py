@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from kfp import compiler, dsl, kubernetes
 from kfp.dsl import Dataset, Input, Output
 from kfp.pipeline_spec import pipeline_spec_pb2 as pb
-from kfp_backend import CACHED, CANCELED, FAILED, SKIPPED, SUCCEEDED, KfpBackend
+from kfp_backend import CACHED, FAILED, SKIPPED, SUCCEEDED, KfpBackend
 from kfp_cache import cache_key, fingerprint
 from kfp_ir import PipelineRejected
 from kfp_launcher import VENV_BIN
@@ -207,6 +207,12 @@ def exit_pipeline(marker: str):
         cleanup(note=first.output)
 
 
+@dsl.pipeline(name="failing-exit")
+def failing_exit_pipeline(marker: str):
+    with dsl.ExitHandler(flaky(marker=marker, wait=False)):
+        cleanup(note="the group")
+
+
 @dsl.pipeline(name="cancelled")
 def cancel_pipeline():
     with dsl.ExitHandler(cleanup(note="cancel")):
@@ -228,7 +234,7 @@ def env_pipeline():
 
 
 PIPELINES = [handoff_pipeline, placeholder_pipeline, move_pipeline, cache_pipeline, retry_pipeline]
-PIPELINES += [exit_pipeline, cancel_pipeline, timeout_pipeline, env_pipeline]
+PIPELINES += [exit_pipeline, failing_exit_pipeline, cancel_pipeline, timeout_pipeline, env_pipeline]
 
 
 @pytest.fixture(scope="module")
@@ -425,6 +431,15 @@ def test_exit_handler_runs_after_a_failure_and_group_retries_are_ignored(backend
     )
 
 
+def test_a_failed_exit_task_does_not_fail_the_run(backend, compiled, gcs):
+    """The exit task is an Argo exit lifecycle hook: its failure is its own task's state, and
+    the run's is the group's (argo 3.5 dag.go assessDAGPhase; KFP PR #11470)."""
+    result = backend.run(compiled["failing-exit"], {"marker": gcs.uri("markers", "failing-exit")})
+    assert result.state == SUCCEEDED, result.error
+    assert result.tasks["cleanup"].state == SUCCEEDED
+    assert result.tasks["flaky"].state == FAILED  # the exit task, not retried
+
+
 def test_pod_environment_is_what_kfp_sets(gcs, compiled, tmp_path, monkeypatch):
     monkeypatch.setenv("LEAK", "from the test process")
     backend = KfpBackend(
@@ -471,7 +486,7 @@ def test_cancel_terminates_the_running_task_and_still_runs_the_exit_handler(back
     handle.cancel(grace_seconds=1)
     result = handle.wait(60)
     assert time.monotonic() - started < 60
-    assert result.state == CANCELED
+    assert result.state == FAILED  # never CANCELED in KFP 2.5 (kfp_argo.py says why)
     sleeper_task = result.tasks["sleeper"]
     assert sleeper_task.state == FAILED and "deadline" in sleeper_task.error
     # SIGTERM reaches the whole process group; the component's `sh -ec` wrapper dies of it at

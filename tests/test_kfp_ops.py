@@ -131,6 +131,42 @@ def test_run_wait_on_a_failed_run_names_the_task_and_its_error(double, token, co
     assert "FAILED: task train failed: worker 0: OOMKilled" in err
 
 
+def test_run_wait_names_only_the_failed_step_in_argos_chain_of_nodes(
+    double, token, compiled, capsys
+):
+    """In KFP 2.5's task details the steps hang one off another (Argo's node children), so the
+    failed run, root and exit-handler DAGs reach the failed step only through steps that
+    succeeded: they are not failures of their own to name."""
+    upload(double, token, compiled)
+    double.run_scripts.append(RunScript("FAILED", failed_task="evaluate", error="no eval text"))
+    assert gptpipe(double, token, "run", *NEEDED, "--wait", "--poll", "0") == 1
+    (run,) = double.runs.values()
+    assert kfp_ops.failed_tasks(run) == [kfp_ops.TaskFailure("evaluate", "no eval text")]
+    assert "FAILED: task evaluate failed: no eval text\n" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("outcome", ["SUCCEEDED", "FAILED"])
+def test_run_wait_warns_of_a_failed_exit_task_which_does_not_fail_the_run(
+    double, token, compiled, capsys, outcome
+):
+    """Argo runs the exit task as an exit hook, whose failure leaves the run's state alone:
+    the CLI says it failed and how to find the TFJobs it may have left holding GPUs."""
+    upload(double, token, compiled)
+    double.run_scripts.append(
+        RunScript(outcome, failed_task="train", release_fails=True, release_error="403 Forbidden")
+    )
+    code = gptpipe(double, token, "run", *NEEDED, "--wait", "--poll", "0")
+    assert code == (0 if outcome == "SUCCEEDED" else 1)
+    (run,) = double.runs.values()
+    err = capsys.readouterr().err
+    assert "its exit task release failed (403 Forbidden)" in err
+    assert f"kubectl get tfjobs -l gptpipe.dev/run-id={run.run_id}" in err
+    if outcome == "FAILED":
+        last = err.strip().splitlines()[-1]  # the step's failure is the run's, alone
+        assert last.startswith(f"gptpipe: run {run.run_id} FAILED: task train failed:")
+        assert "release" not in last
+
+
 def test_run_wait_without_a_task_error_says_where_to_look(double, token, compiled, capsys):
     # KFP 2.5 fills no task error (api_converter.go toApiPipelineTaskDetail).
     upload(double, token, compiled)
