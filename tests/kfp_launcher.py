@@ -251,7 +251,10 @@ def launch(
             f"exit status {code}" if code > 0 else f"signal: {signal.Signals(-code).name.lower()}"
         )
         _note(sandbox, f"failed to execute component: {message}")
-        return Launch(code if code > 0 else 128 - code, message)
+        # cmd/launcher-v2/main.go: glog.Exit(err), so the pod exits 1 whatever the command's
+        # code; a signal here stands for the container's own (the pod killed), as Kubernetes
+        # reports it: 128 + the signal.
+        return Launch(1 if code > 0 else 128 - code, message)
     try:
         output = _executor_output(defaulted.outputs.output_file)
         _collect_output_parameters(defaulted, output, plan.component)

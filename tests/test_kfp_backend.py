@@ -135,6 +135,13 @@ def sleeper(seconds: int):
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
+def exits(code: int):
+    import sys
+
+    sys.exit(code)
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
 def cleanup(note: str) -> str:
     return f"cleaned up after {note}"
 
@@ -213,6 +220,11 @@ def failing_exit_pipeline(marker: str):
         cleanup(note="the group")
 
 
+@dsl.pipeline(name="exit-code")
+def exit_code_pipeline():
+    exits(code=3)
+
+
 @dsl.pipeline(name="cancelled")
 def cancel_pipeline():
     with dsl.ExitHandler(cleanup(note="cancel")):
@@ -234,7 +246,8 @@ def env_pipeline():
 
 
 PIPELINES = [handoff_pipeline, placeholder_pipeline, move_pipeline, cache_pipeline, retry_pipeline]
-PIPELINES += [exit_pipeline, failing_exit_pipeline, cancel_pipeline, timeout_pipeline, env_pipeline]
+PIPELINES += [exit_pipeline, failing_exit_pipeline, exit_code_pipeline, cancel_pipeline]
+PIPELINES += [timeout_pipeline, env_pipeline]
 
 
 @pytest.fixture(scope="module")
@@ -438,6 +451,14 @@ def test_a_failed_exit_task_does_not_fail_the_run(backend, compiled, gcs):
     assert result.state == SUCCEEDED, result.error
     assert result.tasks["cleanup"].state == SUCCEEDED
     assert result.tasks["flaky"].state == FAILED  # the exit task, not retried
+
+
+def test_a_failed_command_makes_the_pod_exit_1_whatever_its_code(backend, compiled):
+    """The launcher is the container's main process and exits through glog.Exit (1)."""
+    result = backend.run(compiled["exit-code"])
+    assert result.state == FAILED
+    (attempt,) = result.tasks["exits"].attempts
+    assert attempt.exit_code == 1 and "exit status 3" in attempt.log
 
 
 def test_pod_environment_is_what_kfp_sets(gcs, compiled, tmp_path, monkeypatch):
