@@ -6,7 +6,8 @@ and shuffle buffer, without end, batched by train.batch_size, parsed), read alon
 process after its shards are checked as the trainer checks them; tokens/s over READ_BATCHES
 batches after a warm-up that fills the shuffle buffer. Consumption: the real trainer's
 tokens/s on the same Examples at the same config, one worker with 2 threads
-(bench/trainer_run.py; peer_bench's `tiny` run when both run in one process). Headroom >= 10
+(bench/trainer_run.py, its own run: peer_bench's `tiny` run sets its precision by name, this one
+takes `auto`, so the two are different configs to its cache). Headroom >= 10
 means the input pipeline could feed ten such trainers, so the trainer should never wait for it.
 """
 

@@ -16,7 +16,8 @@ on its first 90% and are scored on the last 10% (nanoGPT's split; raw/eval.txt i
   signature, the last one the exported Model itself, with components/evaluate's `score_text`
   (nats/char = summed nats over UTF-8 characters).
 - The peer: KerasHub GPT2 (bench/peer_gpt2.py) at 4 layers, 4 heads, d_model 256, d_ff 1024,
-  seq_len 128, with the `tiny` preset's optimizer settings, on the same corpus tokenized by the
+  seq_len 128, with the `quality` preset's training settings (optimizer, batch size, warmup,
+  dropout: the same recipe, so only the implementations differ), on the same corpus tokenized by the
   same tokenize step with the same SentencePiece BPE trainer at vocabulary 2048 (so tokenizer
   quality is the same for both, and only the models and training loops differ). It trains for
   the same budget from its process start, its schedule's length set after 20 steps to what fits
@@ -222,12 +223,18 @@ def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
     }
 
 
+def peer_config() -> Any:
+    """The peer's Config: the trainer's preset (its batch, warmup, dropout, optimizer) at the
+    peer's shape, so that the two sides differ in their implementations only."""
+    return trainer_run.config(preset()[0], PEER_SHAPE)
+
+
 def train_peer(budget_s: float, chunks_file: Path) -> dict[str, Any]:
     """The peer's curve from bench/peer_gpt2.py, and what it ran with."""
     from contracts.artifacts import TOKENIZER_FILE
     from trainer.config import config_to_dict
 
-    cfg = trainer_run.config("tiny", PEER_SHAPE)
+    cfg = peer_config()
     examples = trainer_run.examples(cfg.model.vocab_size, cfg.model.seq_len)
     args = [
         "quality",

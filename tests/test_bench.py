@@ -244,6 +244,15 @@ def test_quality_uses_the_quality_preset_or_says_it_fell_back_to_tiny():
         assert name == "tiny" and "quality" in note
 
 
+def test_the_quality_peer_trains_with_the_trainers_recipe():
+    """Same shape and same recipe (batch, warmup, dropout, optimizer): only the implementations
+    differ (the peer once had `tiny`'s: no dropout, half the warmup)."""
+    from trainer.config import resolve_config
+
+    ours, peer = resolve_config(quality_bench.preset()[0]), quality_bench.peer_config()
+    assert peer.model == ours.model and peer.train == ours.train
+
+
 def test_alternating_runs_go_a_b_b_a():
     from bench import alternate
 
@@ -357,3 +366,26 @@ def test_tokenize_keeps_each_sides_best_run_and_the_highest_memory():
     assert run["bare_cpu_s_per_MB"] == pytest.approx(1 / 7.5) and run["attempts"] == 2
     single = tokenize_bench.measured(1, [step(0.1, 600)], [(5.0, 6.0)])
     assert single["core_s"] == pytest.approx(0.6) and single["attempts"] == 1
+
+
+def test_tokenize_linear_time_compares_runs_on_as_many_encoding_processes(monkeypatch):
+    """1 MB is encoded in the step's own process, 10 and 100 MB on 2 workers: the linearity
+    figure compares 100 MB with 10 MB, not with a run that had half the processes."""
+    from bench import tokenize_bench
+
+    def run(mb: int, mbps: float, processes: int) -> dict:
+        return {
+            "MB": mb,
+            "core_MBps": mbps,
+            "processes": processes,
+            "peak_total_MB": 500,
+            "ratio_vs_bare": 1.0,
+            "core_s_per_MB": 1 / mbps,
+        }
+
+    runs = [run(1, 4.0, 1), run(10, 7.0, 2), run(100, 8.4, 2)]
+    fake = {"vocab_size": 1, "seq_len": 1, "workers": 2, "cores": 2, "sizes_MB": [1, 10, 100]}
+    monkeypatch.setattr(tokenize_bench, "main", lambda full: {**fake, "runs": runs})
+    (linear,) = [f for f in tokenize_bench.figures(False) if "MB/s at" in f.name]
+    assert linear.value == pytest.approx(8.4 / 7.0) and "at 100 MB / at 10 MB" in linear.name
+    assert linear.details["processes"] == {1: 1, 10: 2, 100: 2}
