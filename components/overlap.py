@@ -1,20 +1,22 @@
 """How much of an eval text a model trained on: a sketch of its training text, and the check.
 
 The blessing compares the candidate with the model in service on the current eval split. If
-the model in service trained on some of that text (the corpus was edited, `eval_fraction`
-grew, or a file appears twice), its score is flattered and a better candidate can be refused.
-So tokenize sketches the train split's text, the trainer carries the sketch inside the
-SavedModel (assets.extra/, beside the training curve), and evaluate measures, for each model,
-the share of the eval text's windows that were in its training text.
+the model in service trained on some of that text (the corpus was edited, or `eval_fraction`
+grew, since it trained), its score is flattered and a better candidate can be refused; if the
+candidate's own train split holds eval text (a corpus that repeats itself), its score is. So
+tokenize sketches the train split's text, the trainer carries the sketch inside the SavedModel
+(assets.extra/, beside the training curve), and evaluate measures, for each model, the share
+of the eval text that was in its training text.
 
-Windows: the 64 bytes from each line start (lines run on across a window), so the same text
-gives the same windows wherever it sits in a file, whatever the tokenizer. A short line that
-recurs ("ROMEO:") is a window only with the 63 bytes after it. Sketch: the SKETCH_SIZE smallest
-distinct 64-bit hashes of the train windows (a bottom-k sketch, as MinHash-based
-deduplication keeps). A train split with fewer windows is kept whole and the share is exact;
-otherwise it is estimated from the eval windows whose hash is at most the sketch's largest,
-each of which is in the sketch exactly when it is in the train text. The estimate's sample is
-reported with it.
+Unit: a line of at least MIN_LINE_BYTES bytes (its newline included), identified by a 64-bit
+hash of all its bytes. Lines are what the split and the chunks cut between, so the same line
+is the same unit in a train chunk, in any file, and in the eval text; a shorter line
+("ROMEO:") recurs by chance too often to tell anything. The share is by bytes, each eval line
+counted as often as it occurs (the score counts every occurrence). Sketch: the SKETCH_SIZE
+smallest distinct hashes of the train lines (a bottom-k sketch). A train split with fewer
+distinct lines is kept whole and the share is exact; otherwise it is estimated from the eval
+lines whose hash is at most the sketch's largest, each of which is in the sketch exactly when
+it is in the train text, and the number of those lines is reported with it.
 
 A shared layer: tokenize writes the sketch (contracts.artifacts.TRAIN_TEXT_SKETCH), the trainer
 copies it into the SavedModel (MODEL_TEXT_SKETCH), evaluate reads it.
@@ -23,49 +25,67 @@ copies it into the SavedModel (MODEL_TEXT_SKETCH), evaluate reads it.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-WINDOW_BYTES = 64
+MIN_LINE_BYTES = 32
 SKETCH_SIZE = 1 << 16  # hashes kept: 512 KiB in the SavedModel, whatever the corpus's size
 MAGIC = b"gptpipe train-text sketch\n"
-_FORMAT = 1  # bump when the windows or the hash change: an older sketch is then not used
+_FORMAT = 2  # bump when the unit or the hash change: an older sketch is then not used
+_BLOCK_BYTES = 1 << 20  # an eval text is hashed in blocks of whole lines of about this size
+# The line hash: sum of (byte + 1) * _BASE^(bytes after it in the line), modulo 2^64, from
+# prefix sums weighted by _BASE's inverse powers (so a line's sum is a difference of two).
+_BASE = 0x100000001B3
+_BASE_INVERSE = pow(_BASE, -1, 1 << 64)
 
 
-def window_hashes(text: bytes) -> np.ndarray:
-    """The distinct hashes of `text`'s windows (every line start with 64 bytes after it), sorted."""
+def line_hashes(text: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """The hash and byte length of each whole line of `text` with at least MIN_LINE_BYTES bytes,
+    in order (a last line without its newline is not whole, and not counted)."""
     data = np.frombuffer(text, dtype=np.uint8)
-    starts = np.flatnonzero(data == ord("\n")) + 1
-    starts = np.concatenate(([0], starts)) if len(data) else starts
-    starts = starts[starts + WINDOW_BYTES <= len(data)]
+    ends = np.flatnonzero(data == ord("\n")) + 1
+    starts = np.concatenate(([0], ends[:-1])).astype(np.int64)
+    lengths = ends - starts
+    keep = lengths >= MIN_LINE_BYTES
+    starts, ends, lengths = starts[keep], ends[keep], lengths[keep]
     if not len(starts):
-        return np.empty(0, dtype=np.uint64)
-    # The 8-byte little-endian word at every byte offset (a view: nothing is copied), read
-    # at each window's 8 word offsets.
-    words: np.ndarray = np.ndarray((len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
-    return np.unique(_mix([words[starts + offset] for offset in range(0, WINDOW_BYTES, 8)]))
+        return np.empty(0, dtype=np.uint64), np.empty(0, dtype=np.int64)
+    last = int(ends[-1])
+    inverse, powers = _powers(_BASE_INVERSE, last), _powers(_BASE, last)
+    prefix = np.zeros(last + 1, dtype=np.uint64)
+    np.cumsum((data[:last].astype(np.uint64) + np.uint64(1)) * inverse[:last], out=prefix[1:])
+    sums = (prefix[ends] - prefix[starts]) * powers[ends - 1]  # wraps: arithmetic mod 2^64
+    return _finish(sums ^ (lengths.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))), lengths
 
 
-def _mix(words: list[np.ndarray]) -> np.ndarray:
-    """A 64-bit hash of each window from its 8 words: multiply-xor over the words, then
-    splitmix64's finaliser. numpy's uint64 arithmetic wraps, which is the modulus wanted."""
-    with np.errstate(over="ignore"):
-        h = np.full(len(words[0]), 0x9E3779B97F4A7C15, dtype=np.uint64)
-        for word in words:
-            h = (h ^ word) * np.uint64(0x100000001B3)
-            h ^= h >> np.uint64(29)
-        h ^= h >> np.uint64(30)
-        h *= np.uint64(0xBF58476D1CE4E5B9)
-        h ^= h >> np.uint64(27)
-        h *= np.uint64(0x94D049BB133111EB)
-        h ^= h >> np.uint64(31)
-    return h
+_POWERS: dict[int, np.ndarray] = {}  # by base: its powers so far, kept for the next text
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base^0 .. base^(n-1) modulo 2^64 (at least n of them)."""
+    known = _POWERS.get(base)
+    if known is None or len(known) < n:
+        powers = np.full(max(n, 2 * _BLOCK_BYTES), base, dtype=np.uint64)
+        powers[0] = 1
+        known = _POWERS[base] = np.cumprod(powers, dtype=np.uint64)
+    return known
+
+
+def _finish(h: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: every bit of the sum moves every bit of the hash, so that the
+    smallest hashes are a fair sample of the lines."""
+    h = h ^ (h >> np.uint64(30))
+    h = h * np.uint64(0xBF58476D1CE4E5B9)
+    h = h ^ (h >> np.uint64(27))
+    h = h * np.uint64(0x94D049BB133111EB)
+    return h ^ (h >> np.uint64(31))
 
 
 class Sketch:
-    """The bottom-SKETCH_SIZE distinct window hashes of a text fed in parts (train chunks of
-    whole lines: a window is never cut at a part's end, it is just not taken there)."""
+    """The bottom-SKETCH_SIZE distinct line hashes of a text fed in parts of whole lines (the
+    train chunks)."""
 
     def __init__(self, size: int = SKETCH_SIZE) -> None:
         self.size = size
@@ -73,7 +93,7 @@ class Sketch:
         self.full = False  # True once some hash was dropped: the sketch is then a sample
 
     def add(self, text: bytes) -> None:
-        new = window_hashes(text)
+        new = line_hashes(text)[0]
         if self.full:  # past the largest kept hash, nothing can enter
             new = new[new <= self.hashes[-1]]
         merged = np.union1d(self.hashes, new)
@@ -85,7 +105,7 @@ class Sketch:
     def to_bytes(self) -> bytes:
         """The sketch as a file: MAGIC, a JSON line, then the hashes as little-endian uint64.
         The same text always gives the same bytes (an .npz would not: zip stamps the time)."""
-        header = {"format": _FORMAT, "window_bytes": WINDOW_BYTES, "full": self.full}
+        header = {"format": _FORMAT, "min_line_bytes": MIN_LINE_BYTES, "full": self.full}
         line = json.dumps({**header, "hashes": len(self.hashes)}, sort_keys=True) + "\n"
         return MAGIC + line.encode("ascii") + self.hashes.astype("<u8").tobytes()
 
@@ -97,38 +117,55 @@ def read_sketch(data: bytes) -> tuple[np.ndarray, bool] | None:
         raise ValueError("not a train-text sketch (no header)")
     line, _, body = data[len(MAGIC) :].partition(b"\n")
     header = json.loads(line)
-    if header.get("format") != _FORMAT or header.get("window_bytes") != WINDOW_BYTES:
+    if not isinstance(header, dict):
+        raise ValueError("not a train-text sketch (its header is not an object)")
+    if header.get("format") != _FORMAT or header.get("min_line_bytes") != MIN_LINE_BYTES:
         return None
-    if len(body) != 8 * header["hashes"]:
+    count = header.get("hashes")
+    if not isinstance(count, int) or len(body) != 8 * count:
         raise ValueError(f"train-text sketch cut short: {len(body)} bytes of hashes")
-    return np.frombuffer(body, dtype="<u8").astype(np.uint64), bool(header["full"])
+    return np.frombuffer(body, dtype="<u8").astype(np.uint64), bool(header.get("full"))
 
 
 @dataclass(frozen=True)
 class Seen:
-    """The share of an eval text's windows that were in a model's training text."""
+    """The share of an eval text a model trained on."""
 
-    share: float  # 0..1
-    sampled: int  # eval windows the share is measured on (all of them when `exact`)
-    exact: bool  # the train sketch held every train window
+    share: float  # 0..1, by bytes of the eval text's lines of MIN_LINE_BYTES or more
+    sampled: int  # eval lines the share is measured on (all of them when `exact`)
+    exact: bool  # the train sketch held every train line
 
     def describe(self) -> str:
-        how = "" if self.exact else f", estimated from {self.sampled} of them"
-        return f"{self.share:.1%} of the eval text's {WINDOW_BYTES}-byte windows{how}"
+        how = "" if self.exact else f", estimated from {self.sampled} of its lines"
+        return f"{self.share:.1%} of the eval text{how}"
 
 
 def seen_share(sketch: bytes, eval_text: bytes) -> Seen | None:
     """How much of `eval_text` the text behind `sketch` holds; None if the sketch is of another
-    format or the eval text has no window (then nothing can be said); ValueError if `sketch`
-    is not one."""
+    format or the eval text has no line long enough (then nothing can be said); ValueError if
+    `sketch` is not one."""
     read = read_sketch(sketch)
     if read is None:
         return None
     hashes, full = read
-    windows = window_hashes(eval_text)
-    if full:  # only hashes the sketch could hold tell whether the train text had them
-        windows = windows[windows <= hashes[-1]] if len(hashes) else windows[:0]
-    if not len(windows):
+    seen_bytes = all_bytes = lines = 0
+    for block in _blocks(eval_text):
+        found, lengths = line_hashes(block)
+        if full:  # only hashes the sketch could hold tell whether the train text had them
+            sampled = found <= hashes[-1] if len(hashes) else np.zeros(len(found), dtype=bool)
+            found, lengths = found[sampled], lengths[sampled]
+        seen_bytes += int(lengths[np.isin(found, hashes)].sum())
+        all_bytes += int(lengths.sum())
+        lines += len(found)
+    if not lines:
         return None
-    found = np.isin(windows, hashes, assume_unique=True)
-    return Seen(float(found.mean()), len(windows), not full)
+    return Seen(seen_bytes / all_bytes, lines, not full)
+
+
+def _blocks(text: bytes) -> Iterator[bytes]:
+    """`text` in parts of whole lines of about _BLOCK_BYTES (bounding the hashing's memory)."""
+    start = 0
+    while start < len(text):
+        end = text.find(b"\n", start + _BLOCK_BYTES) + 1 or len(text)
+        yield text[start:end]
+        start = end

@@ -58,8 +58,9 @@ class Progress:
             # Shortened, not cut: a cut line would lose its newline and take the next with it.
             event = {**event, "text": event["text"][: len(event["text"]) // 2] + "…"}
             data = _line({"step": self.step, "time": time.time(), **event})
-        if len(data) > MAX_EVENT_BYTES:
-            return  # nothing of it is worth a broken line
+        if len(data) > MAX_EVENT_BYTES:  # long numbers: keep what the bar needs
+            event = {k: v for k, v in event.items() if k in ("kind", "done", "total", "unit")}
+            data = _line({"step": self.step, "time": time.time(), **event})
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             os.write(fd, data)

@@ -7,6 +7,7 @@ Every call goes through `kfp_client.Api.call` (retries, one-line errors). Recurr
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -385,16 +386,27 @@ def failed_tasks(run: Any) -> list[TaskFailure]:
                 children[id(task)].append(child)
                 parent.setdefault(id(child), task)
     failed = [t for t in details if str(t.state) == "FAILED"]
-    found = []
+    found: dict[str, TaskFailure] = {}
     for task in failed:
         if _reaches_a_failure(task, children):
             continue
-        name = str(task.display_name or "")
-        up = parent.get(id(task))
-        if name == "executor" and up is not None:
-            name = str(up.display_name)
-        found.append(TaskFailure(name or str(task.task_id), _task_error(task, run)))
-    return found
+        owner = task
+        if _ATTEMPT.fullmatch(str(task.display_name or "")):
+            # One pod "executor(<n>)" of a Retry node "executor" (argo-workflows operator.go
+            # processNodeRetries): a failure only if the retries ended in one.
+            retry = parent.get(id(task))
+            if retry is None or str(retry.state) != "FAILED":
+                continue
+            owner = retry
+        name = str(owner.display_name or "")
+        if name == "executor" and id(owner) in parent:
+            name = str(parent[id(owner)].display_name)
+        name = name or str(task.task_id)
+        found[name] = TaskFailure(name, _task_error(task, run))  # its last attempt's error
+    return list(found.values())
+
+
+_ATTEMPT = re.compile(r"executor\(\d+\)")  # one pod of a task's retried executor
 
 
 def _reaches_a_failure(task: Any, children: Mapping[int, list[Any]]) -> bool:

@@ -63,6 +63,8 @@ class RunScript:
     duration_s: int = 3725  # created_at to finished_at
     run_id: str = ""  # the id the run gets ("" for a fresh uuid), to seed ML Metadata with
     release_fails: bool = False  # the exit task fails (the run's state stays the steps')
+    attempts: int = 1  # pods the failed task ran (KFP 2.14+ honours a retry policy)
+    flaked_task: str = ""  # a task whose first pod failed and whose retry succeeded
     release_error: str = ""  # its error, as `error` is the failed step's
 
 
@@ -413,7 +415,16 @@ def _tasks(run: Any, script: RunScript) -> list[Any]:
         fails = failed and step == script.failed_task
         state = "FAILED" if fails else "SUCCEEDED"
         task = node(step, state, node(f"{step}-driver", parent=outbound))
-        outbound = node("executor", state, task, script.error if fails else "")
+        error = script.error if fails else ""
+        attempts = script.attempts if fails else (2 if step == script.flaked_task else 1)
+        if attempts == 1:
+            outbound = node("executor", state, task, error)
+        else:  # a retryStrategy (container.go): a Retry node over pods "executor(<attempt>)"
+            retry = node("executor", state, task)  # (argo operator.go processNodeRetries)
+            for attempt in range(attempts):
+                last = attempt == attempts - 1
+                pod_state = state if last else "FAILED"
+                outbound = node(f"executor({attempt})", pod_state, retry, error or "pod failed")
         if fails:
             break
     release_state = "FAILED" if script.release_fails else "SUCCEEDED"

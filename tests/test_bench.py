@@ -389,3 +389,7 @@ def test_tokenize_linear_time_compares_runs_on_as_many_encoding_processes(monkey
     (linear,) = [f for f in tokenize_bench.figures(False) if "MB/s at" in f.name]
     assert linear.value == pytest.approx(8.4 / 7.0) and "at 100 MB / at 10 MB" in linear.name
     assert linear.details["processes"] == {1: 1, 10: 2, 100: 2}
+    # On 16 cores 10 MB has 5 workers and 100 MB 16: no pair matches, and the figure says so.
+    runs[:] = [run(1, 4.0, 1), run(10, 7.0, 5), run(100, 8.4, 16)]
+    (linear,) = [f for f in tokenize_bench.figures(False) if "MB/s at" in f.name]
+    assert linear.value == pytest.approx(8.4 / 4.0) and "1 and 16 encoding processes" in linear.name

@@ -76,7 +76,8 @@ def _serve(model, serving, version, sketch_of=None):
         made.add(sketch_of.encode("utf-8"))
         sketch.write_bytes(made.to_bytes())
     else:
-        sketch.write_bytes(overlap.MAGIC + b'{"format": 1, "window_bytes": 64, "hashes": 9}\n\x00')
+        cut_short = b'{"format": 2, "min_line_bytes": 32, "hashes": 9}\n\x00'
+        sketch.write_bytes(overlap.MAGIC + cut_short)
     return target
 
 

@@ -4,6 +4,7 @@ kfp.Client: upload, run and --wait, schedule, runs, auth and retries. No TensorF
 from __future__ import annotations
 
 import json
+import types
 from pathlib import Path
 
 import kfp.client.client
@@ -12,6 +13,7 @@ import pytest
 from contracts.errors import UserError
 from pipelines import cli, compiler, kfp_auth, kfp_client, kfp_ops, kfp_schedule
 from pipelines.pipeline import Target
+from tests import kfp_api_double
 from tests.kfp_api_double import KfpApiDouble, RunScript
 from trainer.config import resolve_config
 
@@ -143,6 +145,20 @@ def test_run_wait_names_only_the_failed_step_in_argos_chain_of_nodes(
     (run,) = double.runs.values()
     assert kfp_ops.failed_tasks(run) == [kfp_ops.TaskFailure("evaluate", "no eval text")]
     assert "FAILED: task evaluate failed: no eval text\n" in capsys.readouterr().err
+
+
+def test_a_retried_task_is_named_once_and_a_retry_that_succeeded_not_at_all():
+    """KFP 2.14+ honours the train step's retry policy: its executor is then an Argo Retry node
+    over pods "executor(<n>)". A task that failed every attempt is one failure, with its last
+    attempt's error; a failed attempt whose retry succeeded is none."""
+    for script, expected in (
+        (RunScript("FAILED", failed_task="train", attempts=3, error="OOM"), ["train"]),
+        (RunScript("FAILED", failed_task="evaluate", flaked_task="train"), ["evaluate"]),
+        (RunScript("SUCCEEDED", flaked_task="train"), []),
+    ):
+        run = types.SimpleNamespace(run_id="0123456789abcdef", error=None)
+        run.run_details = types.SimpleNamespace(task_details=kfp_api_double._tasks(run, script))
+        assert [f.task for f in kfp_ops.failed_tasks(run)] == expected, script
 
 
 @pytest.mark.parametrize("outcome", ["SUCCEEDED", "FAILED"])

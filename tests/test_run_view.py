@@ -361,6 +361,9 @@ def test_an_event_too_long_to_append_whole_is_shortened_and_the_next_one_still_r
     found, _ = read_events(str(events))
     assert [e["text"][:3] for e in found] == ["ééé", "pus"]
     assert found[0]["text"].endswith("…") and len(events.read_bytes().split(b"\n")[0]) <= 4096
+    reporter.update(5, 9, "objects", final=True, stage="x" * 5000)  # keeps what the bar needs
+    last = read_events(str(events))[0][-1]
+    assert (last["done"], last["total"], last["unit"]) == (5, 9, "objects") and "stage" not in last
 
 
 def test_a_training_that_diverged_shows_where_it_stopped_not_a_full_bar():

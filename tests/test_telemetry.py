@@ -464,3 +464,33 @@ def test_an_attempt_killed_outright_keeps_its_time_and_tensorboard_no_step_twice
     # Each attempt also logs its first step (1, then 101).
     expected = sorted([1, 101, *range(10, 201, 10)])
     assert sorted(logged) == expected and set(logged.values()) == {1}
+
+
+def test_trimming_tensorboard_on_resume_is_housekeeping_that_never_stops_training(
+    tmp_path, monkeypatch, caplog
+):
+    """A temporary an earlier trim left (killed before its rename) is removed, never read by
+    TensorBoard (its name holds no "tfevents"); a storage error while trimming is a warning."""
+    from trainer.telemetry import LogPoint, Telemetry
+
+    first = Telemetry(str(tmp_path))
+    for step in (10, 20, 30):
+        first.report(LogPoint(step, 100, step * 64, 2.0, 1e-3, 1.0, None))
+    first.close()
+    folder = tmp_path / "logs" / "train"
+    (event_file,) = folder.iterdir()
+    left = folder / f".{event_file.name.replace('tfevents', 'trim')}.trim-tmp"
+    left.write_bytes(event_file.read_bytes())
+    Telemetry(str(tmp_path)).resume_at(20)
+    assert [p.name for p in folder.iterdir()] == [event_file.name]
+    steps = [
+        e.step for e in tf.compat.v1.train.summary_iterator(str(event_file)) if e.summary.value
+    ]
+    assert sorted(set(steps)) == [10, 20]
+
+    def unavailable(*args, **kwargs):
+        raise tf.errors.UnavailableError(None, None, "GCS is down")
+
+    monkeypatch.setattr(tf.data, "TFRecordDataset", unavailable)
+    Telemetry(str(tmp_path)).resume_at(10)  # no exception
+    assert "could not drop steps after 10" in caplog.text and "GCS is down" in caplog.text

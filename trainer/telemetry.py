@@ -32,6 +32,7 @@ log = logging.getLogger("trainer")
 
 # How often TensorBoard's files are written out; on gs:// each write uploads the file again.
 RUNS = ("train", "validation")  # TensorBoard runs, each a folder under logs/
+_TRIM_SUFFIX = ".trim-tmp"
 FLUSH_MILLIS = 30_000
 
 
@@ -165,8 +166,16 @@ class Telemetry:
         if self._logs is None or self._writers:
             return
         for run in RUNS:
-            for path in tf.io.gfile.glob(posixpath.join(self._logs, run, "events.out.tfevents.*")):
-                _trim_events(path, step)
+            folder = posixpath.join(self._logs, run)
+            try:
+                for left in tf.io.gfile.glob(posixpath.join(folder, f"*{_TRIM_SUFFIX}")):
+                    tf.io.gfile.remove(left)  # an earlier trim's, killed before its rename
+                for path in tf.io.gfile.glob(posixpath.join(folder, "events.out.tfevents.*")):
+                    _trim_events(path, step)
+            except tf.errors.OpError as err:  # housekeeping: training goes on without it
+                log.warning(
+                    "TensorBoard: could not drop steps after %d in %s: %s", step, folder, err
+                )
 
     def report_eval(self, step: int, val_loss: float, history: TrainHistory) -> None:
         """Publish a validation, and keep the curve so far in the work folder."""
@@ -220,7 +229,10 @@ def _trim_events(path: str, step: int) -> None:
         dropped += 1
     if not dropped:
         return
-    tmp = f"{path}.trim-tmp"
+    # Beside it (a rename within the folder), under a name TensorBoard does not read (it reads
+    # any file whose name holds "tfevents"): a copy left by a kill would double its steps.
+    folder, name = posixpath.split(path)
+    tmp = posixpath.join(folder, f".{name.replace('tfevents', 'trim')}{_TRIM_SUFFIX}")
     with tf.io.TFRecordWriter(tmp) as writer:
         for record in kept:
             writer.write(record)

@@ -8,14 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from components import lineage
-from components.overlap import WINDOW_BYTES, Seen
+from components.overlap import MIN_LINE_BYTES, Seen
 
 # What the reports' "eval text trained on" column means.
 SEEN_MEANS = (
-    f"eval text trained on: the share of the eval text's {WINDOW_BYTES}-byte windows (one from "
-    "each line start) that were in the model's training text. A model in service that trained "
-    "on some of it (the split changed since: eval_fraction, an edited corpus file) scores "
-    "better than it should; unknown for a model exported without a sketch of its training text."
+    "eval text trained on: the share of the eval text (by bytes of its lines of "
+    f"{MIN_LINE_BYTES} bytes or more, each occurrence counted) that was in the model's training "
+    "text. A model in service that trained on some of it (the split changed since: "
+    "eval_fraction, an edited corpus file) scores better than it should; unknown for a model "
+    "exported without a sketch of its training text (one trained on Examples tokenized before "
+    "the sketch existed)."
 )
 
 

@@ -75,7 +75,7 @@ def list_tree(uri: str) -> dict[str, FileInfo]:
             path = Path(folder, name)
             try:
                 info = path.stat()
-            except FileNotFoundError:
+            except OSError:  # gone meanwhile; or a link to nowhere, in a loop, not ours to read
                 continue
             if stat.S_ISREG(info.st_mode):
                 found[path.relative_to(root).as_posix()] = FileInfo(str(path), info.st_size, "")
