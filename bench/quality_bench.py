@@ -10,7 +10,7 @@ on its first 90% and are scored on the last 10% (nanoGPT's split; raw/eval.txt i
 - The trainer: the `quality` preset (the `tiny` preset, with a note, while there is none), the
   real trainer (`python -m trainer.task`, 1 worker, 2 threads), for at most BUDGET_S of wall
   time from its launch: a calibration run measures its steps/s and start-up first, and
-  train_steps is the preset's or the most that fit SAFETY of the budget, whichever is fewer.
+  train_steps is the most that fit SAFETY of the budget (as the peer's schedule is set).
   Checkpoints are copied as they appear (the trainer keeps only the last 3); each point of the
   curve is one, exported with trainer/export.py and scored through the SavedModel's `score`
   signature, the last one the exported Model itself, with components/evaluate's `score_text`
@@ -93,11 +93,12 @@ def preset() -> tuple[str, str]:
         return "tiny", "no `quality` preset yet: `tiny` used"
 
 
-def planned_steps(preset_steps: int, steps_per_s: float, startup_s: float, budget_s: float) -> int:
-    """Training steps for the budget: the preset's, or fewer if those would not fit; at least
-    POINTS, and a multiple of POINTS so checkpoints fall on the curve's points."""
-    fit = int(max(0.0, budget_s - startup_s) * SAFETY * steps_per_s)
-    steps = max(POINTS, min(preset_steps, fit))
+def planned_steps(steps_per_s: float, startup_s: float, budget_s: float) -> int:
+    """Training steps for the budget: the most that fit SAFETY of it after start-up, as the
+    peer's schedule is set (the preset's own train_steps would leave a fast machine's budget
+    partly unused, or overrun a slow one's); at least POINTS, and a multiple of POINTS so
+    checkpoints fall on the curve's points."""
+    steps = max(POINTS, int(max(0.0, budget_s - startup_s) * SAFETY * steps_per_s))
     return steps - steps % POINTS
 
 
@@ -176,14 +177,13 @@ def _watched_run(cfg, examples: Path) -> tuple[Path, Path, dict[int, float]]:
 def _plan(name: str, budget_s: float) -> tuple[int, dict[str, float]]:
     """Steps for the budget, from a calibration run: its steady steps/s and its start-up (the
     time to its last checkpoint less the time its steps took)."""
-    base = trainer_run.config(name, ())
     cfg = trainer_run.config(name, workloads.steady_state(CALIBRATION_STEPS))
     examples = trainer_run.examples(cfg.model.vocab_size, cfg.model.seq_len)
     job, _points, seen = _watched_run(cfg, examples)
     tokens_per_s = float(trainer_run.read_metrics(job / "model")["tokens_per_second"])
     steps_per_s = tokens_per_s / (cfg.train.batch_size * cfg.model.seq_len)
     startup = seen[CALIBRATION_STEPS] - CALIBRATION_STEPS / steps_per_s
-    steps = planned_steps(base.train.train_steps, steps_per_s, startup, budget_s)
+    steps = planned_steps(steps_per_s, startup, budget_s)
     return steps, {"tokens_per_s": tokens_per_s, "startup_s": startup}
 
 
