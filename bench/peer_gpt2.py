@@ -198,7 +198,8 @@ def speed(args: argparse.Namespace, cfg: dict) -> dict:
 
 def quality(args: argparse.Namespace, cfg: dict) -> dict:
     """Train for the budget, planning the schedule's length from the first CALIBRATION steps'
-    speed (`--safety` of the time left), as quality_bench plans the trainer's; score snapshots
+    speed (`--safety` of the time left), at most the recipe's train_steps, as quality_bench
+    plans the trainer's; score snapshots
     taken at `points` even fractions of the budget (or at the end, when training ends sooner)."""
     import keras
 
@@ -217,7 +218,8 @@ def quality(args: argparse.Namespace, cfg: dict) -> dict:
             if not plan["steps"] and step == CALIBRATION:
                 rate = (step - 1) / (now - plan["first_end"])
                 left = args.budget_s - (now - STARTED)
-                plan["steps"] = step + max(0, int(left * args.safety * rate))
+                fit = step + max(0, int(left * args.safety * rate))
+                plan["steps"] = min(fit, int(cfg["train"]["train_steps"]))  # as the trainer's
                 schedule.total.assign(float(plan["steps"]))
             done = bool(plan["steps"]) and step >= plan["steps"]
             elapsed = now - STARTED

@@ -141,10 +141,10 @@ def test_bigram_floor():
 
 def test_planned_steps_fit_the_budget_and_fall_on_the_curves_points():
     # 10 steps/s, 20 s of start-up, 600 s: at most 0.9 * 580 * 10 = 5220 steps
-    assert quality_bench.planned_steps(10.0, 20.0, 600.0) == 5220
-    assert quality_bench.planned_steps(3.0, 20.0, 600.0) == 1564  # 1566, on the curve's points
-    assert quality_bench.planned_steps(3.0, 20.0, 600.0) % quality_bench.POINTS == 0
-    assert quality_bench.planned_steps(0.001, 20.0, 600.0) == quality_bench.POINTS
+    assert quality_bench.planned_steps(100_000, 10.0, 20.0, 600.0) == 5220
+    assert quality_bench.planned_steps(100_000, 3.0, 20.0, 600.0) == 1564  # 1566, on the points
+    assert quality_bench.planned_steps(1000, 10.0, 20.0, 600.0) == 1000  # the recipe's fit
+    assert quality_bench.planned_steps(1000, 0.001, 20.0, 600.0) == quality_bench.POINTS
 
 
 @pytest.mark.parametrize("length", [1, 2, 8, 9, 10, 17, 25])
