@@ -17,6 +17,7 @@ import json
 import posixpath
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import tensorflow as tf
@@ -228,34 +229,28 @@ def _write_history(history: TrainHistory, saved_model_dir: str) -> None:
         f.write(history.to_json())
 
 
-def write_model_artifact(
-    gpt: keras.Model,
-    cfg: Config,
-    tokenizer_path: str,
-    metrics: Mapping[str, Any],
-    model_dir: str,
-    work_dir: str,
-    is_chief: bool,
-    history: TrainHistory | None = None,
-    extras: Mapping[str, str] | None = None,
-) -> None:
-    """Every worker exports the trained `gpt` (saving may need collectives); the chief writes
+@dataclass(frozen=True)
+class ModelParts:
+    """What a Model artifact is made of: the trained network and what travels with it."""
+
+    gpt: keras.Model  # the trained network (any precision policy: serving_model re-casts it)
+    cfg: Config  # its resolved configuration, written as MODEL_CONFIG
+    tokenizer_path: str  # the SentencePiece model the SavedModel embeds
+    metrics: Mapping[str, Any]  # written as TRAIN_METRICS
+    history: TrainHistory | None = None  # the training curve (TRAIN_HISTORY), when there is one
+    # files the SavedModel carries besides: a path inside it -> the file to copy there
+    extras: Mapping[str, str] = field(default_factory=dict)
+
+
+def write_model_artifact(parts: ModelParts, model_dir: str, work_dir: str, is_chief: bool) -> None:
+    """Every worker exports the trained network (saving may need collectives); the chief writes
     the Model artifact to `model_dir`, the others into scratch space in `work_dir` they remove.
 
     Raises ExportFailed on a storage error (a TensorFlow OpError), which a restart can retry.
     """
     try:
-        _write_for_role(
-            serving_model(gpt, cfg),
-            cfg,
-            tokenizer_path,
-            metrics,
-            model_dir,
-            work_dir,
-            is_chief,
-            history,
-            extras,
-        )
+        serving = replace(parts, gpt=serving_model(parts.gpt, parts.cfg))
+        _write_for_role(serving, model_dir, work_dir, is_chief)
     except tf.errors.OpError as err:
         raise ExportFailed(str(err)) from err
 
@@ -274,46 +269,35 @@ def serving_model(gpt: keras.Model, cfg: Config) -> keras.Model:
     return serving
 
 
-def _write_for_role(
-    gpt: keras.Model,
-    cfg: Config,
-    tokenizer_path: str,
-    metrics: Mapping[str, Any],
-    model_dir: str,
-    work_dir: str,
-    is_chief: bool,
-    history: TrainHistory | None,
-    extras: Mapping[str, str] | None,
-) -> None:
+def _write_for_role(parts: ModelParts, model_dir: str, work_dir: str, is_chief: bool) -> None:
     """The chief writes `model_dir`; the others write scratch space in `work_dir` and remove it."""
     scratch = posixpath.join(work_dir, f"scratch-model-{uuid.uuid4().hex[:8]}")
     target = model_dir if is_chief else scratch
     try:
-        write_model_dir(gpt, cfg, tokenizer_path, metrics, target, history, extras)
+        write_model_dir(parts, target)
     finally:
         if not is_chief:
             _remove_if_present(target)
 
 
-def write_model_dir(
-    gpt: keras.Model,
-    cfg: Config,
-    tokenizer_path: str,
-    metrics: Mapping[str, Any],
-    model_dir: str,
-    history: TrainHistory | None = None,
-    extras: Mapping[str, str] | None = None,
-) -> None:
+def write_model_dir(parts: ModelParts, model_dir: str) -> None:
     """Assemble the Model artifact in a temp sibling, then move it into place."""
     model_dir = model_dir.rstrip("/")
     tf.io.gfile.makedirs(posixpath.dirname(model_dir) or ".")
     tmp = _temp_sibling(model_dir)
     tf.io.gfile.makedirs(tmp)
     try:
-        export_model(gpt, cfg, tokenizer_path, posixpath.join(tmp, SERVING_DIR), history, extras)
+        export_model(
+            parts.gpt,
+            parts.cfg,
+            parts.tokenizer_path,
+            posixpath.join(tmp, SERVING_DIR),
+            parts.history,
+            parts.extras,
+        )
         for fname, payload in (
-            (MODEL_CONFIG, config_lib.config_to_dict(cfg)),
-            (TRAIN_METRICS, metrics),
+            (MODEL_CONFIG, config_lib.config_to_dict(parts.cfg)),
+            (TRAIN_METRICS, parts.metrics),
         ):
             with tf.io.gfile.GFile(posixpath.join(tmp, fname), "w") as f:
                 json.dump(payload, f, indent=2, sort_keys=True)

@@ -146,17 +146,10 @@ def train(
     )
     tokenizer_file = manifest.get("tokenizer", {}).get("file", TOKENIZER_FILE)
     tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
-    export.write_model_artifact(
-        gpt,
-        cfg,
-        tokenizer_path,
-        metrics,
-        model_dir,
-        work_dir,
-        is_chief,
-        monitor.history,
-        _extras(examples_dir),
+    parts = export.ModelParts(
+        gpt, cfg, tokenizer_path, metrics, monitor.history, _extras(examples_dir)
     )
+    export.write_model_artifact(parts, model_dir, work_dir, is_chief)
     if fault_cb:
         fault_cb.after_export()
     _export_barrier(agree)
