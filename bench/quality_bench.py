@@ -105,12 +105,12 @@ def planned_steps(preset_steps: int, steps_per_s: float, startup_s: float, budge
     return steps - steps % POINTS
 
 
-def _train_split(examples: Path) -> tuple[str, str]:
-    """(train text, eval text) of the tokenize step's split of the bundled corpus."""
+def train_split(examples: Path, corpus_file: Path = trainer_run.CORPUS) -> tuple[str, str]:
+    """(train text, eval text) of the tokenize step's split of `corpus_file` into `examples`."""
     from contracts.artifacts import EVAL_TEXT
 
     held_out = (examples / EVAL_TEXT).read_text(encoding="utf-8")
-    corpus = trainer_run.CORPUS.read_text(encoding="utf-8")
+    corpus = corpus_file.read_text(encoding="utf-8")
     if not corpus.endswith(held_out):
         raise RuntimeError("the eval split is not the corpus's tail; quality_bench assumes it is")
     return corpus[: len(corpus) - len(held_out)], held_out
@@ -194,10 +194,6 @@ def _plan(name: str, budget_s: float) -> tuple[int, dict[str, float]]:
 
 def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
     """The trainer's curve: [{minutes, step, nats_per_char}], and what it ran with."""
-    import tensorflow as tf
-
-    from components.evaluate.executor import score_text
-    from contracts.artifacts import SERVING_DIR, TOKENIZER_FILE
     from trainer.config import config_to_dict
 
     steps, calibration = _plan(name, budget_s)
@@ -209,16 +205,7 @@ def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
     )
     cfg = trainer_run.config(name, overrides)
     examples = trainer_run.examples(cfg.model.vocab_size, cfg.model.seq_len)
-    job, points, seen = _watched_run(cfg, examples)
-    curve = []
-    for step, seconds in sorted(seen.items()):
-        if step == steps:  # the last point: the exported Model itself
-            s = score_text(tf.saved_model.load(str(job / "model" / SERVING_DIR)), held_out)
-            scores = {"nats_per_char": s.nats_per_char, "nats_per_token": s.nats_per_token}
-        else:
-            prefix, out = points / f"ckpt-{step}", points / f"export-{step}"
-            scores = _score_checkpoint(cfg, prefix, examples / TOKENIZER_FILE, held_out, out)
-        curve.append({"minutes": seconds / 60, "step": step, **scores})
+    job, curve = scored_run(cfg, examples, held_out)
     return {
         "curve": curve,
         "config": config_to_dict(cfg),
@@ -226,6 +213,27 @@ def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
         "planned_steps": steps,
         "precision_policy": trainer_run.read_metrics(job / "model")["precision_policy"],
     }
+
+
+def scored_run(cfg, examples: Path, held_out: str) -> tuple[Path, list[dict[str, float]]]:
+    """Train `cfg` on `examples` and score each of its checkpoints on `held_out`: (job folder,
+    [{minutes, step, nats_per_char, nats_per_token}]); the last point is the exported Model."""
+    import tensorflow as tf
+
+    from components.evaluate.executor import score_text
+    from contracts.artifacts import SERVING_DIR, TOKENIZER_FILE
+
+    job, points, seen = _watched_run(cfg, examples)
+    curve = []
+    for step, seconds in sorted(seen.items()):
+        if step == cfg.train.train_steps:  # the last point: the exported Model itself
+            s = score_text(tf.saved_model.load(str(job / "model" / SERVING_DIR)), held_out)
+            scores = {"nats_per_char": s.nats_per_char, "nats_per_token": s.nats_per_token}
+        else:
+            prefix, out = points / f"ckpt-{step}", points / f"export-{step}"
+            scores = _score_checkpoint(cfg, prefix, examples / TOKENIZER_FILE, held_out, out)
+        curve.append({"minutes": seconds / 60, "step": step, **scores})
+    return job, curve
 
 
 def peer_config() -> Any:
@@ -269,7 +277,7 @@ def measure(budget_s: float) -> list[Figure]:
     name, note = preset()
     base = trainer_run.config(name, ())
     examples = trainer_run.examples(base.model.vocab_size, base.model.seq_len)
-    train_text, held_out = _train_split(examples)
+    train_text, held_out = train_split(examples)
     chunks_file = trainer_run.scratch() / "eval-chunks.json"
     chunks_file.write_text(json.dumps(chunk_text(held_out, CHUNK_CHARS)), encoding="utf-8")
     ours = train_trainer(name, budget_s, held_out)

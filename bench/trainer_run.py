@@ -37,18 +37,22 @@ def scratch() -> Path:
     return folder
 
 
-def examples(vocab_size: int, seq_len: int, eval_fraction: float = 0.1) -> Path:
-    """The bundled corpus tokenized by the tokenize step (its BPE at `vocab_size`), once."""
-    return _examples_cached(vocab_size, seq_len, eval_fraction)
+def examples(
+    vocab_size: int, seq_len: int, eval_fraction: float = 0.1, corpus: Path = CORPUS
+) -> Path:
+    """`corpus` (the bundled one) tokenized by the tokenize step (its BPE at `vocab_size`),
+    once."""
+    return _examples_cached(vocab_size, seq_len, eval_fraction, corpus)
 
 
 @functools.cache
-def _examples_cached(vocab_size: int, seq_len: int, eval_fraction: float) -> Path:
+def _examples_cached(vocab_size: int, seq_len: int, eval_fraction: float, corpus: Path) -> Path:
     from components.tokenize import executor as tokenize
 
-    folder = scratch() / f"examples-v{vocab_size}-t{seq_len}-e{eval_fraction}"
+    tag = "" if corpus == CORPUS else f"-{corpus.stem}"
+    folder = scratch() / f"examples-v{vocab_size}-t{seq_len}-e{eval_fraction}{tag}"
     tokenize.run(
-        str(CORPUS),
+        str(corpus),
         str(folder),
         vocab_size=vocab_size,
         seq_len=seq_len,

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from bench import __main__ as runner
-from bench import gpu_bench, orchestration_bench, peer_env, peer_gpt2, quality_bench, workloads
+from bench import (
+    gpu_bench,
+    orchestration_bench,
+    peer_env,
+    peer_gpt2,
+    quality_bench,
+    quality_tune,
+    workloads,
+)
 from bench.results import (
     Figure,
     Target,
@@ -145,6 +153,44 @@ def test_planned_steps_fit_the_budget_and_fall_on_the_curves_points():
     assert quality_bench.planned_steps(100_000, 3.0, 20.0, 600.0) == 1564  # 1566, on the points
     assert quality_bench.planned_steps(1000, 10.0, 20.0, 600.0) == 1000  # the recipe's fit
     assert quality_bench.planned_steps(1000, 0.001, 20.0, 600.0) == quality_bench.POINTS
+
+
+def test_the_quality_split_is_the_corpus_less_its_eval_tail(tmp_path):
+    corpus, examples = tmp_path / "corpus.txt", tmp_path / "examples"
+    corpus.write_text("First line\nsecond\nthe tail\n", encoding="utf-8")
+    (examples / "raw").mkdir(parents=True)
+    (examples / "raw" / "eval.txt").write_text("the tail\n", encoding="utf-8")
+    assert quality_bench.train_split(examples, corpus) == ("First line\nsecond\n", "the tail\n")
+    (examples / "raw" / "eval.txt").write_text("second\n", encoding="utf-8")
+    with pytest.raises(RuntimeError, match="not the corpus's tail"):
+        quality_bench.train_split(examples, corpus)
+
+
+def test_quality_tune_variants_parse_and_resolve():
+    from trainer.config import ConfigError, resolve_config
+
+    assert quality_tune.parse_variant("6 layers: model.n_layer=6, model.dropout=0.2") == (
+        "6 layers",
+        ("model.n_layer=6", "model.dropout=0.2"),
+    )
+    assert quality_tune.parse_variant("the preset:") == ("the preset", ())
+    for bad in ("model.n_layer=6", ":model.n_layer=6"):
+        with pytest.raises(Exception, match="label:key=value"):
+            quality_tune.parse_variant(bad)
+    for _label, overrides in quality_tune.VARIANTS:  # each a valid quality config
+        resolve_config(quality_tune.PRESET, list(overrides))
+    with pytest.raises(ConfigError):
+        resolve_config(quality_tune.PRESET, ["model.n_layers=6"])
+
+
+def test_quality_tune_table_compares_with_the_first_variant():
+    results = [
+        {"label": "base", "nats_per_char": 1.5, "curve": [{"step": 900}]},
+        {"label": "wider", "nats_per_char": 1.47, "curve": [{"step": 900}]},
+    ]
+    rows = quality_tune.table(results).splitlines()
+    assert rows[2] == "| base | 900 | 1.500 | – |"
+    assert rows[3] == "| wider | 900 | 1.470 | -2.0% |"
 
 
 @pytest.mark.parametrize("length", [1, 2, 8, 9, 10, 17, 25])
