@@ -30,6 +30,7 @@ VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the preset", ()),
     ("6 layers", ("model.n_layer=6",)),
     ("dropout 0.2, 1,400 steps", ("model.dropout=0.2", "train.train_steps=1400")),
+    ("T256 B16, the learning rate halved", ("model.seq_len=256", "train.batch_size=16")),
     (
         "T256 B16, the same learning rate",
         ("model.seq_len=256", "train.batch_size=16", "train.reference_batch_size=16"),
@@ -60,8 +61,13 @@ def run_variant(label: str, overrides: Sequence[str], corpus: Path) -> dict[str,
     from trainer.config import config_to_dict
 
     steps = trainer_run.config(PRESET, overrides).train.train_steps
-    every = f"train.checkpoint_every={max(1, steps // quality_bench.POINTS)}"
-    cfg = trainer_run.config(PRESET, (*overrides, every))
+    if steps % quality_bench.POINTS:  # the curve's last point is the exported Model's
+        raise SystemExit(
+            f"quality_tune: variant {label!r}: train.train_steps={steps} is not a multiple of "
+            f"{quality_bench.POINTS}, so its last step would have no checkpoint on the curve"
+        )
+    every = f"train.checkpoint_every={steps // quality_bench.POINTS}"
+    cfg = trainer_run.config(PRESET, (every, *overrides))  # the variant's own value wins
     examples = trainer_run.examples(
         cfg.model.vocab_size, cfg.model.seq_len, EVAL_FRACTION, corpus=corpus
     )

@@ -183,6 +183,12 @@ def test_quality_tune_variants_parse_and_resolve():
         resolve_config(quality_tune.PRESET, ["model.n_layers=6"])
 
 
+def test_quality_tune_refuses_a_schedule_whose_last_step_has_no_checkpoint(tmp_path):
+    # checked before anything is tokenized or trained
+    with pytest.raises(SystemExit, match="train_steps=1001 is not a multiple of 4"):
+        quality_tune.run_variant("odd", ("train.train_steps=1001",), tmp_path / "none.txt")
+
+
 def test_quality_tune_table_compares_with_the_first_variant():
     results = [
         {"label": "base", "nats_per_char": 1.5, "curve": [{"step": 900}]},
