@@ -224,7 +224,17 @@ def test_sigterm_stops_every_worker_and_fails(job, tmp_path):
     assert not any(alive(p) for p in recorded_pids(tmp_path))
 
 
-def test_a_second_ctrl_c_kills_the_workers_at_once_and_still_stops_them_all(job, tmp_path):
+@pytest.fixture
+def ctrl_c():
+    """Ctrl-C (SIGINT) raises KeyboardInterrupt for the test's length: a process started as a
+    background job by a shell without job control (`make test &` in a script, CI runners)
+    inherits SIGINT ignored, and Python then leaves it ignored."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_a_second_ctrl_c_kills_the_workers_at_once_and_still_stops_them_all(job, tmp_path, ctrl_c):
     """The first Ctrl-C SIGTERMs the workers and grants a grace period; a second one, during
     it, SIGKILLs them then: it never leaves workers behind."""
     launcher = LocalLauncher(log_dir=tmp_path / "logs", out=io.StringIO(), kill_grace_seconds=600)
