@@ -199,8 +199,8 @@ def speed(args: argparse.Namespace, cfg: dict) -> dict:
 def quality(args: argparse.Namespace, cfg: dict) -> dict:
     """Train for the budget, planning the schedule's length from the first CALIBRATION steps'
     speed (`--safety` of the time left), at most the recipe's train_steps, as quality_bench
-    plans the trainer's; score snapshots
-    taken at `points` even fractions of the budget (or at the end, when training ends sooner)."""
+    plans the trainer's; score snapshots taken at `points` even fractions of the budget (or at
+    the end, when training ends sooner)."""
     import keras
 
     model, schedule = build(cfg, args.planned_steps or 10**6, args.dropout)

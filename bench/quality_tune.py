@@ -85,9 +85,8 @@ def run_variant(label: str, overrides: Sequence[str], corpus: Path) -> dict[str,
 def table(results: Sequence[dict[str, Any]]) -> str:
     """Markdown: each variant's final nats/char and its change over the first variant's."""
     lines = ["| variant | steps | nats/char | vs the first |", "|---|---|---|---|"]
-    first = results[0]["nats_per_char"] if results else 0.0
-    for r in results:
-        change = f"{r['nats_per_char'] / first - 1:+.1%}" if r is not results[0] else "–"
+    for i, r in enumerate(results):
+        change = f"{r['nats_per_char'] / results[0]['nats_per_char'] - 1:+.1%}" if i else "–"
         steps = r["curve"][-1]["step"]
         lines.append(f"| {r['label']} | {steps} | {r['nats_per_char']:.3f} | {change} |")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import hashlib
 import io
 import itertools
 import json
@@ -42,14 +43,16 @@ def examples(
 ) -> Path:
     """`corpus` (the bundled one) tokenized by the tokenize step (its BPE at `vocab_size`),
     once."""
-    return _examples_cached(vocab_size, seq_len, eval_fraction, corpus)
+    return _examples_cached(vocab_size, seq_len, eval_fraction, corpus.resolve())
 
 
 @functools.cache
 def _examples_cached(vocab_size: int, seq_len: int, eval_fraction: float, corpus: Path) -> Path:
     from components.tokenize import executor as tokenize
 
-    tag = "" if corpus == CORPUS else f"-{corpus.stem}"
+    # another corpus's folder: its name and a digest of its path, so two of one name differ
+    digest = hashlib.sha256(str(corpus).encode()).hexdigest()[:8]
+    tag = "" if corpus == CORPUS.resolve() else f"-{corpus.stem}-{digest}"
     folder = scratch() / f"examples-v{vocab_size}-t{seq_len}-e{eval_fraction}{tag}"
     tokenize.run(
         str(corpus),
