@@ -496,7 +496,7 @@ class FakeKube:
             self._player.start()
 
     def _play(self) -> None:
-        script = Script(self.cluster)
+        script = Script(self.cluster, self.requests)
         for step in self.steps:
             time.sleep(STEP_SECONDS)
             if self.cluster.closed or self.cluster.job_key not in self.cluster.tfjobs:

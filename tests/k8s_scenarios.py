@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import os
 import signal
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -29,8 +30,10 @@ IMAGE_DIGEST = "sha256:" + "ab" * 32  # what the scripted kubelet reports in ima
 class Script:
     """What a scripted step can do to the job FakeKube drives (each takes the lock itself)."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: Cluster, requests: list[Any] | None = None) -> None:
         self.cluster = cluster
+        self.requests = requests  # FakeKube's record of the requests it received, if given
+        self._pods_changed = 0  # how many requests it had received when a pod was last created
         self.ticks = 0  # scripted clock for lastTransitionTime, seconds after START_TIME
         self.recorder = EventRecorder(cluster, "tfjob-controller")  # the operator's
 
@@ -121,6 +124,7 @@ class Script:
                     self._unscheduled(self.pod(index), unscheduled[index])
 
     def _new_pod(self, index: int) -> None:
+        self._pods_changed = len(self.requests or ())
         job = self.job
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         template = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]
@@ -280,6 +284,21 @@ class Script:
             self.cluster.remove_pod(self.pod(index))
             self._new_pod(index)
 
+    def launcher_listed_pods(self, timeout: float = 10.0) -> None:
+        """Wait until the launcher has listed the pods since one was last created. It watches
+        only the TFJob and tells a restart by the new pods' uids, so it must see each
+        incarnation: a real operator's restart takes seconds (the pods' grace period, the
+        scheduler, the image), never a step of STEP_SECONDS that a loaded machine can outrun.
+        Goes on after `timeout` (the test then fails on what the launcher missed)."""
+        if self.requests is None:
+            return
+        until = time.monotonic() + timeout
+        while time.monotonic() < until:
+            since = self.requests[self._pods_changed :]
+            if any(r.method == "GET" and r.path.endswith("/pods") for r in since):
+                return
+            time.sleep(0.005)
+
 
 Step = Callable[[Script], None]
 
@@ -321,11 +340,13 @@ class scenarios:  # noqa: N801 - a namespace of scenario builders
             lambda c: [c.exit(i, 143) for i in range(c._replicas()) if i != index],
             lambda c: [c.recreate_pod(i) for i in range(c._replicas()) if i != index],
             lambda c: c.condition("Running"),
+            lambda c: c.launcher_listed_pods(),
         ]
         return [
             lambda c: c.condition("Created"),
             lambda c: c.create_pods(),
             lambda c: c.condition("Running"),
+            lambda c: c.launcher_listed_pods(),
             *(restart * times),
             *scenarios.success()[3:],
         ]
