@@ -62,6 +62,9 @@ def test_wrong_type_names_key_and_type():
         ("model.n_head=3", "n_head=3 must divide model.d_model=128"),
         ("model.dropout=1.0", "dropout must be in"),
         ("model.vocab_size=0", "vocab_size must be positive"),
+        ("model.position=alibi", r"position must be one of \('learned', 'rotary'\), got 'alibi'"),
+        # 128 / 8 = 16 is even, 120 / 8 = 15 is not: rotary turns pairs of a head's dimensions
+        ("model.position=rotary,model.d_model=120,model.n_head=8", "must be even, got 15"),
         ("train.warmup_steps=1000", "warmup_steps=1000 must be in"),
         ("train.precision=fp8", "precision must be one of"),
         ("train.seed=-1", r"seed must be in \[0, 2\*\*32 - 1\], got -1"),
@@ -70,7 +73,7 @@ def test_wrong_type_names_key_and_type():
 )
 def test_inconsistent_values(override, message):
     with pytest.raises(ConfigError, match=message):
-        resolve_config("tiny", [override])
+        resolve_config("tiny", override.split(","))
 
 
 def test_yaml_file_with_base_preset(tmp_path):

@@ -1,5 +1,7 @@
 """trainer.export: tokenizer parity with python sentencepiece, and the SavedModel signatures."""
 
+from typing import Any
+
 import numpy as np
 import pytest
 import sentencepiece as spm
@@ -26,9 +28,9 @@ def tokenizer_path(tmp_path_factory):
     return train_tokenizer(tiny_corpus(), tmp_path_factory.mktemp("tok") / "tokenizer")
 
 
-@pytest.fixture(scope="module")
-def exported(tokenizer_path, tmp_path_factory):
-    """An untrained tiny model exported with the fixture tokenizer: (keras model, loaded)."""
+def _export(tokenizer_path, folder, *overrides: str):
+    """An untrained tiny model exported with the fixture tokenizer: (keras model, loaded,
+    its folder)."""
     keras.utils.set_random_seed(0)
     cfg = resolve_config(
         "tiny",
@@ -39,12 +41,18 @@ def exported(tokenizer_path, tmp_path_factory):
             "d_model=16",
             "n_head=2",
             "d_ff=32",
+            *overrides,
         ],
     )
     model = build_gpt(cfg.model)
-    export_dir = tmp_path_factory.mktemp("model") / "Format-Serving"
+    export_dir = folder / "Format-Serving"
     export_model(model, cfg, str(tokenizer_path), str(export_dir))
     return model, tf.saved_model.load(str(export_dir)), export_dir
+
+
+@pytest.fixture(scope="module")
+def exported(tokenizer_path, tmp_path_factory):
+    return _export(tokenizer_path, tmp_path_factory.mktemp("model"))
 
 
 def test_tf_text_tokenizer_matches_python_sentencepiece(tokenizer_path):
@@ -123,8 +131,7 @@ def _reference_nats(model, ids):
     return total
 
 
-def test_score_matches_keras_on_the_same_windows(exported, tokenizer_path):
-    model, loaded, _ = exported
+def _assert_scores_match_keras(model, loaded, tokenizer_path) -> Any:
     sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
     texts = [tiny_corpus(12, seed=1), "x", "", tiny_corpus(3, seed=2) + "日本"]
     out = loaded.signatures["score"](text=tf.constant(texts))
@@ -135,7 +142,28 @@ def test_score_matches_keras_on_the_same_windows(exported, tokenizer_path):
         assert out["nats"].numpy()[i] == pytest.approx(
             _reference_nats(model, ids), rel=1e-4, abs=1e-4
         )
+    return out
+
+
+def test_score_matches_keras_on_the_same_windows(exported, tokenizer_path):
+    model, loaded, _ = exported
+    out = _assert_scores_match_keras(model, loaded, tokenizer_path)
     per_token = out["nats_per_token"].numpy()
     assert per_token[0] == pytest.approx(out["nats"].numpy()[0] / out["tokens"].numpy()[0])
     assert per_token[0] == pytest.approx(np.log(VOCAB_SIZE), rel=0.1)  # untrained: ~uniform
     assert out["nats"].numpy()[2] == 0.0 and per_token[2] == 0.0
+
+
+def test_a_rotary_model_exports_generates_and_scores_like_keras(tokenizer_path, tmp_path):
+    """model.position=rotary: no position table in the SavedModel, the same signatures."""
+    model, loaded, _ = _export(tokenizer_path, tmp_path, "position=rotary")
+    assert not any("wpe" in w.name for w in model.weights)
+    _assert_scores_match_keras(model, loaded, tokenizer_path)
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
+    n = SEQ_LEN + 4  # the context cropped to the last seq_len tokens, as with the table
+    out = loaded.signatures["generate"](
+        prompt=tf.constant(["ROMEO:\n"]),
+        max_new_tokens=tf.constant(n),
+        temperature=tf.constant(0.0),
+    )["completion"].numpy()
+    assert out[0].decode("utf-8") == _greedy_reference(model, sp, "ROMEO:\n", n)

@@ -1,6 +1,7 @@
 """trainer.model: shapes, causality, window limit, layer configs, GELU, mixed precision."""
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
@@ -17,6 +18,7 @@ from trainer.model import (
     TiedEmbedding,
     build_gpt,
     gelu,
+    rotate,
     xla_gelu,
 )
 
@@ -75,6 +77,38 @@ def test_window_longer_than_position_table_is_an_error(gpt):
     ids = tf.zeros((1, TINY.seq_len + 1), tf.int32)
     with pytest.raises(ValueError, match="longer than the position table"):
         gpt(ids)
+
+
+def test_rotary_model_has_no_position_table_and_is_causal():
+    keras.utils.set_random_seed(0)
+    gpt = build_gpt(dataclasses.replace(TINY, position="rotary"))
+    assert not any("wpe" in w.name for w in gpt.weights)
+    assert gpt.count_params() == build_gpt(TINY).count_params() - TINY.seq_len * TINY.d_model
+    ids = np.random.default_rng(0).integers(0, TINY.vocab_size, (1, 12)).astype("int32")
+    changed = ids.copy()
+    changed[0, 7:] = (changed[0, 7:] + 1) % TINY.vocab_size
+    a, b = gpt(ids).numpy(), gpt(changed).numpy()
+    np.testing.assert_allclose(a[0, :7], b[0, :7], atol=1e-5)
+    assert not np.allclose(a[0, 7:], b[0, 7:])
+    # Without a table, the same token at two positions differs only through attention to
+    # what precedes it: a sequence of one token repeated has the same logits everywhere.
+    same = gpt(np.full((1, 6), 5, "int32")).numpy()
+    np.testing.assert_allclose(same[0], np.broadcast_to(same[0, :1], same[0].shape), atol=1e-5)
+
+
+def test_rotate_keeps_norms_and_makes_scores_depend_on_the_offset_only():
+    rng = np.random.default_rng(1)
+    q = tf.constant(rng.normal(size=(1, 1, 1, 8)), tf.float32)
+    k = tf.constant(rng.normal(size=(1, 1, 1, 8)), tf.float32)
+
+    def at(x: tf.Tensor, t: int) -> tf.Tensor:  # x rotated as at position t of 40
+        return rotate(tf.tile(x, (1, 1, 40, 1)))[0, 0, t]
+
+    np.testing.assert_allclose(at(q, 0), q[0, 0, 0], atol=1e-6)  # position 0: not turned
+    np.testing.assert_allclose(tf.norm(at(q, 33)), tf.norm(q), rtol=1e-5)
+    score = [float(tf.tensordot(at(q, tq), at(k, tq - 3), 1)) for tq in (3, 10, 39)]
+    np.testing.assert_allclose(score, score[0], rtol=1e-4)
+    assert abs(float(tf.tensordot(at(q, 10), at(k, 3), 1)) - score[0]) > 1e-3  # offset 7
 
 
 @contextlib.contextmanager
@@ -264,6 +298,8 @@ def test_bfloat16_softmax_and_sums_accumulate_in_float32():
         TiedEmbedding(64, 16, 0.01),
         PositionEmbedding(16, 8),
         CausalSelfAttention(16, 4, 0.1),
+        CausalSelfAttention(16, 4, rotary=True),
+        Block(16, 2, 32, rotary=True),
         Block(16, 2, 32, 0.1, 1e-6, 0.02, 0.01),
         Block(16, 2, 32, use_xla_gelu=True),
     ],

@@ -21,6 +21,7 @@ from contracts.errors import UserError
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 JIT_COMPILE = ("auto", "on", "off")
 PRESET_NAMES = ("tiny", "quality", "gpt2-small")
+POSITIONS = ("learned", "rotary")  # model.position's choices
 DEFAULT_PRESET = "tiny"  # tests and the local demo; what every entry point defaults to
 # How an error message asks for a value of each field type.
 _A_VALUE = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -41,6 +42,9 @@ class ModelConfig:
     d_model: int = 128  # width of the residual stream
     d_ff: int = 512  # hidden width of each block's MLP
     dropout: float = 0.0  # dropout rate on embeddings, attention weights and residual branches
+    # how the model knows positions: learned (GPT-2's table of seq_len vectors added to the
+    # embeddings) | rotary (RoPE: queries and keys rotated by position; no table)
+    position: str = "learned"
     layer_norm_epsilon: float = 1e-5  # epsilon of every LayerNormalization
     init_std: float = 0.02  # stddev of the normal weight initializer (GPT-2 uses 0.02)
 
@@ -305,6 +309,13 @@ def _model_errors(m: ModelConfig) -> list[str]:
         )
     if not 0.0 <= m.dropout < 1.0:
         errors.append(f"model.dropout must be in [0, 1), got {m.dropout}")
+    if m.position not in POSITIONS:
+        errors.append(f"model.position must be one of {POSITIONS}, got {m.position!r}")
+    elif m.position == "rotary" and m.n_head > 0 and (m.d_model // m.n_head) % 2:
+        errors.append(
+            f"model.position=rotary rotates pairs of a head's dimensions, so "
+            f"model.d_model / model.n_head must be even, got {m.d_model // max(m.n_head, 1)}"
+        )
     if m.layer_norm_epsilon <= 0 or m.init_std <= 0:
         errors.append("model.layer_norm_epsilon and model.init_std must be positive")
     return errors

@@ -2,7 +2,9 @@
 
 ids (B, T) -> token + learned position embeddings -> n_layer pre-LayerNorm blocks (causal
 self-attention, GELU MLP) -> final LayerNorm -> logits (B, T, V) through the tied token
-embedding matrix. Logits are float32 even under a mixed-precision policy.
+embedding matrix. Logits are float32 even under a mixed-precision policy. With
+`model.position=rotary` there is no position table: each block rotates its queries and keys by
+position instead (RoPE, `rotate`).
 
 Every Dense layer gets a 2-D input, (B*T, C): Keras runs a 3-D input through `tensordot`, whose
 reshape falls between the MatMul and the BiasAdd, so grappler cannot fuse MatMul and BiasAdd
@@ -164,8 +166,25 @@ class PositionEmbedding(keras.layers.Layer):
         }
 
 
+def rotate(x: tf.Tensor, base: float = 10000.0) -> tf.Tensor:
+    """Rotary position embedding (RoPE; Su et al. 2021, as GPT-NeoX and LLaMA apply it).
+
+    x is (B, H, T, hd) queries or keys; the pair (x[i], x[i + hd/2]) of position t turns by the
+    angle t * base^(-2i/hd). A query's and a key's dot product then depends on their positions
+    through t_q - t_k only. The angles are computed in float32 (in bfloat16, t * freq would lose
+    the position past t = 256) and their cos and sin cast to x's dtype.
+    """
+    t, hd = tf.shape(x)[2], x.shape[-1]
+    freq = base ** (-tf.range(0, hd, 2, dtype=tf.float32) / hd)  # (hd/2,)
+    angle = tf.cast(tf.range(t), tf.float32)[:, tf.newaxis] * freq  # (T, hd/2)
+    cos, sin = tf.cast(tf.cos(angle), x.dtype), tf.cast(tf.sin(angle), x.dtype)
+    x1, x2 = tf.split(x, 2, axis=-1)  # each (B, H, T, hd/2)
+    return tf.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
 class CausalSelfAttention(keras.layers.Layer):
-    """Multi-head self-attention where position t attends to positions <= t only."""
+    """Multi-head self-attention where position t attends to positions <= t only; `rotary`:
+    queries and keys rotated by their positions first (`rotate`)."""
 
     def __init__(
         self,
@@ -174,6 +193,7 @@ class CausalSelfAttention(keras.layers.Layer):
         dropout: float = 0.0,
         init_std: float = 0.02,
         proj_std: float = 0.02,
+        rotary: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -182,6 +202,7 @@ class CausalSelfAttention(keras.layers.Layer):
         self.dropout = dropout
         self.init_std = init_std
         self.proj_std = proj_std
+        self.rotary = rotary
         self.qkv = keras.layers.Dense(3 * d_model, kernel_initializer=_init(init_std), name="qkv")
         self.proj = keras.layers.Dense(d_model, kernel_initializer=_init(proj_std), name="proj")
         self.attn_drop = keras.layers.Dropout(dropout)
@@ -193,6 +214,8 @@ class CausalSelfAttention(keras.layers.Layer):
         qkv = self.qkv(tf.reshape(x, (-1, self.d_model)))  # (B*T, 3C)
         qkv = tf.reshape(qkv, (b, t, 3, self.n_head, hd))  # (B, T, 3, H, hd)
         q, k, v = tf.unstack(tf.transpose(qkv, (2, 0, 3, 1, 4)))  # each (B, H, T, hd)
+        if self.rotary:
+            q, k = rotate(q), rotate(k)
         # Scores, mask and softmax in the compute dtype, as tf-keras' MultiHeadAttention has
         # them and as Megatron's fused softmax takes and gives bfloat16 (Keras 3's
         # dot_product_attention, the peer's, up-casts them to float32). TensorFlow's bfloat16
@@ -224,6 +247,7 @@ class CausalSelfAttention(keras.layers.Layer):
             "dropout": self.dropout,
             "init_std": self.init_std,
             "proj_std": self.proj_std,
+            "rotary": self.rotary,
         }
 
 
@@ -240,6 +264,7 @@ class Block(keras.layers.Layer):
         init_std: float = 0.02,
         proj_std: float = 0.02,
         use_xla_gelu: bool = False,
+        rotary: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -251,8 +276,11 @@ class Block(keras.layers.Layer):
         self.layer_norm_epsilon = layer_norm_epsilon
         self.init_std = init_std
         self.proj_std = proj_std
+        self.rotary = rotary
         self.ln_1 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="ln_1")
-        self.attn = CausalSelfAttention(d_model, n_head, dropout, init_std, proj_std, name="attn")
+        self.attn = CausalSelfAttention(
+            d_model, n_head, dropout, init_std, proj_std, rotary, name="attn"
+        )
         self.ln_2 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="ln_2")
         self.fc = keras.layers.Dense(d_ff, kernel_initializer=_init(init_std), name="fc")
         self.fc_proj = keras.layers.Dense(
@@ -281,6 +309,7 @@ class Block(keras.layers.Layer):
             "init_std": self.init_std,
             "proj_std": self.proj_std,
             "use_xla_gelu": self.use_xla_gelu,
+            "rotary": self.rotary,
         }
 
 
@@ -295,7 +324,8 @@ def build_gpt(cfg: ModelConfig, xla_kernels: bool = False) -> keras.Model:
     ids = keras.Input(shape=(None,), dtype="int32", name="ids")  # (B, T)
     wte = TiedEmbedding(cfg.vocab_size, cfg.d_model, cfg.init_std, name="wte")
     x = wte(ids)  # (B, T, C)
-    x = PositionEmbedding(cfg.seq_len, cfg.d_model, cfg.init_std, name="wpe")(x)
+    if cfg.position == "learned":
+        x = PositionEmbedding(cfg.seq_len, cfg.d_model, cfg.init_std, name="wpe")(x)
     x = keras.layers.Dropout(cfg.dropout, name="drop")(x)
     for i in range(cfg.n_layer):
         x = Block(
@@ -307,6 +337,7 @@ def build_gpt(cfg: ModelConfig, xla_kernels: bool = False) -> keras.Model:
             cfg.init_std,
             proj_std,
             use_xla_gelu=xla_kernels,
+            rotary=cfg.position == "rotary",
             name=f"h_{i}",
         )(x)
     x = keras.layers.LayerNormalization(epsilon=cfg.layer_norm_epsilon, name="ln_f")(x)
