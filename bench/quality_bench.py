@@ -18,7 +18,8 @@ on its first 90% and are scored on the last 10% (nanoGPT's split; raw/eval.txt i
   (nats/char = summed nats over UTF-8 characters).
 - The peer: KerasHub GPT2 (bench/peer_gpt2.py) at 4 layers, 4 heads, d_model 256, d_ff 1024,
   seq_len 128, with the `quality` preset's training settings (optimizer, batch size, warmup,
-  dropout: the same recipe, so only the implementations differ), on the same corpus tokenized
+  dropout: the same recipe, so only the models differ: GPT-2's learned position table against
+  the preset's rotary positions, and the implementations), on the same corpus tokenized
   by the same tokenize step with the same SentencePiece BPE trainer at vocabulary 2048 (so
   tokenizer quality is the same for both). It trains for the same budget from its process
   start, its schedule's length set after 20 steps to the recipe's train_steps or what fits
@@ -63,6 +64,9 @@ PEER_SHAPE = (
     "model.n_head=4",
     "model.d_model=256",
     "model.d_ff=1024",
+    # GPT2Backbone has a learned position table only (keras_hub's gpt2_backbone.py); the
+    # `quality` preset's rotary positions are the trainer's own model's, not the recipe's
+    "model.position=learned",
 )
 
 
@@ -238,7 +242,8 @@ def scored_run(cfg, examples: Path, held_out: str) -> tuple[Path, list[dict[str,
 
 def peer_config() -> Any:
     """The peer's Config: the trainer's preset (its batch, warmup, dropout, optimizer) at the
-    peer's shape, so that the two sides differ in their implementations only."""
+    peer's shape, so that the two sides differ in their models and implementations only: the
+    same recipe, the preset's position encoding (rotary) the one architectural difference."""
     return trainer_run.config(preset()[0], PEER_SHAPE)
 
 

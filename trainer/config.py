@@ -92,10 +92,11 @@ def _preset(name: str) -> dict[str, dict[str, Any]]:
     if name == "quality":
         # The best model about 10 minutes of 2 CPU cores make of a corpus the size of the bundled
         # one (1 MB): BPE 2048 and 128-token windows, so a window spans ~400 characters; 4 x 256
-        # layers, the most that train for several epochs in that time; and dropout, because
-        # several epochs of 1 MB overfit without it. 900 steps took 7.7 minutes on 2 Zen 4 cores
-        # in bfloat16 (`auto` there); in float32 they take about half as long again.
-        # bench/quality_bench.py measures it against the peer.
+        # layers, the most that train for several epochs in that time; dropout, because several
+        # epochs of 1 MB overfit without it; and rotary positions, 3.4% fewer held-out nats/char
+        # than the learned table at the same steps (README: Benchmarks). 900 steps took 7.7
+        # minutes on 2 Zen 4 cores in bfloat16 (`auto` there); in float32 they take about half
+        # as long again. bench/quality_bench.py measures it against the peer.
         return {
             "model": {
                 "vocab_size": 2048,
@@ -105,6 +106,7 @@ def _preset(name: str) -> dict[str, dict[str, Any]]:
                 "d_model": 256,
                 "d_ff": 1024,
                 "dropout": 0.1,
+                "position": "rotary",
             },
             "train": {
                 "batch_size": 32,
