@@ -28,6 +28,8 @@ EVAL_FRACTION = 0.1
 # (label, overrides): what was tried on 2026-12-02 (README, "Benchmarks").
 VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the preset", ()),
+    ("the learned position table", ("model.position=learned",)),
+    ("1,200 steps", ("train.train_steps=1200",)),
     ("6 layers", ("model.n_layer=6",)),
     ("dropout 0.2, 1,400 steps", ("model.dropout=0.2", "train.train_steps=1400")),
     ("T256 B16, the learning rate halved", ("model.seq_len=256", "train.batch_size=16")),
