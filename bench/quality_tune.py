@@ -1,6 +1,6 @@
 """Try `quality` recipes without touching the quality benchmark's eval text.
 
-    python -m bench.quality_tune                          # the variants README's table lists
+    python -m bench.quality_tune                          # VARIANTS, on today's preset
     python -m bench.quality_tune --variant "6 layers:model.n_layer=6" --variant ...
 
 The tuning corpus is the train split of quality_bench's (the bundled corpus's first 90%), split
@@ -25,7 +25,8 @@ from bench import quality_bench, trainer_run
 
 PRESET = "quality"
 EVAL_FRACTION = 0.1
-# (label, overrides): what was tried on 2026-12-02 (README, "Benchmarks").
+# (label, overrides) on today's preset, which trains with rotary positions since 2026-12-03;
+# README's "Benchmarks" table says what each was measured on.
 VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the preset", ()),
     ("the learned position table", ("model.position=learned",)),

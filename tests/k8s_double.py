@@ -220,6 +220,8 @@ class _Handler(BaseHTTPRequestHandler):
                 if n == ns and _matches(obj["metadata"].get("labels") or {}, selector)
             ]
             rv = str(cluster.rv)
+            if kind == "PodList":  # read under the lock: later than any pod made before
+                self.kube.pod_listings.append(selector)
         api_version = "v1" if kind == "PodList" else "kubeflow.org/v1"
         meta = {"resourceVersion": rv}
         self._send_json(
@@ -417,6 +419,7 @@ class FakeKube:
         self.cluster = Cluster()
         self.steps = list(steps or [])
         self.requests: list[Request] = []
+        self.pod_listings: list[str] = []  # each pod list answered, by its labelSelector
         self.output = ""  # a test may keep the launcher's output here
         self.unavailable = 0  # the next this-many GETs answer 503 (a transient apiserver fault)
         self.unavailable_patches = 0  # and the next this-many PATCHes
@@ -496,7 +499,7 @@ class FakeKube:
             self._player.start()
 
     def _play(self) -> None:
-        script = Script(self.cluster, self.requests)
+        script = Script(self.cluster, self.pod_listings)
         for step in self.steps:
             time.sleep(STEP_SECONDS)
             if self.cluster.closed or self.cluster.job_key not in self.cluster.tfjobs:

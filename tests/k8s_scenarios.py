@@ -30,10 +30,11 @@ IMAGE_DIGEST = "sha256:" + "ab" * 32  # what the scripted kubelet reports in ima
 class Script:
     """What a scripted step can do to the job FakeKube drives (each takes the lock itself)."""
 
-    def __init__(self, cluster: Cluster, requests: list[Any] | None = None) -> None:
+    def __init__(self, cluster: Cluster, pod_listings: list[str] | None = None) -> None:
         self.cluster = cluster
-        self.requests = requests  # FakeKube's record of the requests it received, if given
-        self._pods_changed = 0  # how many requests it had received when a pod was last created
+        # FakeKube's record of the pod lists it answered (their label selectors), if given
+        self.pod_listings = pod_listings
+        self._pods_changed = 0  # how many it had answered when a pod was last created
         self.ticks = 0  # scripted clock for lastTransitionTime, seconds after START_TIME
         self.recorder = EventRecorder(cluster, "tfjob-controller")  # the operator's
 
@@ -124,7 +125,7 @@ class Script:
                     self._unscheduled(self.pod(index), unscheduled[index])
 
     def _new_pod(self, index: int) -> None:
-        self._pods_changed = len(self.requests or ())
+        self._pods_changed = len(self.pod_listings or ())  # under the lock, as listings are
         job = self.job
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         template = job["spec"]["tfReplicaSpecs"]["Worker"]["template"]
@@ -285,17 +286,22 @@ class Script:
             self._new_pod(index)
 
     def launcher_listed_pods(self, timeout: float = 10.0) -> None:
-        """Wait until the launcher has listed the pods since one was last created. It watches
-        only the TFJob and tells a restart by the new pods' uids, so it must see each
-        incarnation: a real operator's restart takes seconds (the pods' grace period, the
-        scheduler, the image), never a step of STEP_SECONDS that a loaded machine can outrun.
-        Goes on after `timeout` (the test then fails on what the launcher missed)."""
-        if self.requests is None:
+        """Wait until the launcher has listed the job's pods since one was last created. It
+        watches only the TFJob and tells a restart by the new pods' uids (`_pods` in
+        components/train/tfjob.py, by the job-name label alone; the log follower lists worker
+        0 by a narrower selector), so it must see each incarnation: a real operator's restart
+        takes seconds (the pods' grace period, the scheduler, the image), never a step of
+        STEP_SECONDS that a loaded machine can outrun. Goes on after `timeout`, or once the
+        double closes or the job is gone (a test then fails on what the launcher missed)."""
+        if self.pod_listings is None:
             return
+        ns, name = self.cluster.job_key
+        selector = f"training.kubeflow.org/job-name={name}"
         until = time.monotonic() + timeout
         while time.monotonic() < until:
-            since = self.requests[self._pods_changed :]
-            if any(r.method == "GET" and r.path.endswith("/pods") for r in since):
+            if selector in self.pod_listings[self._pods_changed :]:
+                return
+            if self.cluster.closed or (ns, name) not in self.cluster.tfjobs:
                 return
             time.sleep(0.005)
 

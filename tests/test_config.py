@@ -1,5 +1,6 @@
 """trainer.config: presets, YAML, overrides, validation and the derived-value functions."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -150,3 +151,31 @@ def test_precision_policy():
 def test_import_does_not_load_tensorflow():
     code = "import sys, trainer.config; assert 'tensorflow' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parents[1])
+
+
+# The `tiny` preset as configs were recorded before model.position existed (e93a251), and the
+# config_hash lineage recorded for it then.
+TINY_BEFORE_POSITION = {
+    "model": {
+        "vocab_size": 512,
+        "seq_len": 64,
+        "n_layer": 3,
+        "n_head": 4,
+        "d_model": 128,
+        "d_ff": 512,
+        "dropout": 0.0,
+        "layer_norm_epsilon": 1e-05,
+        "init_std": 0.02,
+    },
+    "train": config_to_dict(resolve_config("tiny"))["train"],
+}
+TINY_HASH_BEFORE_POSITION = "48783720308e1aa95f78958d66c65d82713e1aa6b95310d4bf3ca5e0927e36f3"
+
+
+def test_a_config_recorded_before_model_position_loads_and_hashes_as_it_did():
+    cfg = config_from_dict(TINY_BEFORE_POSITION)
+    assert cfg.model.position == "learned"  # what the model had then
+    assert config_hash(cfg) == TINY_HASH_BEFORE_POSITION
+    rotary = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, position="rotary"))
+    assert config_hash(rotary) != TINY_HASH_BEFORE_POSITION
+    assert config_from_dict(config_to_dict(rotary)) == rotary

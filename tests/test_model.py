@@ -14,6 +14,7 @@ from trainer.config import ModelConfig
 from trainer.model import (
     Block,
     CausalSelfAttention,
+    ContextLimit,
     PositionEmbedding,
     TiedEmbedding,
     build_gpt,
@@ -81,10 +82,21 @@ def test_causality_future_tokens_do_not_change_earlier_logits(model, request):
     assert not np.allclose(a[0, 7:], b[0, 7:])
 
 
-def test_window_longer_than_position_table_is_an_error(gpt):
+@pytest.mark.parametrize(
+    ("model", "limit"), [("gpt", "the position table"), ("rotary_gpt", "the context window")]
+)
+def test_window_longer_than_seq_len_is_an_error(model, limit, request):
+    gpt = request.getfixturevalue(model)
     ids = tf.zeros((1, TINY.seq_len + 1), tf.int32)
-    with pytest.raises(ValueError, match="longer than the position table"):
-        gpt(ids)
+    with pytest.raises(ValueError, match=f"longer than {limit}"):
+        gpt(ids)  # a static T: refused when traced
+
+    @tf.function(input_signature=[tf.TensorSpec((1, None), tf.int32)])
+    def dynamic(ids):
+        return gpt(ids)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"longer than {limit}"):
+        dynamic(ids)  # a dynamic T: refused when run
 
 
 def test_a_rotary_model_has_no_position_table(gpt, rotary_gpt):
@@ -107,6 +119,13 @@ def test_rotate_keeps_norms_and_makes_scores_depend_on_the_offset_only():
         return rotate(tf.tile(x, (1, 1, 40, 1)))[0, 0, t]
 
     np.testing.assert_allclose(at(q, 0), q[0, 0, 0], atol=1e-6)  # position 0: not turned
+    # Position 5 by the definition: pair (i, i + 4) turned by 5 * 10000^(-2i/8)
+    x, angle = q.numpy()[0, 0, 0], 5 * 10000.0 ** (-np.arange(0, 8, 2) / 8)
+    x1, x2 = x[:4], x[4:]
+    turned = np.concatenate(
+        [x1 * np.cos(angle) - x2 * np.sin(angle), x1 * np.sin(angle) + x2 * np.cos(angle)]
+    )
+    np.testing.assert_allclose(at(q, 5), turned, atol=1e-5)
     np.testing.assert_allclose(tf.norm(at(q, 33)), tf.norm(q), rtol=1e-5)
     score = [float(tf.tensordot(at(q, tq), at(k, tq - 3), 1)) for tq in (3, 10, 39)]
     np.testing.assert_allclose(score, score[0], rtol=1e-4)
@@ -299,6 +318,7 @@ def test_bfloat16_softmax_and_sums_accumulate_in_float32():
     [
         TiedEmbedding(64, 16, 0.01),
         PositionEmbedding(16, 8),
+        ContextLimit(16),
         CausalSelfAttention(16, 4, 0.1),
         CausalSelfAttention(16, 4, rotary=True),
         Block(16, 2, 32, rotary=True),

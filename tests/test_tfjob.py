@@ -448,7 +448,7 @@ def _recorded(restarts: int) -> Any:
 
 
 def _restarts_seen_only_in_events(times: int) -> list[Any]:
-    steps = [*scenarios.hang(), lambda c: c.launcher_listed_pods()]  # the first pods seen
+    steps = [*scenarios.hang(), _recorded(0)]  # the first pods seen and recorded
     for restart in range(1, times + 1):
         steps += [
             _lost_and_recreated,

@@ -22,6 +22,11 @@ PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 JIT_COMPILE = ("auto", "on", "off")
 PRESET_NAMES = ("tiny", "quality", "gpt2-small")
 POSITIONS = ("learned", "rotary")  # model.position's choices
+# Fields added after configs were first recorded (lineage, saved runs, --param config=...),
+# with the value a config written before them meant. config_from_dict fills them in, and
+# config_hash leaves them out at that value, so an earlier run's config loads and hashes as
+# it did when it was recorded.
+ADDED_FIELDS: dict[str, Any] = {"model.position": "learned"}
 DEFAULT_PRESET = "tiny"  # tests and the local demo; what every entry point defaults to
 # How an error message asks for a value of each field type.
 _A_VALUE = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -36,7 +41,7 @@ class ModelConfig:
     """Shape of the decoder-only GPT."""
 
     vocab_size: int = 512  # tokens in the SentencePiece vocabulary (256 byte-fallback pieces incl.)
-    seq_len: int = 64  # context window in tokens; also the length of the position table
+    seq_len: int = 64  # context window in tokens; longer windows are refused (model.py)
     n_layer: int = 3  # transformer blocks
     n_head: int = 4  # attention heads per block; must divide d_model
     d_model: int = 128  # width of the residual stream
@@ -383,14 +388,19 @@ def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
 
 
 def config_from_dict(data: Mapping[str, Any]) -> Config:
-    """Rebuild a Config from config_to_dict output; every field must be present and typed.
+    """Rebuild a Config from config_to_dict output; every field must be present and typed,
+    but those of ADDED_FIELDS, which a config recorded before them lacks.
 
     A KFP pipeline parameter of type dict travels as a protobuf Struct, whose numbers are all
     doubles, so an integral float (512.0) is accepted for an int field; 512.5 is still refused.
     """
     if not isinstance(data, Mapping):
         raise ConfigError(f"config: expected a mapping of sections, got {type(data).__name__}")
-    missing = [k for k in valid_keys() if k.split(".")[1] not in data.get(k.split(".")[0], {})]
+    missing = [
+        k
+        for k in valid_keys()
+        if k not in ADDED_FIELDS and k.split(".")[1] not in data.get(k.split(".")[0], {})
+    ]
     if missing:
         raise ConfigError(f"config: missing keys {', '.join(missing)}; pass a complete config")
     cfg = _apply_nested(Config(), _ints_from_struct(data), "config dict")
@@ -418,8 +428,14 @@ def _ints_from_struct(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def config_hash(cfg: Config) -> str:
-    """sha256 (hex) of the canonical JSON of the config."""
-    canonical = json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":"))
+    """sha256 (hex) of the canonical JSON of the config, without the ADDED_FIELDS that hold
+    the value configs had before them (so an earlier run's config hashes as it did)."""
+    data = config_to_dict(cfg)
+    for key, before in ADDED_FIELDS.items():
+        section, name = key.split(".")
+        if data[section][name] == before:
+            del data[section][name]
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

@@ -127,6 +127,38 @@ class TiedEmbedding(keras.layers.Layer):
         }
 
 
+def _check_window(x: tf.Tensor, seq_len: int, limit: str) -> tf.Tensor:
+    """x (B, T, ...), refused if T > seq_len: when traced if T is static, else when run (what
+    comes of the returned tensor waits for the check, which a graph might otherwise run after
+    an op that fails on the length first)."""
+    t = x.shape[1]
+    if t is not None and t > seq_len:
+        raise ValueError(
+            f"input window of {t} tokens is longer than {limit} (seq_len={seq_len}); "
+            f"crop the input to the last {seq_len} tokens"
+        )
+    check = tf.debugging.assert_less_equal(
+        tf.shape(x)[1], seq_len, message=f"input window is longer than {limit} (seq_len={seq_len})"
+    )
+    with tf.control_dependencies([check] if check is not None else []):  # None: eager, passed
+        return tf.identity(x)
+
+
+class ContextLimit(keras.layers.Layer):
+    """Passes x through, refusing windows longer than seq_len: a rotary model has no table to
+    refuse them, and past the trained length its positions are untrained."""
+
+    def __init__(self, seq_len: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.seq_len = seq_len
+
+    def call(self, x: tf.Tensor) -> tf.Tensor:
+        return _check_window(x, self.seq_len, "the context window")
+
+    def get_config(self) -> dict[str, Any]:
+        return {**super().get_config(), "seq_len": self.seq_len}
+
+
 class PositionEmbedding(keras.layers.Layer):
     """Adds a learned position vector to each of the first T positions; T must be <= seq_len."""
 
@@ -143,19 +175,8 @@ class PositionEmbedding(keras.layers.Layer):
         super().build(input_shape)
 
     def call(self, x: tf.Tensor) -> tf.Tensor:
-        t = x.shape[1]
-        if t is not None and t > self.seq_len:
-            raise ValueError(
-                f"input window of {t} tokens is longer than the position table "
-                f"(seq_len={self.seq_len}); crop the input to the last {self.seq_len} tokens"
-            )
-        t = tf.shape(x)[1]
-        tf.debugging.assert_less_equal(
-            t,
-            self.seq_len,
-            message=f"input window is longer than the position table (seq_len={self.seq_len})",
-        )
-        return x + tf.cast(self.positions[:t], x.dtype)[tf.newaxis]  # (B, T, C)
+        x = _check_window(x, self.seq_len, "the position table")
+        return x + tf.cast(self.positions[: tf.shape(x)[1]], x.dtype)[tf.newaxis]  # (B, T, C)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -326,6 +347,8 @@ def build_gpt(cfg: ModelConfig, xla_kernels: bool = False) -> keras.Model:
     x = wte(ids)  # (B, T, C)
     if cfg.position == "learned":
         x = PositionEmbedding(cfg.seq_len, cfg.d_model, cfg.init_std, name="wpe")(x)
+    else:
+        x = ContextLimit(cfg.seq_len, name="context_limit")(x)
     x = keras.layers.Dropout(cfg.dropout, name="drop")(x)
     for i in range(cfg.n_layer):
         x = Block(
