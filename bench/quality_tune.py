@@ -32,12 +32,8 @@ VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the learned position table", ("model.position=learned",)),
     ("1,200 steps", ("train.train_steps=1200",)),
     ("6 layers", ("model.n_layer=6",)),
-    ("dropout 0.2, 1,400 steps", ("model.dropout=0.2", "train.train_steps=1400")),
-    ("T256 B16, the learning rate halved", ("model.seq_len=256", "train.batch_size=16")),
-    (
-        "T256 B16, the same learning rate",
-        ("model.seq_len=256", "train.batch_size=16", "train.reference_batch_size=16"),
-    ),
+    ("8 heads", ("model.n_head=8",)),
+    ("2 heads", ("model.n_head=2",)),
 )
 
 

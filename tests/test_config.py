@@ -179,3 +179,6 @@ def test_a_config_recorded_before_model_position_loads_and_hashes_as_it_did():
     rotary = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, position="rotary"))
     assert config_hash(rotary) != TINY_HASH_BEFORE_POSITION
     assert config_from_dict(config_to_dict(rotary)) == rotary
+    # Written without the field at its earlier value: what an image built before it loads.
+    assert config_to_dict(cfg) == TINY_BEFORE_POSITION
+    assert config_to_dict(rotary)["model"]["position"] == "rotary"

@@ -23,9 +23,10 @@ JIT_COMPILE = ("auto", "on", "off")
 PRESET_NAMES = ("tiny", "quality", "gpt2-small")
 POSITIONS = ("learned", "rotary")  # model.position's choices
 # Fields added after configs were first recorded (lineage, saved runs, --param config=...),
-# with the value a config written before them meant. config_from_dict fills them in, and
-# config_hash leaves them out at that value, so an earlier run's config loads and hashes as
-# it did when it was recorded.
+# with the value a config written before them meant. config_to_dict leaves them out at that
+# value and config_from_dict fills them in, so an earlier run's config loads and hashes as it
+# did when it was recorded, and a config without the new features still loads in an image
+# built before them (whose config_from_dict refuses keys it does not know: gptpipe reproduce).
 ADDED_FIELDS: dict[str, Any] = {"model.position": "learned"}
 DEFAULT_PRESET = "tiny"  # tests and the local demo; what every entry point defaults to
 # How an error message asks for a value of each field type.
@@ -99,9 +100,10 @@ def _preset(name: str) -> dict[str, dict[str, Any]]:
         # one (1 MB): BPE 2048 and 128-token windows, so a window spans ~400 characters; 4 x 256
         # layers, the most that train for several epochs in that time; dropout, because several
         # epochs of 1 MB overfit without it; and rotary positions, 3.4% fewer held-out nats/char
-        # than the learned table at the same steps (README: Benchmarks). 900 steps took 7.7
-        # minutes on 2 Zen 4 cores in bfloat16 (`auto` there); in float32 they take about half
-        # as long again. bench/quality_bench.py measures it against the peer.
+        # than the learned table at the same steps (README: Benchmarks). 900 steps took 6.0
+        # minutes on 2 Zen 5 cores in bfloat16 (`auto` there; 7.7 on Zen 4 with the table); in
+        # float32 they take about half as long again. bench/quality_bench.py measures it
+        # against the peer.
         return {
             "model": {
                 "vocab_size": 2048,
@@ -383,8 +385,14 @@ def validate(cfg: Config) -> None:
 
 
 def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
-    """The config as plain JSON-able nested dicts."""
-    return dataclasses.asdict(cfg)
+    """The config as plain JSON-able nested dicts, without the ADDED_FIELDS that hold the
+    value configs had before them."""
+    data = dataclasses.asdict(cfg)
+    for key, before in ADDED_FIELDS.items():
+        section, name = key.split(".")
+        if data[section][name] == before:
+            del data[section][name]
+    return data
 
 
 def config_from_dict(data: Mapping[str, Any]) -> Config:
@@ -403,7 +411,12 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
     ]
     if missing:
         raise ConfigError(f"config: missing keys {', '.join(missing)}; pass a complete config")
-    cfg = _apply_nested(Config(), _ints_from_struct(data), "config dict")
+    added: dict[str, dict[str, Any]] = {}
+    for key, before in ADDED_FIELDS.items():
+        section, name = key.split(".")
+        added.setdefault(section, {})[name] = before
+    cfg = _apply_nested(Config(), added, "config's earlier fields")
+    cfg = _apply_nested(cfg, _ints_from_struct(data), "config dict")
     validate(cfg)
     return cfg
 
@@ -428,14 +441,8 @@ def _ints_from_struct(data: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def config_hash(cfg: Config) -> str:
-    """sha256 (hex) of the canonical JSON of the config, without the ADDED_FIELDS that hold
-    the value configs had before them (so an earlier run's config hashes as it did)."""
-    data = config_to_dict(cfg)
-    for key, before in ADDED_FIELDS.items():
-        section, name = key.split(".")
-        if data[section][name] == before:
-            del data[section][name]
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    """sha256 (hex) of the canonical JSON of the config (config_to_dict's)."""
+    canonical = json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 

@@ -472,8 +472,9 @@ def test_unknown_preset(run_local):
 
 @pytest.mark.bad_input("Examples cut with a longer seq_len than the model's position table")
 def test_windows_longer_than_the_position_table(tmp_path):
-    # The position table has model.seq_len rows (trainer/model.py PositionEmbedding), so no config
-    # can ask for more; windows cut for a longer seq_len are what could, and train refuses them.
+    # The model takes at most model.seq_len tokens (trainer/model.py: the position table's rows,
+    # or ContextLimit), so no config can ask for more; windows cut for a longer seq_len are what
+    # could, and train refuses them.
     from trainer import data
 
     manifest = {"seq_len": 128, "vocab_size": 512, "splits": {}}
