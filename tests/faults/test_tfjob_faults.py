@@ -246,6 +246,11 @@ def test_the_train_step_runs_a_tfjob_as_its_own_identity(tmp_path, examples):
             service_account="pipeline-runner",
             image_pull_secrets=("regcred",),
         )
+        # Every worker pod as admitted: one still running when worker 0 ends the job is
+        # deleted by cleanPodPolicy Running (on a loaded machine worker 1 can be that one).
+        pod_specs: list[dict[str, Any]] = []
+        admit = kube.cluster.create_pod
+        kube.cluster.create_pod = lambda pod: pod_specs.append(admit(pod)["spec"]) or pod_specs[-1]
         identity = kube_api.PodIdentity("run-train-pod", "uid-1", "ml")
         placement = executor.cluster_placement(identity, api_client=kube.api_client())
         spec = dataclasses.replace(trainer_spec(tmp_path, examples), **placement)
@@ -253,11 +258,6 @@ def test_the_train_step_runs_a_tfjob_as_its_own_identity(tmp_path, examples):
         launcher = tfjob.TFJobLauncher(kube.api_client(), out=out, poll_seconds=2)
         cfg = resolve_config("tiny", TINY_OVERRIDES)
         trained = executor.run(spec, cfg, str(tmp_path / "model"), str(tmp_path / "work"), launcher)
-        pod_specs = [
-            p["spec"]
-            for p in kube.cluster.pods.values()
-            if p["metadata"]["name"] != "run-train-pod"
-        ]
     assert trained.model_properties["steps"] == 40
     assert trained.execution_properties["restarts"] == 0
     assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").is_file()
