@@ -388,11 +388,15 @@ def config_to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
     """The config as plain JSON-able nested dicts, without the ADDED_FIELDS that hold the
     value configs had before them."""
     data = dataclasses.asdict(cfg)
-    for key, before in ADDED_FIELDS.items():
-        section, name = key.split(".")
+    for section, name, before in _added_fields():
         if data[section][name] == before:
             del data[section][name]
     return data
+
+
+def _added_fields() -> list[tuple[str, str, Any]]:
+    """ADDED_FIELDS as (section, field, the value configs had before it)."""
+    return [(*key.split(".", 1), before) for key, before in ADDED_FIELDS.items()]
 
 
 def config_from_dict(data: Mapping[str, Any]) -> Config:
@@ -412,8 +416,7 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
     if missing:
         raise ConfigError(f"config: missing keys {', '.join(missing)}; pass a complete config")
     added: dict[str, dict[str, Any]] = {}
-    for key, before in ADDED_FIELDS.items():
-        section, name = key.split(".")
+    for section, name, before in _added_fields():
         added.setdefault(section, {})[name] = before
     cfg = _apply_nested(Config(), added, "config's earlier fields")
     cfg = _apply_nested(cfg, _ints_from_struct(data), "config dict")
