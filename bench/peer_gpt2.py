@@ -59,13 +59,12 @@ def parse_args() -> argparse.Namespace:
 def build(cfg: dict, total_steps: int, dropout: float | None):
     """(GPT2CausalLM at the config's shape, compiled with the trainer's optimizer settings,
     its learning-rate schedule)."""
-    import keras
-    import keras_hub
-
     m, t = cfg["model"], cfg["train"]
     if m.get("position", "learned") != "learned":  # what GPT2Backbone has (gpt2_backbone.py)
         position = m["position"]
         raise SystemExit(f"peer_gpt2: GPT2 has learned positions, not model.position={position}")
+    import keras
+    import keras_hub
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=m["vocab_size"],
         num_layers=m["n_layer"],

@@ -25,11 +25,13 @@ from bench import quality_bench, trainer_run
 
 PRESET = "quality"
 EVAL_FRACTION = 0.1
-# (label, overrides) on today's preset, which trains with rotary positions since 2026-12-03;
-# README's "Benchmarks" table says what each was measured on.
+# (label, overrides) on today's preset, which trains with rotary positions and dropout 0.15
+# since 2026-12-03; README's "Benchmarks" table says what each was measured on.
 VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the preset", ()),
     ("the learned position table", ("model.position=learned",)),
+    ("dropout 0.1", ("model.dropout=0.1",)),
+    ("dropout 0.2", ("model.dropout=0.2",)),
     ("1,200 steps", ("train.train_steps=1200",)),
     ("6 layers", ("model.n_layer=6",)),
     ("8 heads", ("model.n_head=8",)),

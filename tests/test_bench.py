@@ -309,6 +309,14 @@ def test_the_quality_peer_trains_with_the_trainers_recipe():
     assert peer.train == ours.train
 
 
+def test_the_peer_refuses_positions_gpt2_does_not_have():
+    from trainer.config import config_to_dict, resolve_config
+
+    cfg = config_to_dict(resolve_config("tiny", ["model.position=rotary"]))
+    with pytest.raises(SystemExit, match="not model.position=rotary"):
+        peer_gpt2.build(cfg, total_steps=10, dropout=None)  # before keras_hub is imported
+
+
 def test_alternating_runs_go_a_b_b_a():
     from bench import alternate
 
