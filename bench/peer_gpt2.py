@@ -65,6 +65,7 @@ def build(cfg: dict, total_steps: int, dropout: float | None):
         raise SystemExit(f"peer_gpt2: GPT2 has learned positions, not model.position={position}")
     import keras
     import keras_hub
+
     backbone = keras_hub.models.GPT2Backbone(
         vocabulary_size=m["vocab_size"],
         num_layers=m["n_layer"],
