@@ -309,9 +309,11 @@ def test_the_quality_peer_trains_with_the_trainers_recipe():
     assert peer.train == ours.train
 
 
-def test_the_peer_refuses_positions_gpt2_does_not_have():
+def test_the_peer_refuses_positions_gpt2_does_not_have(monkeypatch):
     from trainer.config import config_to_dict, resolve_config
 
+    for module in ("keras", "keras_hub"):  # importing either would raise ImportError
+        monkeypatch.setitem(sys.modules, module, None)
     cfg = config_to_dict(resolve_config("tiny", ["model.position=rotary"]))
     with pytest.raises(SystemExit, match="not model.position=rotary"):
         peer_gpt2.build(cfg, total_steps=10, dropout=None)  # before keras_hub is imported
