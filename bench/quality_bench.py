@@ -204,7 +204,7 @@ def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
     base = trainer_run.config(name, ())
     overrides = (
         f"train.train_steps={steps}",
-        f"train.checkpoint_every={steps // POINTS}",
+        checkpoint_at_points(steps),
         f"train.warmup_steps={min(base.train.warmup_steps, steps // 5)}",
     )
     cfg = trainer_run.config(name, overrides)
@@ -217,6 +217,12 @@ def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
         "planned_steps": steps,
         "precision_policy": trainer_run.read_metrics(job / "model")["precision_policy"],
     }
+
+
+def checkpoint_at_points(steps: int) -> str:
+    """The override that puts a checkpoint at each of the curve's POINTS of `steps` (a
+    multiple of POINTS: planned_steps makes it one, quality_tune refuses others)."""
+    return f"train.checkpoint_every={steps // POINTS}"
 
 
 def scored_run(cfg, examples: Path, held_out: str) -> tuple[Path, list[dict[str, float]]]:

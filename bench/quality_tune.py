@@ -68,7 +68,7 @@ def run_variant(label: str, overrides: Sequence[str], corpus: Path) -> dict[str,
             f"quality_tune: variant {label!r}: train.train_steps={steps} is not a multiple of "
             f"{quality_bench.POINTS}, so its last step would have no checkpoint on the curve"
         )
-    every = f"train.checkpoint_every={steps // quality_bench.POINTS}"
+    every = quality_bench.checkpoint_at_points(steps)
     cfg = trainer_run.config(PRESET, (every, *overrides))  # the variant's own value wins
     examples = trainer_run.examples(
         cfg.model.vocab_size, cfg.model.seq_len, EVAL_FRACTION, corpus=corpus

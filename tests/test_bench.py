@@ -183,6 +183,16 @@ def test_quality_tune_variants_parse_and_resolve():
         resolve_config(quality_tune.PRESET, ["model.n_layers=6"])
 
 
+@pytest.mark.parametrize("steps_per_s", [0.5, 1.3, 5.0])  # a slow host's, Zen 5's, the cap's
+def test_the_trainers_checkpoints_fall_on_the_curves_points(steps_per_s):
+    from trainer.config import resolve_config
+
+    steps = quality_bench.planned_steps(900, steps_per_s, startup_s=30.0, budget_s=600.0)
+    every = quality_bench.checkpoint_at_points(steps)
+    cfg = resolve_config("quality", [f"train.train_steps={steps}", every])
+    assert cfg.train.checkpoint_every * quality_bench.POINTS == cfg.train.train_steps
+
+
 def test_quality_tune_refuses_a_schedule_whose_last_step_has_no_checkpoint(tmp_path):
     # checked before anything is tokenized or trained
     with pytest.raises(SystemExit, match="train_steps=1001 is not a multiple of 4"):
