@@ -230,10 +230,12 @@ def test_xla_gelu_only_in_training_with_the_same_math():
         np.testing.assert_allclose(tf.convert_to_tensor(g), tf.convert_to_tensor(p), atol=1e-6)
 
 
-def _attention(policy: str, weights: list[np.ndarray] | None = None) -> CausalSelfAttention:
+def _attention(
+    policy: str, weights: list[np.ndarray] | None = None, rotary: bool = False
+) -> CausalSelfAttention:
     """A (d_model 16, 2 heads) attention layer built under `policy`, with `weights` if given."""
     with _global_policy(policy):
-        layer = CausalSelfAttention(16, 2)
+        layer = CausalSelfAttention(16, 2, rotary=rotary)
         layer(tf.zeros((1, 4, 16)))
     if weights is not None:
         layer.set_weights(weights)
@@ -241,33 +243,34 @@ def _attention(policy: str, weights: list[np.ndarray] | None = None) -> CausalSe
 
 
 @pytest.mark.parametrize(
-    "policy, qkv_std",
+    "policy, qkv_std, rotary",
     [
-        ("mixed_bfloat16", 0.5),  # scores' std 3: a peaked softmax, where rounding shows
-        ("mixed_float16", 0.5),
-        ("mixed_float16", 8.0),  # scores in the thousands: a masked one overflows float16
+        ("mixed_bfloat16", 0.5, False),  # scores' std 3: a peaked softmax, where rounding shows
+        ("mixed_bfloat16", 0.5, True),  # the rotation's cos and sin in bfloat16 too
+        ("mixed_float16", 0.5, False),
+        ("mixed_float16", 8.0, False),  # scores in the thousands: a masked one overflows float16
     ],
 )
-def test_mixed_precision_attention_is_near_float32(policy, qkv_std):
+def test_mixed_precision_attention_is_near_float32(policy, qkv_std, rotary):
     """Scores and softmax run in the compute dtype under mixed precision: the output stays
     within 3% of the largest of causal attention computed in float64 here (1% measured in
     bfloat16, whose ulp is 0.8%; the float32 layer within 1e-5), outputs and gradients have no
     NaN or inf, and causality is exact."""
     x = tf.random.stateless_normal((2, 12, 16), (5, 6))
     rng = np.random.default_rng(0)
-    reference = _attention("float32")
+    reference = _attention("float32", rotary=rotary)
     weights = [
         rng.normal(0.0, qkv_std, w.shape).astype("float32") if w.shape == (16, 48) else w
         for w in reference.get_weights()
     ]
     reference.set_weights(weights)
-    mixed = _attention(policy, weights)
+    mixed = _attention(policy, weights, rotary)
     inputs = tf.Variable(x)
     with tf.GradientTape() as tape:
         out = tf.cast(mixed(inputs), tf.float32)
         total = tf.reduce_sum(out)
     grads = tape.gradient(total, [inputs, *mixed.trainable_weights])
-    expected = _causal_attention_float64(x.numpy(), weights, n_head=2)
+    expected = _causal_attention_float64(x.numpy(), weights, n_head=2, rotary=rotary)
     scale = np.abs(expected).max()
     np.testing.assert_allclose(reference(x).numpy(), expected, atol=1e-5 * scale)
     np.testing.assert_allclose(out.numpy(), expected, atol=0.03 * scale)
@@ -279,13 +282,23 @@ def test_mixed_precision_attention_is_near_float32(policy, qkv_std):
     )
 
 
-def _causal_attention_float64(x: np.ndarray, weights: list[np.ndarray], n_head: int) -> np.ndarray:
-    """GPT-2's causal self-attention written out in numpy float64: the test's own reference."""
+def _causal_attention_float64(
+    x: np.ndarray, weights: list[np.ndarray], n_head: int, rotary: bool = False
+) -> np.ndarray:
+    """GPT-2's causal self-attention written out in numpy float64: the test's own reference;
+    `rotary`: q and k turned first, pair (i, i + hd/2) at position t by t * 10000^(-2i/hd)."""
     qkv_kernel, qkv_bias, proj_kernel, proj_bias = (w.astype("float64") for w in weights)
     b, t, c = x.shape
     hd = c // n_head
     qkv = (x.astype("float64") @ qkv_kernel + qkv_bias).reshape(b, t, 3, n_head, hd)
     q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))  # (B, H, T, hd)
+    if rotary:
+        angle = np.arange(t)[:, None] * 10000.0 ** (-np.arange(0, hd, 2) / hd)  # (T, hd/2)
+        cos, sin = np.cos(angle), np.sin(angle)
+        q, k = (
+            np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+            for a, b in (np.split(q, 2, axis=-1), np.split(k, 2, axis=-1))
+        )
     scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
     scores = np.where(np.tril(np.ones((t, t), bool)), scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
