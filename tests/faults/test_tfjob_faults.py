@@ -250,7 +250,13 @@ def test_the_train_step_runs_a_tfjob_as_its_own_identity(tmp_path, examples):
         # deleted by cleanPodPolicy Running (on a loaded machine worker 1 can be that one).
         pod_specs: list[dict[str, Any]] = []
         admit = kube.cluster.create_pod
-        kube.cluster.create_pod = lambda pod: pod_specs.append(admit(pod)["spec"]) or pod_specs[-1]
+
+        def recording(pod: dict[str, Any]) -> dict[str, Any]:
+            created = admit(pod)
+            pod_specs.append(created["spec"])
+            return created  # what create_pod returns, as before
+
+        kube.cluster.create_pod = recording
         identity = kube_api.PodIdentity("run-train-pod", "uid-1", "ml")
         placement = executor.cluster_placement(identity, api_client=kube.api_client())
         spec = dataclasses.replace(trainer_spec(tmp_path, examples), **placement)
