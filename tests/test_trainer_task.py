@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+import tf_keras as keras
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from contracts.artifacts import BACKUP_DIR, CHECKED_SHARDS_DIR
@@ -24,7 +25,7 @@ from trainer.cluster import choose_strategy, cluster_size, is_chief
 from trainer.config import config_from_dict, config_to_dict, learning_rate_at, resolve_config
 from trainer.faults import Fault, InjectFault
 from trainer.model import build_gpt
-from trainer.optimization import WarmupCosine
+from trainer.optimization import FusedAdamW, WarmupCosine
 from trainer.preemption import backed_up_step
 from trainer.task import _export_barrier, main, parse_args, train
 
@@ -53,6 +54,53 @@ def test_schedule_matches_learning_rate_at():
         assert float(schedule(step)) == pytest.approx(
             learning_rate_at(step, 3e-3, 10, 100, 0.1), rel=1e-5
         )
+
+
+def test_fused_adamw_updates_as_keras_adamw_does():
+    """FusedAdamW against tf-keras' AdamW over 6 steps of a schedule, from the same variables and
+    gradients: decayed kernels, an undecayed bias, a clipped global norm, and a sparse gradient
+    (which takes AdamW's own path); each dense update is the one fused kernel."""
+
+    def setup(cls):
+        variables = [
+            tf.Variable(tf.random.stateless_normal(shape, (i, 1)), name=name)
+            for i, (name, shape) in enumerate(
+                [("kernel", (8, 6)), ("bias", (6,)), ("embeddings", (10, 4))]
+            )
+        ]
+        optimizer = cls(
+            learning_rate=WarmupCosine(0.05, 2, 6, 0.1),
+            weight_decay=0.1,
+            beta_1=0.9,
+            beta_2=0.99,
+            global_clipnorm=1.0,
+        )
+        optimizer.exclude_from_weight_decay(var_names=["bias"])
+        optimizer.build(variables)
+        return variables, optimizer
+
+    def gradients(step):
+        kernel, bias = (
+            tf.random.stateless_normal(s, (step, 7 + i)) for i, s in enumerate([(8, 6), (6,)])
+        )
+        rows = tf.constant([step % 10, 3, 3])  # a repeated row, as a gather's gradient has them
+        sparse = tf.IndexedSlices(
+            tf.random.stateless_normal((3, 4), (step, 9)), rows, tf.constant([10, 4])
+        )
+        return [kernel * 2.0, bias, sparse]  # the norm is over 1: the clip scales them all
+
+    fused, fused_opt = setup(FusedAdamW)
+    plain, plain_opt = setup(keras.optimizers.AdamW)
+    apply_fused = tf.function(lambda g: fused_opt.apply_gradients(zip(g, fused, strict=True)))
+    apply_plain = tf.function(lambda g: plain_opt.apply_gradients(zip(g, plain, strict=True)))
+    for step in range(6):
+        apply_fused(gradients(step))
+        apply_plain(gradients(step))
+        for a, b in zip(fused, plain, strict=True):
+            np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-7)
+    assert not np.allclose(fused[2].numpy(), tf.random.stateless_normal((10, 4), (2, 1)).numpy())
+    ops = apply_fused.get_concrete_function(gradients(0)).graph.get_operations()
+    assert [op.type for op in ops].count("ResourceApplyAdam") == 2  # the kernel and the bias
 
 
 def test_cluster_helpers_and_default_strategy():

@@ -1,4 +1,5 @@
-"""The optimizer: AdamW under a warmup + cosine schedule, its peak scaled to the global batch."""
+"""The optimizer: AdamW, its update one fused kernel, under a warmup + cosine schedule, its peak
+scaled to the global batch."""
 
 from __future__ import annotations
 
@@ -10,6 +11,46 @@ import tf_keras as keras
 
 from trainer import config as config_lib
 from trainer.config import Config
+
+
+@keras.saving.register_keras_serializable(package="gptpipe")
+class FusedAdamW(keras.optimizers.AdamW):
+    """tf-keras' AdamW, each dense update one fused kernel: TensorFlow's `ResourceApplyAdam`.
+
+    tf-keras' `AdamW.update_step` (tf_keras/src/optimizers/adamw.py) spells the update out in
+    about 10 ops, each a pass over the variable's memory; `ResourceApplyAdam`
+    (tensorflow/core/kernels/training_ops.cc, `ApplyAdamNonCuda` on CPU; an XLA kernel in
+    tf2xla/kernels/training_ops.cc, so a step compiled with `jit_compile` keeps it) reads the
+    gradient, m, v and the variable once and writes them once, with the same arithmetic:
+    m += (g - m)(1 - beta_1), v += (g^2 - v)(1 - beta_2), var -= alpha m / (sqrt(v) + epsilon),
+    alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t). The decoupled weight decay, the clipping
+    and the slots (so checkpoints) are AdamW's own. Sparse gradients and amsgrad take AdamW's
+    path. The update of the 13.8 M-parameter benchmark model took 15 ms instead of 23 on 2 Zen 5
+    cores; its train step in mixed_bfloat16 got 4-5% faster (README: Benchmarks).
+    """
+
+    def update_step(self, gradient: Any, variable: Any) -> None:
+        if isinstance(gradient, tf.IndexedSlices) or self.amsgrad:
+            super().update_step(gradient, variable)
+            return
+        dtype = variable.dtype
+        local_step = tf.cast(self.iterations + 1, dtype)
+        slot = self._index_dict[self._var_key(variable)]
+        beta_1 = tf.cast(self.beta_1, dtype)
+        beta_2 = tf.cast(self.beta_2, dtype)
+        tf.raw_ops.ResourceApplyAdam(
+            # Under a strategy's update() these resolve to this replica's copies.
+            var=variable.handle,
+            m=self._momentums[slot].handle,
+            v=self._velocities[slot].handle,
+            beta1_power=tf.pow(beta_1, local_step),
+            beta2_power=tf.pow(beta_2, local_step),
+            lr=tf.cast(self.learning_rate, dtype),
+            beta1=beta_1,
+            beta2=beta_2,
+            epsilon=tf.cast(self.epsilon, dtype),
+            grad=gradient,
+        )
 
 
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
@@ -44,7 +85,8 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
 def build_optimizer(
     cfg: Config, global_batch: int, policy: str = "float32"
 ) -> tuple[keras.optimizers.Optimizer, WarmupCosine]:
-    """AdamW with a warmup+cosine schedule whose peak LR is scaled to the global batch.
+    """AdamW (`FusedAdamW`) with a warmup+cosine schedule whose peak LR is scaled to the global
+    batch.
 
     Under mixed_float16 it is wrapped in a dynamic LossScaleOptimizer: float16 gradients of a
     small loss underflow. bfloat16 has float32's exponent range and needs no loss scaling.
@@ -52,7 +94,7 @@ def build_optimizer(
     t = cfg.train
     peak = config_lib.scaled_learning_rate(t.learning_rate, global_batch, t.reference_batch_size)
     schedule = WarmupCosine(peak, t.warmup_steps, t.train_steps, t.min_lr_ratio)
-    optimizer = keras.optimizers.AdamW(
+    optimizer = FusedAdamW(
         learning_rate=schedule,
         weight_decay=t.weight_decay,
         beta_1=t.beta_1,
