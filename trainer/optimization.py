@@ -13,20 +13,21 @@ from trainer import config as config_lib
 from trainer.config import Config
 
 
-@keras.saving.register_keras_serializable(package="gptpipe")
 class FusedAdamW(keras.optimizers.AdamW):
     """tf-keras' AdamW, each dense update one fused kernel: TensorFlow's `ResourceApplyAdam`.
 
     tf-keras' `AdamW.update_step` (tf_keras/src/optimizers/adamw.py) spells the update out in
     about 10 ops, each a pass over the variable's memory; `ResourceApplyAdam`
-    (tensorflow/core/kernels/training_ops.cc, `ApplyAdamNonCuda` on CPU; an XLA kernel in
-    tf2xla/kernels/training_ops.cc, so a step compiled with `jit_compile` keeps it) reads the
-    gradient, m, v and the variable once and writes them once, with the same arithmetic:
+    (tensorflow/core/kernels/training_ops.cc, `ApplyAdamNonCuda` on CPU) reads the gradient, m,
+    v and the variable once and writes them once, with the same arithmetic:
     m += (g - m)(1 - beta_1), v += (g^2 - v)(1 - beta_2), var -= alpha m / (sqrt(v) + epsilon),
     alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t). The decoupled weight decay, the clipping
     and the slots (so checkpoints) are AdamW's own. Sparse gradients and amsgrad take AdamW's
     path. The update of the 13.8 M-parameter benchmark model took 15 ms instead of 23 on 2 Zen 5
-    cores; its train step in mixed_bfloat16 got 4-5% faster (README: Benchmarks).
+    cores; its train step in mixed_bfloat16 got 4-5% faster (README: Benchmarks). The kernel has
+    an XLA translation (tf2xla/kernels/training_ops.cc), so updates compiled by XLA keep it. On
+    a GPU, tf-keras compiles each update with XLA by default (the optimizer's `jit_compile`),
+    which fuses AdamW's ops itself: no gain is expected there (unmeasured).
     """
 
     def update_step(self, gradient: Any, variable: Any) -> None:
