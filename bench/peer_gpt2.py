@@ -8,7 +8,9 @@ step's GZIP TFRecords) and the same resolved config JSON (`trainer.config.config
   `GPT2CausalLM`, whose logits go through the tied token embedding, at the config's shape;
 - the optimizer is AdamW with the trainer's warmup + cosine schedule, peak learning rate scaled
   to the batch, weight decay (not on biases, LayerNorm or embeddings' norms), betas and global
-  clipping, so both sides do the same work per step;
+  clipping, so both sides do the same arithmetic per step (in other kernels: the trainer
+  updates each variable in one fused kernel, trainer.optimization.FusedAdamW; Keras 3's AdamW
+  runs op by op);
 - the input pipeline does trainer/data.py's work with tf.data's stock ops: the same GZIP
   shards interleaved 4 at a time, a shuffle buffer of the config's size, repeat, batch, then
   parse (the trainer's order, TrainOrder, is the same work arranged so a resume can find its
