@@ -202,16 +202,22 @@ def speed(args: argparse.Namespace, cfg: dict) -> dict:
 
 
 def quality(args: argparse.Namespace, cfg: dict) -> dict:
-    """Train for the budget, planning the schedule's length from the first CALIBRATION steps'
-    speed (`--safety` of the time left), at most the recipe's train_steps, as quality_bench
-    plans the trainer's; score snapshots taken at `points` even fractions of the budget (or at
-    the end, when training ends sooner)."""
+    """Train for the budget, planning the schedule's length from the steps' speed (`--safety`
+    of the time left), at most the recipe's train_steps, as quality_bench plans the trainer's;
+    score snapshots taken at `points` even fractions of the budget (or at the end, when
+    training ends sooner).
+
+    The plan is made at step CALIBRATION and made again at the end of warmup (`replan_steps`),
+    from all the steps so far: the cosine starts there, so no step already taken changes, and
+    one slow moment among the first 20 steps no longer sets the length (on 2026-12-03 it cut
+    the schedule to 824 of 900 steps and the run stopped at 7.3 of 10 minutes)."""
     import keras
 
     model, schedule = build(cfg, args.planned_steps or 10**6, args.dropout)
     at = [args.budget_s * (i + 1) / args.points for i in range(args.points)]
     snapshots: list[tuple[float, int, list]] = []
     plan = {"steps": args.planned_steps, "first_end": 0.0}
+    replans = replan_steps(int(cfg["train"]["warmup_steps"]))
 
     class Budget(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -220,11 +226,14 @@ def quality(args: argparse.Namespace, cfg: dict) -> dict:
             step = int(self.model.optimizer.iterations.numpy())
             if step == 1:
                 plan["first_end"] = now
-            if not plan["steps"] and step == CALIBRATION:
-                rate = (step - 1) / (now - plan["first_end"])
-                left = args.budget_s - (now - STARTED)
-                fit = step + max(0, int(left * args.safety * rate))
-                plan["steps"] = min(fit, int(cfg["train"]["train_steps"]))  # as the trainer's
+            if not args.planned_steps and step in replans:
+                plan["steps"] = planned(
+                    step,
+                    seconds=now - plan["first_end"],
+                    left_s=args.budget_s - (now - STARTED),
+                    safety=args.safety,
+                    cap=int(cfg["train"]["train_steps"]),  # the recipe's, as the trainer's
+                )
                 schedule.total.assign(float(plan["steps"]))
             done = bool(plan["steps"]) and step >= plan["steps"]
             elapsed = now - STARTED
@@ -248,6 +257,21 @@ def quality(args: argparse.Namespace, cfg: dict) -> dict:
         scores = score(model, chunks, args.tokenizer, cfg["model"]["seq_len"])
         curve.append({"minutes": elapsed / 60.0, "step": step, **scores})
     return {"curve": curve, "params": model.count_params(), "planned_steps": plan["steps"]}
+
+
+def replan_steps(warmup_steps: int) -> tuple[int, ...]:
+    """The steps after which `quality` plans its schedule's length: CALIBRATION, so that a
+    short budget has a plan early, and the end of warmup, the last step before the length
+    matters to the learning rate (warmup_cosine's warmup does not read it)."""
+    return tuple(sorted({CALIBRATION, max(CALIBRATION, warmup_steps)}))
+
+
+def planned(step: int, seconds: float, left_s: float, safety: float, cap: int) -> int:
+    """The schedule's length after `step` steps: those, plus what fits `safety` of the
+    `left_s` seconds left at the rate of steps 2..`step` (`seconds` since step 1 ended: step 1
+    traces the graph), at most `cap`."""
+    rate = (step - 1) / seconds
+    return min(cap, step + max(0, int(left_s * safety * rate)))
 
 
 def score(model, chunks: list[str], tokenizer: str, seq_len: int, batch: int = 8) -> dict:

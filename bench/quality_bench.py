@@ -22,8 +22,9 @@ on its first 90% and are scored on the last 10% (nanoGPT's split; raw/eval.txt i
   the preset's rotary positions, and the implementations), on the same corpus tokenized
   by the same tokenize step with the same SentencePiece BPE trainer at vocabulary 2048 (so
   tokenizer quality is the same for both). It trains for the same budget from its process
-  start, its schedule's length set after 20 steps to the recipe's train_steps or what fits
-  SAFETY of the time left, whichever is fewer, and is scored, at even fractions of the budget,
+  start, its schedule's length set after 20 steps, and again from all its steps at the end of
+  warmup, to the recipe's train_steps or what fits SAFETY of the time left, whichever is
+  fewer, and is scored, at even fractions of the budget,
   on the same text chunks (the evaluate step's own chunking) exactly as `score` scores them.
 - The floor: a character bigram with add-ALPHA smoothing, fitted on the same 90%.
 

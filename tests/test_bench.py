@@ -218,6 +218,18 @@ def test_peer_scores_every_target_once_as_the_score_signature_does(length):
     assert targets == ids[1:]
 
 
+def test_peer_plans_its_schedule_again_at_the_end_of_warmup_from_all_its_steps():
+    # the quality preset's warmup: planned at step 20, then at 100, where the cosine starts
+    assert peer_gpt2.replan_steps(100) == (peer_gpt2.CALIBRATION, 100)
+    assert peer_gpt2.replan_steps(5) == (peer_gpt2.CALIBRATION,)  # warmup over by then
+    # one slow stretch in steps 2..20 (2 steps/s) plans short; steps 2..100 at 3 steps/s do not
+    early = peer_gpt2.planned(20, seconds=9.5, left_s=500.0, safety=0.9, cap=10**6)
+    again = peer_gpt2.planned(100, seconds=33.0, left_s=473.0, safety=0.9, cap=10**6)
+    assert (early, again) == (20 + 900, 100 + 1277)
+    assert peer_gpt2.planned(100, seconds=33.0, left_s=473.0, safety=0.9, cap=900) == 900
+    assert peer_gpt2.planned(100, seconds=33.0, left_s=-5.0, safety=0.9, cap=900) == 100
+
+
 def test_peer_venv_is_keyed_by_its_pin_set(tmp_path):
     assert peer_env.pins_key(("a==1", "b==2")) == peer_env.pins_key(("b==2", "a==1"))
     assert peer_env.pins_key(("a==1",)) != peer_env.pins_key(("a==2",))
