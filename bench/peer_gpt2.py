@@ -208,9 +208,12 @@ def quality(args: argparse.Namespace, cfg: dict) -> dict:
     training ends sooner).
 
     The plan is made at step CALIBRATION and made again at the end of warmup (`replan_steps`),
-    from all the steps so far: the cosine starts there, so no step already taken changes, and
-    one slow moment among the first 20 steps no longer sets the length (on 2026-12-03 it cut
-    the schedule to 824 of 900 steps and the run stopped at 7.3 of 10 minutes)."""
+    from all the steps so far: every step until then took a warmup rate, which does not read
+    the length, so no step already taken changes (when warmup_steps >= CALIBRATION, as the
+    recipes have it), and one slow moment among the first 20 steps no longer sets the length
+    (on 2026-12-03 it cut the schedule to 824 of 900 steps, and the run stopped at 7.3 of 10
+    minutes). Training stops at the plan only once the last plan is made; until then the
+    budget ends it."""
     import keras
 
     model, schedule = build(cfg, args.planned_steps or 10**6, args.dropout)
@@ -235,7 +238,8 @@ def quality(args: argparse.Namespace, cfg: dict) -> dict:
                     cap=int(cfg["train"]["train_steps"]),  # the recipe's, as the trainer's
                 )
                 schedule.total.assign(float(plan["steps"]))
-            done = bool(plan["steps"]) and step >= plan["steps"]
+            final = bool(args.planned_steps) or step >= replans[-1]
+            done = bool(plan["steps"]) and final and step >= plan["steps"]
             elapsed = now - STARTED
             while len(snapshots) < len(at) and (elapsed >= at[len(snapshots)] or done):
                 snapshots.append((elapsed, step, self.model.get_weights()))
@@ -261,8 +265,8 @@ def quality(args: argparse.Namespace, cfg: dict) -> dict:
 
 def replan_steps(warmup_steps: int) -> tuple[int, ...]:
     """The steps after which `quality` plans its schedule's length: CALIBRATION, so that a
-    short budget has a plan early, and the end of warmup, the last step before the length
-    matters to the learning rate (warmup_cosine's warmup does not read it)."""
+    short budget has a plan early, and the end of warmup: the steps up to it take warmup rates,
+    which do not read the length (warmup_cosine), so a plan made there changes none of them."""
     return tuple(sorted({CALIBRATION, max(CALIBRATION, warmup_steps)}))
 
 

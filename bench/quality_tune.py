@@ -26,7 +26,7 @@ from bench import quality_bench, trainer_run
 PRESET = "quality"
 EVAL_FRACTION = 0.1
 # (label, overrides) on today's preset, which trains with rotary positions and dropout 0.15
-# since 2026-12-03; the others at dropout 0.1, as README's "Benchmarks" table has them.
+# since 2026-12-03; the others at dropout 0.1, as docs/benchmarks.md's tuning table has them.
 PREVIOUS_DROPOUT = "model.dropout=0.1"  # the preset's until 2026-12-03
 VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the preset", ()),

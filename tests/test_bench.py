@@ -224,9 +224,10 @@ def test_peer_plans_its_schedule_again_at_the_end_of_warmup_from_all_its_steps()
     assert peer_gpt2.replan_steps(5) == (peer_gpt2.CALIBRATION,)  # warmup over by then
     # one slow stretch in steps 2..20 (2 steps/s) plans short; steps 2..100 at 3 steps/s do not
     early = peer_gpt2.planned(20, seconds=9.5, left_s=500.0, safety=0.9, cap=10**6)
-    again = peer_gpt2.planned(100, seconds=33.0, left_s=473.0, safety=0.9, cap=10**6)
-    assert (early, again) == (20 + 900, 100 + 1277)
-    assert peer_gpt2.planned(100, seconds=33.0, left_s=473.0, safety=0.9, cap=900) == 900
+    # steps 21..100 took 23.5 s, so 476.5 s are left at step 100
+    again = peer_gpt2.planned(100, seconds=33.0, left_s=476.5, safety=0.9, cap=10**6)
+    assert (early, again) == (20 + 900, 100 + 1286)
+    assert peer_gpt2.planned(100, seconds=33.0, left_s=476.5, safety=0.9, cap=900) == 900
     assert peer_gpt2.planned(100, seconds=33.0, left_s=-5.0, safety=0.9, cap=900) == 100
 
 

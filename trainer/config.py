@@ -103,7 +103,7 @@ def _preset(name: str) -> dict[str, dict[str, Any]]:
         # their last step than at three quarters of it; 0.15 beat 0.1 by 0.9% on
         # bench/quality_tune's split, not on the benchmark's held-out text: 1.474 against 1.469);
         # and rotary positions, 3.4% fewer held-out nats/char than the learned table at the same
-        # steps (README: Benchmarks). 900 steps took 6.0 minutes on 2 Zen 5 cores in bfloat16
+        # steps (docs/benchmarks.md). 900 steps took 6.0 minutes on 2 Zen 5 cores in bfloat16
         # (`auto` there; 7.7 on Zen 4 with the table); in float32 they take about half as long
         # again. bench/quality_bench.py measures it against the peer.
         return {

@@ -24,7 +24,7 @@ class FusedAdamW(keras.optimizers.AdamW):
     alpha = lr sqrt(1 - beta_2^t) / (1 - beta_1^t). The decoupled weight decay, the clipping
     and the slots (so checkpoints) are AdamW's own. Sparse gradients and amsgrad take AdamW's
     path. The update of the 13.8 M-parameter benchmark model took 15 ms instead of 23 on 2 Zen 5
-    cores; its train step in mixed_bfloat16 got about 3% faster (README: Benchmarks). The kernel has
+    cores; its train step in mixed_bfloat16 got about 3% faster (docs/benchmarks.md). The kernel has
     an XLA translation (tf2xla/kernels/training_ops.cc), so updates compiled by XLA keep it. On
     a GPU, tf-keras compiles each update with XLA by default (the optimizer's `jit_compile`),
     which fuses AdamW's ops itself: no gain is expected there (unmeasured).
