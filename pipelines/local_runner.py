@@ -20,8 +20,6 @@ from kfp import local
 from components import lineage, provenance, storage
 from components.evaluate.thresholds import check_thresholds
 from components.provenance import LOCAL_IMAGE
-from components.storage.local import glob_root
-from components.storage.uris import has_wildcard
 from contracts.artifacts import WORKER_LOGS_DIR, step_work_dir
 from contracts.errors import UserError
 from contracts.progress import PROGRESS_ENV
@@ -199,9 +197,9 @@ def _absolute(uri: str) -> str:
     its pattern: only the folder before it is resolved."""
     if storage.is_gcs(uri):
         return uri
-    if not has_wildcard(uri):
+    if not storage.has_wildcard(uri):
         return str(Path(uri).resolve())
-    fixed = Path(glob_root(uri))
+    fixed = Path(storage.glob_root(uri))
     return str(fixed.resolve().joinpath(*Path(uri).parts[len(fixed.parts) :]))
 
 

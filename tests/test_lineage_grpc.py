@@ -229,6 +229,8 @@ def test_grpcs_addresses_configure_tls(tls):
         assert not lineage.store_config(plaintext).HasField("ssl_config")
     assert lineage.is_service("grpcs://mlmd:443?ca=/ca.pem")
     assert lineage.is_service("grpcs://bad")  # a service address, malformed: store_config says so
+    assert lineage.is_service("mlmd:")
+    assert not lineage.is_service("runs/metadata.sqlite")
 
 
 @pytest.mark.parametrize(
@@ -242,6 +244,9 @@ def test_grpcs_addresses_configure_tls(tls):
         "grpcs://mlmd:443?cert=/c.pem",
         "grpc://mlmd:8080?ca=/ca.pem",
         "https://mlmd:443",
+        "mlmd:",  # host:port forms with a bad port, not SQLite files of that name
+        "mlmd:808080",
+        "mlmd.kubeflow:http",
     ],
 )
 def test_malformed_service_addresses_are_named(address):

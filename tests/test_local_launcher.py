@@ -21,6 +21,7 @@ from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, Lau
 from components.train.local_launcher import LocalLauncher, exit_code_of, exited
 from contracts.errors import UserError
 from contracts.process import stat_fields
+from trainer.config import resolve_config
 
 WORKER = r'''
 import json, os, signal, subprocess, sys, time
@@ -279,6 +280,48 @@ def test_the_executor_picks_the_local_launcher_without_loading_kubernetes(tmp_pa
             "components.train.local_launcher",
         ]
     )
+
+
+SCRATCH_WORKER = r"""
+import json, os, sys, time
+from pathlib import Path
+
+model, work = Path(sys.argv[1]), Path(sys.argv[2])
+left = [work / "checkpoints" / ".worker-tmp-0a1b2c3d", work / "scratch-model-4e5f6a7b"]
+if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+    # what a worker killed mid-save and mid-export leaves (trainer/callbacks.py, export.py)
+    for folder in left:
+        folder.mkdir(parents=True)
+        (folder / "part").write_text("half")
+    sys.exit(0)
+(work / "checkpoints").mkdir(parents=True, exist_ok=True)
+(work / "checkpoints" / "ckpt-10.index").write_text("the chief's")
+(work / "scratch-model-notes.txt").write_text("a file, not a worker's folder")
+for _ in range(600):  # the job succeeds when worker 0 does: after worker 1 has left them
+    if all((folder / "part").exists() for folder in left):
+        break
+    time.sleep(0.1)
+model.mkdir(parents=True)
+(model / "train_metrics.json").write_text(json.dumps({"steps": 10, "final_loss": 1.5}))
+"""
+
+
+def test_the_train_step_removes_scratch_a_dead_worker_left_and_keeps_the_chiefs(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(SCRATCH_WORKER)
+    model, work = tmp_path / "model", tmp_path / "work"
+    spec = JobSpec(
+        name="scratch-test",
+        command=[sys.executable, str(script), str(model), str(work)],
+        workers=2,
+        backoff_limit=0,
+    )
+    launcher = LocalLauncher(log_dir=None, out=io.StringIO())
+    assert len(executor.worker_scratch(str(work))) == 0  # a missing folder has none
+    result = executor.run(spec, resolve_config("tiny"), str(model), str(work), launcher)
+    assert result.model_properties["steps"] == 10
+    kept = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+    assert kept == ["checkpoints", "checkpoints/ckpt-10.index", "scratch-model-notes.txt"]
 
 
 def test_exit_codes_in_kubernetes_terms():

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import tensorflow as tf
 import tf_keras as keras
 
+from contracts.artifacts import WORKER_CHECKPOINT_SCRATCH_PREFIX
 from trainer.history import TrainHistory
 from trainer.telemetry import LogPoint, Speed, Telemetry
 from trainer.train_step import StepStats
@@ -271,11 +272,8 @@ class PeriodicCheckpoint(StepCallback):
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         ckpt = tf.train.Checkpoint(model=self.model, optimizer=self.model.optimizer)
-        directory = (
-            self.directory
-            if self.is_chief
-            else (posixpath.join(self.directory, f".worker-tmp-{uuid.uuid4().hex[:8]}"))
-        )
+        scratch = f"{WORKER_CHECKPOINT_SCRATCH_PREFIX}{uuid.uuid4().hex[:8]}"
+        directory = self.directory if self.is_chief else posixpath.join(self.directory, scratch)
         self._manager = tf.train.CheckpointManager(ckpt, directory, max_to_keep=3)
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:

@@ -24,7 +24,13 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 import tf_keras as keras
 
-from contracts.artifacts import MODEL_CONFIG, SERVING_DIR, TRAIN_HISTORY, TRAIN_METRICS
+from contracts.artifacts import (
+    MODEL_CONFIG,
+    SERVING_DIR,
+    TRAIN_HISTORY,
+    TRAIN_METRICS,
+    WORKER_MODEL_SCRATCH_PREFIX,
+)
 from trainer import config as config_lib
 from trainer import model
 from trainer.config import Config
@@ -271,7 +277,7 @@ def serving_model(gpt: keras.Model, cfg: Config) -> keras.Model:
 
 def _write_for_role(parts: ModelParts, model_dir: str, work_dir: str, is_chief: bool) -> None:
     """The chief writes `model_dir`; the others write scratch space in `work_dir` and remove it."""
-    scratch = posixpath.join(work_dir, f"scratch-model-{uuid.uuid4().hex[:8]}")
+    scratch = posixpath.join(work_dir, f"{WORKER_MODEL_SCRATCH_PREFIX}{uuid.uuid4().hex[:8]}")
     target = model_dir if is_chief else scratch
     try:
         write_model_dir(parts, target)

@@ -62,6 +62,9 @@ _SERVICE_RE = re.compile(
     r"(?:(?P<scheme>grpcs?)://)?(?P<host>[A-Za-z0-9.\-]+):(?P<port>\d{1,5})(?:\?(?P<query>.*))?"
 )
 _HOST_RE = re.compile(r"[A-Za-z0-9.\-]+")
+# A host name, a colon and no path separator: an address with a bad port ("mlmd:", "mlmd:80800"),
+# refused by name rather than taken for a SQLite file of that name.
+_ADDRESS_LIKE_RE = re.compile(r"[A-Za-z0-9.\-]+:[^/\\]*")
 _FORMS = "a SQLite path, host:port, grpc://host:port or grpcs://host:port[?ca=CA_FILE]"
 
 
@@ -130,7 +133,7 @@ def store_config(uri: str, *, timeout_s: float = RPC_TIMEOUT_S) -> Any:
 def is_service(uri: str) -> bool:
     """True when a store address names an MLMD gRPC service rather than a SQLite file."""
     uri = uri.strip()
-    return uri.startswith(("grpc://", "grpcs://")) or _SERVICE_RE.fullmatch(uri) is not None
+    return uri.startswith(("grpc://", "grpcs://")) or _ADDRESS_LIKE_RE.fullmatch(uri) is not None
 
 
 def open_store(uri: str, *, timeout_s: float = RPC_TIMEOUT_S) -> metadata_store.MetadataStore:
@@ -259,7 +262,7 @@ def _parse_service(uri: str) -> _Service | None:
     """The gRPC address in `uri`, None for a SQLite path; UserError for a malformed address."""
     match = _SERVICE_RE.fullmatch(uri)
     if match is None:
-        if "://" in uri:
+        if "://" in uri or _ADDRESS_LIKE_RE.fullmatch(uri):
             raise UserError(f"metadata store {uri!r} is not supported: pass {_FORMS}")
         return None
     port, tls, query = int(match["port"]), match["scheme"] == "grpcs", match["query"]

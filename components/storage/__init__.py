@@ -4,7 +4,7 @@ Every public function takes a local path or a `gs://bucket/key` URI. Steps use t
 names (`from components import storage; storage.join(...)`), never its submodules:
 
 - `uris`: addresses and fingerprints: `is_gcs` (which refuses other schemes, such as KFP's
-  default `minio://`), `check_shared_root`, `join`, `split_gcs`, `FileInfo`,
+  default `minio://`), `check_shared_root`, `join`, `split_gcs`, `has_wildcard`, `FileInfo`,
   `sha256_file`, `crc32c_file`;
 - `files`: what works on either kind of address: listing (`list_files`, `list_tree`,
   `has_content`, `check_folder`, `folders_holding`, `tree_crc32c`, `same_files`), reading
@@ -12,7 +12,8 @@ names (`from components import storage; storage.join(...)`), never its submodule
   (`write_bytes`, `write_text_atomic`, `copy`, `upload_dir`, `download_dir`, `delete_file`,
   `delete_tree`, `local_copy`), and writes that race safely (`create_exclusive`,
   `update_bytes`);
-- `local`: how those work on local disk (writes through a temporary sibling and a rename);
+- `local`: how those work on local disk (writes through a temporary sibling and a rename),
+  and `glob_root`, a local glob's fixed folder;
 - `gcs`: how they work on GCS: the client (`client`, `set_client`), retries, resumable
   uploads, errors a user causes as `UserError`, the crc32c-checked streamed reader,
   single-object `upload_file` and `download_file`, generation preconditions;
@@ -59,6 +60,7 @@ from components.storage.gcs import (
     upload_file,
 )
 from components.storage.lease import hold_or_wait
+from components.storage.local import glob_root
 from components.storage.publish import (
     atomic_dir,
     finish_publishes,
@@ -71,6 +73,7 @@ from components.storage.uris import (
     ObjectChangedError,
     check_shared_root,
     crc32c_file,
+    has_wildcard,
     is_gcs,
     join,
     sha256_file,
@@ -94,7 +97,9 @@ __all__ = [
     "download_file",
     "finish_publishes",
     "folders_holding",
+    "glob_root",
     "has_content",
+    "has_wildcard",
     "hold_or_wait",
     "is_gcs",
     "join",

@@ -22,7 +22,15 @@ from components.train.launcher import (
     job_name,
     run_label,
 )
-from contracts.artifacts import BACKUP_DIR, EXAMPLES_MANIFEST, TRAIN_METRICS, WORKER_LOGS_DIR
+from contracts.artifacts import (
+    BACKUP_DIR,
+    CHECKPOINT_DIR,
+    EXAMPLES_MANIFEST,
+    TRAIN_METRICS,
+    WORKER_CHECKPOINT_SCRATCH_PREFIX,
+    WORKER_LOGS_DIR,
+    WORKER_MODEL_SCRATCH_PREFIX,
+)
 from contracts.errors import UserError
 from trainer.config import Config, config_hash, config_to_dict
 
@@ -105,11 +113,13 @@ def run(
     """Run `spec` (built by `job_spec` from `cfg`) with `launcher`; read the Model the chief wrote.
 
     Once the whole job has succeeded, the training backup in `work_dir` has served its purpose
-    and is removed here, not by the workers (docs/training.md). Raises `LaunchError` if the job
-    fails.
+    and is removed here, not by the workers, with any scratch folder a worker that died left
+    (docs/training.md). Raises `LaunchError` if the job fails.
     """
     launched = launcher.run(spec)
     storage.delete_tree(storage.join(work_dir, BACKUP_DIR))
+    for scratch in worker_scratch(work_dir):
+        storage.delete_tree(scratch)
     # TensorFlow's GCS file system leaves an empty "<folder>/" object per folder it creates;
     # KFP's launcher, downloading the Model for evaluate and push, would make each a file and
     # then fail to create the folder of the same name.
@@ -134,6 +144,23 @@ def run(
         "worker_image_digests": dict(launched.image_digests),
     }
     return TrainResult(model_properties, execution_properties)
+
+
+def worker_scratch(work_dir: str) -> list[str]:
+    """The scratch folders non-chief workers left in `work_dir` (contracts/artifacts.py): each
+    worker removes its own, so only a worker killed before it could leaves one."""
+    found = set()
+    for name in storage.list_tree(work_dir):  # a missing folder is empty
+        top, _, rest = name.partition("/")
+        if top.startswith(WORKER_MODEL_SCRATCH_PREFIX) and rest:
+            found.add(top)
+        elif (
+            top == CHECKPOINT_DIR
+            and rest.startswith(WORKER_CHECKPOINT_SCRATCH_PREFIX)
+            and "/" in rest
+        ):
+            found.add(f"{top}/{rest.split('/')[0]}")
+    return [storage.join(work_dir, name) for name in sorted(found)]
 
 
 def check_cache_inputs(examples_uri: str, dataset_version: str) -> None:
