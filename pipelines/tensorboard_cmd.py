@@ -8,8 +8,7 @@ The train step's work folder is `<artifact_root>/work/<run id>/train/`
 step recorded it among its parameters, so this finds a local run's logs and a cluster run's on
 gs:// alike; a train step KFP took from its cache points to the run that really trained.
 `--latest` (the default) is the newest run with a train step. TensorBoard runs as a subprocess
-of this Python (`python -m tensorboard.main`, here through this module's `__main__`, see
-`_serve`) until Ctrl-C.
+of this Python (`python -m tensorboard.main`, `start_tensorboard`) until Ctrl-C.
 """
 
 from __future__ import annotations
