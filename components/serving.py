@@ -86,7 +86,9 @@ class ServedModelChanged(Exception):
         if coming:
             now = (
                 f"another push is still publishing version {coming} on top of it (claimed "
-                f"in {CLAIMS_DIR}/{coming}); run this one again once that push has ended"
+                f"in {CLAIMS_DIR}/{coming}); run this one again once that push has ended, or, "
+                f"if no push is running (one killed on another machine), once that claim is "
+                f"{STALE_CLAIM_S / 3600:g} h old or after deleting it"
             )
         super().__init__(
             "the served model changed since evaluation: it was compared with "
@@ -120,27 +122,23 @@ def publish_next(source: str, destination: str, expect_latest: int | None = ANY_
     for _ in range(_MAX_RACES):
         version = next_serving_version(destination)
         claim = storage.join(destination, CLAIMS_DIR, str(version))
-        record = {"writer": token, "claimed_at": time.time(), "source": source}
+        record = {
+            "writer": token,
+            "claimed_at": time.time(),
+            "source": source,
+            "process": storage.this_process(),  # so a push on this machine sees it die
+        }
         if not storage.create_exclusive(claim, json.dumps(record).encode()):
             continue
-        if expect_latest != ANY_VERSION:
-            coming = _in_flight(destination, expect_latest, version)
-            until = time.monotonic() + IN_FLIGHT_WAIT_S
-            while coming and time.monotonic() < until:
-                time.sleep(IN_FLIGHT_POLL_S)
-                coming = _in_flight(destination, expect_latest, version)
-            versions = serving_versions(destination)
-            latest = versions[-1] if versions else None
-            retired = latest is not None and str(latest) in _read_retired(destination)
-            if latest != expect_latest or retired or coming:
-                storage.delete_file(claim)  # nothing was written under it: free the number
-                late = coming[0] if coming and latest == expect_latest and not retired else 0
-                raise ServedModelChanged(expect_latest, latest, retired, late)
         try:
+            if expect_latest != ANY_VERSION:
+                _check_on_top_of(destination, expect_latest, version)
             storage.publish_dir(source, storage.join(destination, str(version)), ready=READY)
-        except Exception:  # a killed process cleans nothing: its claim and staging stay
+        except BaseException:  # refused, failed or interrupted (Ctrl-C while it waits)
             # Nothing of ours is left at <N>/ (a gs:// staging that could still be finished
-            # keeps the number taken by its name), so the number is free again.
+            # keeps the number taken by its name), so the number is free again. A killed
+            # process cleans nothing: its claim and staging stay (`_in_flight` says when that
+            # claim no longer holds a push back).
             with contextlib.suppress(Exception):
                 storage.delete_file(claim)
             raise
@@ -148,26 +146,45 @@ def publish_next(source: str, destination: str, expect_latest: int | None = ANY_
     raise RuntimeError(f"could not claim a version under {destination} after {_MAX_RACES} tries")
 
 
+def _check_on_top_of(destination: str, expect_latest: int | None, version: int) -> None:
+    """Raise ServedModelChanged unless `version` (claimed) would go on top of `expect_latest`:
+    the newest complete version, not retired, once the pushes claimed between them have ended
+    (waited for up to IN_FLIGHT_WAIT_S)."""
+    coming = _in_flight(destination, expect_latest, version)
+    until = time.monotonic() + IN_FLIGHT_WAIT_S
+    while coming and time.monotonic() < until:
+        time.sleep(IN_FLIGHT_POLL_S)
+        coming = _in_flight(destination, expect_latest, version)
+    versions = serving_versions(destination)
+    latest = versions[-1] if versions else None
+    retired = latest is not None and str(latest) in _read_retired(destination)
+    if latest != expect_latest or retired or coming:
+        late = coming[0] if coming and latest == expect_latest and not retired else 0
+        raise ServedModelChanged(expect_latest, latest, retired, late)
+
+
 def _claimed(destination: str) -> list[str]:
     return list(storage.list_tree(storage.join(destination, CLAIMS_DIR)))
 
 
 def _in_flight(destination: str, above: int | None, below: int) -> list[int]:
-    """The versions between `above` and `below` that are claimed and not yet complete, whose
-    claims are younger than STALE_CLAIM_S (an older one is a dead publisher's: its number
-    stays skipped), ascending. A claim's time is its publisher's clock: a skew of minutes
-    does not matter at that scale."""
+    """The versions between `above` and `below` that are claimed and not yet complete, by a
+    publisher that may still be running, ascending. A claim is a dead publisher's (its number
+    stays skipped) when it is older than STALE_CLAIM_S, or when it names a process on this
+    machine that has ended (`storage.holder_gone`: a local push killed mid-copy). A claim's
+    time is its publisher's clock: a skew of minutes does not matter at that scale."""
     complete = set(serving_versions(destination))
+    here = storage.this_process()
     coming = []
     for name in _claimed(destination):
         if not name.isdigit() or not (above or 0) < int(name) < below or int(name) in complete:
             continue
         try:
-            record = json.loads(storage.read_bytes(storage.join(destination, CLAIMS_DIR, name)))
-            claimed_at = float(record["claimed_at"])
+            raw = storage.read_bytes(storage.join(destination, CLAIMS_DIR, name))
+            claimed_at = float(json.loads(raw)["claimed_at"])
         except (UserError, OSError, ValueError, TypeError, KeyError):
             continue  # gone meanwhile (its publisher failed and freed it), or not ours
-        if time.time() - claimed_at < STALE_CLAIM_S:
+        if time.time() - claimed_at < STALE_CLAIM_S and not storage.holder_gone(raw, here):
             coming.append(int(name))
     return sorted(coming)
 

@@ -19,6 +19,8 @@ names (`from components import storage; storage.join(...)`), never its submodule
   single-object `upload_file` and `download_file`, generation preconditions;
 - `lease`: `hold_or_wait`, so one of several concurrent callers does a piece of work (a dataset
   version's tokenize) while the others wait for it, with a heartbeat to notice a dead holder;
+  `this_process` and `holder_gone`, which tell a dead holder on this machine at once (serving's
+  version claims use them too);
 - `publish`: folders that appear whole: `atomic_dir`, `publish_dir`, and on gs:// the staging
   protocol with `staging_uri`, `names_taken` and `finish_publishes`.
 
@@ -59,7 +61,7 @@ from components.storage.gcs import (
     set_client,
     upload_file,
 )
-from components.storage.lease import hold_or_wait
+from components.storage.lease import hold_or_wait, holder_gone, this_process
 from components.storage.local import glob_root
 from components.storage.publish import (
     atomic_dir,
@@ -101,6 +103,7 @@ __all__ = [
     "has_content",
     "has_wildcard",
     "hold_or_wait",
+    "holder_gone",
     "is_gcs",
     "join",
     "list_files",
@@ -115,6 +118,7 @@ __all__ = [
     "sha256_file",
     "split_gcs",
     "staging_uri",
+    "this_process",
     "tree_crc32c",
     "update_bytes",
     "upload_dir",

@@ -7,8 +7,11 @@ the create-only claims and copies are what keeps two publishers apart.
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -188,9 +191,15 @@ def test_a_push_compared_with_an_older_model_is_not_published(tmp_path):
     assert claims == ["1", "2"]  # the refused push released the number it had claimed
 
 
-def _claim(dest: str, version: int, age_s: float = 0.0) -> str:
-    """Another push's claim of `version`, as publish_next writes it, made `age_s` ago."""
-    record = {"writer": "another", "claimed_at": time.time() - age_s, "source": "elsewhere"}
+def _claim(dest: str, version: int, age_s: float = 0.0, process: dict | None = None) -> str:
+    """Another push's claim of `version`, as publish_next writes it, made `age_s` ago by
+    `process` (storage.this_process() of its publisher; None where /proc did not tell)."""
+    record = {
+        "writer": "another",
+        "claimed_at": time.time() - age_s,
+        "source": "elsewhere",
+        "process": process,
+    }
     uri = storage.join(dest, serving.CLAIMS_DIR, str(version))
     assert storage.create_exclusive(uri, json.dumps(record).encode())
     return uri
@@ -260,6 +269,56 @@ def test_a_dead_publishers_old_claim_below_does_not_hold_a_push_back(tmp_path, m
     _claim(dest, 2, age_s=serving.STALE_CLAIM_S + 60)  # killed an hour ago: its number skipped
     pushed = serving.publish_next(f"{model(tmp_path, 'v3', 16)}/Format-Serving", dest, 1)
     assert pushed == 3 and serving.serving_versions(dest) == [1, 3]
+
+
+@pytest.mark.fault("a local push killed mid-copy, its claim left behind")
+def test_a_claim_whose_publisher_on_this_machine_has_ended_does_not_hold_a_push_back(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(serving, "IN_FLIGHT_WAIT_S", 600)  # were it waited for, this would hang
+    dest = str(tmp_path / "serving")
+    serving.publish_next(f"{model(tmp_path, 'v1', 16)}/Format-Serving", dest)
+    ended = subprocess.run(  # a publisher's process record, as a killed push leaves it
+        [
+            sys.executable,
+            "-c",
+            "import json; from components import storage; "
+            "print(json.dumps(storage.this_process()))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    process = json.loads(ended.stdout)
+    if process is None:
+        pytest.skip("/proc does not identify processes here")
+    _claim(dest, 2, process=process)  # a minute-old claim: only its ended process frees it
+    pushed = serving.publish_next(f"{model(tmp_path, 'v3', 16)}/Format-Serving", dest, 1)
+    assert pushed == 3 and serving.serving_versions(dest) == [1, 3]
+    # the same claim by a process still running (this one) holds the next push back
+    _claim(dest, 4, process=storage.this_process())
+    monkeypatch.setattr(serving, "IN_FLIGHT_WAIT_S", 0.2)
+    with pytest.raises(serving.ServedModelChanged, match="still publishing version 4"):
+        serving.publish_next(f"{model(tmp_path, 'v5', 16)}/Format-Serving", dest, 3)
+
+
+@pytest.mark.fault("Ctrl-C to a push waiting for one claimed below it")
+def test_a_push_interrupted_while_it_waits_frees_its_claim(tmp_path, monkeypatch):
+    dest = str(tmp_path / "serving")
+    serving.publish_next(f"{model(tmp_path, 'v1', 16)}/Format-Serving", dest)
+    _claim(dest, 2)  # in flight: the push below waits for it
+    source = f"{model(tmp_path, 'v3', 16)}/Format-Serving"
+
+    def ctrl_c(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    clock = types.SimpleNamespace(time=time.time, monotonic=time.monotonic, sleep=ctrl_c)
+    monkeypatch.setattr(serving, "time", clock)  # serving's clock only
+    with pytest.raises(KeyboardInterrupt):
+        serving.publish_next(source, dest, 1)
+    assert sorted(p.name for p in Path(dest, serving.CLAIMS_DIR).iterdir()) == ["1", "2"]
 
 
 def test_a_push_to_an_empty_destination_needs_one_compared_with_nothing(tmp_path):
