@@ -134,7 +134,7 @@ def publish_next(source: str, destination: str, expect_latest: int | None = ANY_
             if expect_latest != ANY_VERSION:
                 _check_on_top_of(destination, expect_latest, version)
             storage.publish_dir(source, storage.join(destination, str(version)), ready=READY)
-        except BaseException:  # refused, failed or interrupted (Ctrl-C while it waits)
+        except (Exception, KeyboardInterrupt):  # refused, failed, or Ctrl-C while it waits
             # Nothing of ours is left at <N>/ (a gs:// staging that could still be finished
             # keeps the number taken by its name), so the number is free again. A killed
             # process cleans nothing: its claim and staging stay (`_in_flight` says when that

@@ -6,6 +6,7 @@ See test_storage_gcs.py for the emulator's gaps; the tests here only use what it
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -70,6 +71,20 @@ def test_tokenize_reads_gcs_writes_gcs_and_matches_a_local_run(gcs, tmp_path, co
     local = _tokenize(str(tmp_path / "docs"), str(tmp_path / "examples"))
     assert local["splits"] == manifest["splits"]
     assert _shards_and_model(gcs.uri("examples")) == _shards_and_model(str(tmp_path / "examples"))
+
+
+@pytest.mark.bad_input("a given tokenizer that is missing, a folder, or a missing gs:// object")
+def test_a_given_tokenizer_that_cannot_be_read_is_named_with_why(gcs, tmp_path):
+    from components.tokenize import bpe
+
+    cases = {
+        str(tmp_path / "nope.model"): "not found; give a SentencePiece .model file",
+        str(tmp_path): "is a folder; give the SentencePiece .model file in it",
+        gcs.uri("tok/nope.model"): "not found; give a SentencePiece .model file",
+    }
+    for path, says in cases.items():
+        with pytest.raises(UserError, match=f"tokenizer '{re.escape(path)}' {says}"):
+            bpe.read_given(path, vocab_size=512)
 
 
 def test_dataset_version_follows_bytes_not_generation(gcs, corpus_text):

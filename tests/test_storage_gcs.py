@@ -24,6 +24,7 @@ downloads, copyTo, prefix/delimiter/matchGlob listing, 404 for a missing bucket.
 
 from __future__ import annotations
 
+import errno
 import inspect
 import os
 from pathlib import Path
@@ -123,6 +124,14 @@ def test_list_gives_fingerprints_without_downloading(gcs_faults, tmp_path):
     ]
     assert [f.uri for f in storage.list_files(gcs.uri("corpus/a.txt"))] == [gcs.uri("corpus/a.txt")]
     assert storage.list_files(gcs.uri("corpus/*.md")) == []
+    # An object named exactly is taken as it is, whatever its name holds; a pattern that
+    # names no object is still a glob.
+    gcs.put("named/notes[1].txt", b"bracketed")
+    gcs.put("named/notes1.txt", b"what the glob would match")
+    [exact] = storage.list_files(gcs.uri("named/notes[1].txt"))
+    assert exact.uri == gcs.uri("named/notes[1].txt") and exact.size == len(b"bracketed")
+    globbed = storage.list_files(gcs.uri("named/notes[12].txt"))
+    assert [f.uri for f in globbed] == [gcs.uri("named/notes1.txt")]
     assert not [path for method, path in proxy.log if "alt=media" in path or "/download/" in path]
     # A folder made in the Cloud Console has a zero-byte placeholder object "corpus/": it is
     # not the file "corpus/" names, nor one of the folder's files.
@@ -234,6 +243,17 @@ def test_finishing_publishes_skips_a_staging_that_goes_while_it_is_read(
     monkeypatch.setattr(publish, "read_bytes", read_after_another_step_finished)
     assert storage.finish_publishes(gcs_strict.uri("serving"), "saved_model.pb") == {}
     assert gcs_strict.names("serving/") == ["serving/1/a.txt", "serving/1/saved_model.pb"]
+
+
+@pytest.mark.fault("the local disk fills while a step builds a gs:// artifact")
+def test_a_full_local_disk_under_a_gcs_artifact_is_one_line_naming_both(gcs):
+    with pytest.raises(UserError) as raised, storage.atomic_dir(gcs.uri("out")) as tmp:
+        (tmp / "part.txt").write_text("half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp / "part.txt"))
+    message = str(raised.value)
+    assert f"(the local copy of {gcs.uri('out')}): No space left on device" in message
+    assert "\n" not in message and str(tmp) in message
+    assert gcs.names() == [] and not tmp.exists()
 
 
 def test_atomic_dir_publishes_to_gcs_only_on_success(gcs):

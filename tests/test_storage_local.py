@@ -87,6 +87,23 @@ def test_uri_helpers():
     assert storage_gcs._glob_regex("c/**/[ab].txt").match("c/d/e/b.txt")
 
 
+def test_a_path_that_exists_is_taken_as_written_not_as_a_glob(tmp_path):
+    (tmp_path / "notes[1].txt").write_text("bracketed")
+    (tmp_path / "notes1.txt").write_text("what the glob would match")
+    (tmp_path / ".corpus.txt").write_text("hidden, but named exactly")
+    [exact] = storage.list_files(str(tmp_path / "notes[1].txt"))
+    assert exact.uri == str(tmp_path / "notes[1].txt")
+    [hidden] = storage.list_files(str(tmp_path / ".corpus.txt"))
+    assert hidden.uri == str(tmp_path / ".corpus.txt")
+    globbed = storage.list_files(str(tmp_path / "notes[12].txt"))  # names no file: a glob
+    assert [f.uri for f in globbed] == [str(tmp_path / "notes1.txt")]
+    # a folder whose name holds a wildcard character is a folder too
+    (tmp_path / "books [draft]").mkdir()
+    (tmp_path / "books [draft]" / "a.txt").write_text("a")
+    listed = storage.list_files(str(tmp_path / "books [draft]"))
+    assert [f.uri for f in listed] == [str(tmp_path / "books [draft]" / "a.txt")]
+
+
 def test_files_under_hidden_folders_are_not_corpus(tmp_path):
     corpus = tmp_path / "corpus"
     (corpus / ".git" / "objects").mkdir(parents=True)

@@ -15,8 +15,9 @@ names (`from components import storage; storage.join(...)`), never its submodule
 - `local`: how those work on local disk (writes through a temporary sibling and a rename),
   and `glob_root`, a local glob's fixed folder;
 - `gcs`: how they work on GCS: the client (`client`, `set_client`), retries, resumable
-  uploads, errors a user causes as `UserError`, the crc32c-checked streamed reader,
-  single-object `upload_file` and `download_file`, generation preconditions;
+  uploads, errors a user causes as `UserError` (a missing object as its `ObjectNotFound`),
+  the crc32c-checked streamed reader, single-object `upload_file` and `download_file`,
+  generation preconditions;
 - `lease`: `hold_or_wait`, so one of several concurrent callers does a piece of work (a dataset
   version's tokenize) while the others wait for it, with a heartbeat to notice a dead holder;
   `this_process` and `holder_gone`, which tell a dead holder on this machine at once (serving's
@@ -56,6 +57,7 @@ from components.storage.files import (
     write_text_atomic,
 )
 from components.storage.gcs import (
+    ObjectNotFound,
     client,
     download_file,
     set_client,
@@ -85,6 +87,7 @@ from components.storage.uris import (
 __all__ = [
     "FileInfo",
     "ObjectChangedError",
+    "ObjectNotFound",
     "atomic_dir",
     "check_folder",
     "check_shared_root",

@@ -184,17 +184,18 @@ def _list_blobs(bucket: str, prefix: str, uri: str, **kwargs: Any) -> list[googl
 
 
 def list_files(pattern: str) -> list[FileInfo]:
-    """`storage.list_files` for a gs:// object, prefix or glob; downloads nothing."""
+    """`storage.list_files` for a gs:// object, prefix or glob; downloads nothing. An object
+    named exactly is taken as it is, even when its name holds `[`, `?` or `*`."""
     bucket, key = split_gcs(pattern)
     if has_wildcard(key):
         fixed = key[: min(key.index(c) for c in "*?[" if c in key)]
         under = fixed[: fixed.rfind("/") + 1]
+        listed = _list_blobs(bucket, under, pattern)
+        exact = [b for b in listed if b.name == key and not key.endswith("/")]
+        if exact:
+            return [_info(bucket, exact[0])]
         regex = _glob_regex(key)
-        blobs = [
-            b
-            for b in _list_blobs(bucket, under, pattern)
-            if regex.match(b.name) and not _hidden(b.name, under)
-        ]
+        blobs = [b for b in listed if regex.match(b.name) and not _hidden(b.name, under)]
         return [_info(bucket, b) for b in blobs]
     folder = folder_key(key)
     blobs = _list_blobs(bucket, key.rstrip("/"), pattern)

@@ -24,23 +24,27 @@ from contracts.errors import UserError
 
 
 def list_files(pattern: str) -> list[FileInfo]:
-    """`storage.list_files` for a local file, folder or glob; each file's sha256 is computed."""
+    """`storage.list_files` for a local file, folder or glob; each file's sha256 is computed.
+
+    A path that exists is taken as it is written, even when its name holds `[`, `?` or `*`
+    (`notes[1].txt`) or starts with a dot: only a path that does not exist is a glob. Hidden
+    files and folders under a folder or a glob are skipped (.git/, temps of a writer).
+    """
     path = Path(pattern)
-    if has_wildcard(pattern):
+    if path.is_file():
+        found = [path]
+    elif path.is_dir():
+        found = [p for p in path.rglob("*") if p.is_file() and not _hidden_path(p, path)]
+    elif has_wildcard(pattern):
         anchor = Path(path.anchor) if path.is_absolute() else Path(".")
         relative = str(path.relative_to(path.anchor)) if path.is_absolute() else pattern
-        found = [p for p in anchor.glob(relative) if p.is_file()]
-    elif path.is_dir():
-        found = [p for p in path.rglob("*") if p.is_file()]
-    elif path.is_file():
-        found = [path]
+        base = Path(glob_root(pattern))
+        found = [p for p in anchor.glob(relative) if p.is_file() and not _hidden_path(p, base)]
     else:
         raise UserError(
             f"corpus not found: {pattern!r} is not a file, folder or matching glob (relative "
             f"paths start at {Path.cwd()}); check the path, or give a gs:// URI"
         )
-    base = path.parent if path.is_file() else (path if path.is_dir() else Path(glob_root(pattern)))
-    found = [p for p in found if not _hidden_path(p, base)]
     files = sorted({p.resolve() for p in found})
     return [FileInfo(str(p), p.stat().st_size, sha256_file(p)) for p in files]
 
@@ -157,16 +161,18 @@ _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space, over quota, 
 
 
 @contextlib.contextmanager
-def disk_errors(target: Path) -> Iterator[None]:
-    """Turn "no space left" (or a quota or file-size limit) while writing `target` into one
-    UserError that names it; the writers here remove their temporaries on the way out."""
+def disk_errors(target: Path, what: str = "") -> Iterator[None]:
+    """Turn "no space left" (or a quota or file-size limit) while writing `target` (`what` it
+    is, when its name does not say) into one UserError that names it; the writers here remove
+    their temporaries on the way out."""
     try:
         yield
     except OSError as e:
         if e.errno not in _DISK_FULL:
             raise
+        named = f"{target} ({what})" if what else str(target)
         raise UserError(
-            f"disk full while writing {target}: {e.strerror}; free space there (or raise the "
+            f"disk full while writing {named}: {e.strerror}; free space there (or raise the "
             "quota) and run the step again: nothing half-written was left"
         ) from None
 

@@ -50,7 +50,9 @@ def atomic_dir(final: str | os.PathLike[str], ready: str = "") -> Iterator[Path]
             yield tmp
         return
     with tempfile.TemporaryDirectory(prefix="gptpipe-") as tmp_name:
-        yield Path(tmp_name)
+        # the local copy fills this machine's disk, not the bucket: say which, in one line
+        with local.disk_errors(Path(tmp_name), f"the local copy of {final}"):
+            yield Path(tmp_name)
         publish_dir(tmp_name, str(final), ready=ready)
 
 

@@ -129,10 +129,18 @@ def read_given(path: str, vocab_size: int) -> bytes:
     """Read and check a user-supplied SentencePiece model."""
     try:
         model = storage.read_bytes(path)
-    except (OSError, UserError):
+    except (FileNotFoundError, storage.ObjectNotFound):
         raise UserError(
             f"tokenizer {path!r} not found; give a SentencePiece .model file or omit it"
         ) from None
+    except IsADirectoryError:
+        raise UserError(
+            f"tokenizer {path!r} is a folder; give the SentencePiece .model file in it"
+        ) from None
+    except OSError as e:  # permissions, I/O: the cause, not "not found"
+        raise UserError(f"cannot read tokenizer {path!r}: {e.strerror or e}") from None
+    except UserError as e:  # gs:// access, named by the storage layer
+        raise UserError(f"cannot read tokenizer {path!r}: {e}") from None
     try:
         processor = spm.SentencePieceProcessor(model_proto=model)
     except RuntimeError:
