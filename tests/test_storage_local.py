@@ -117,18 +117,34 @@ def test_files_under_hidden_folders_are_not_corpus(tmp_path):
     assert [Path(f.uri).name for f in globbed] == ["a.txt"]
 
 
-def test_a_dead_writers_temporary_is_removed_once_stale_and_a_live_ones_kept(tmp_path):
-    final = tmp_path / "datasets" / "v1"
+@pytest.mark.parametrize("publish", ["atomic_dir", "publish_dir"])
+def test_a_dead_writers_temporary_is_removed_once_stale_and_a_live_ones_kept(tmp_path, publish):
+    final = tmp_path / "datasets" / "v2"
     final.parent.mkdir()
-    dead, live = final.parent / ".v1.tmp-dead0000", final.parent / ".v1.tmp-live0000"
-    for folder in (dead, live):
-        folder.mkdir()
-        (folder / "shard-0").write_bytes(b"half")
+    # killed writers of this name and of another (a run started again after a killed one
+    # writes its name once), and a live writer whose top folder is old but whose shards are not
+    dead, other = final.parent / ".v2.tmp-dead0000", final.parent / ".v1.tmp-dead1111"
+    live = final.parent / ".v3.tmp-live0000"
     old = time.time() - local.STALE_TEMP_S - 60
-    os.utime(dead, (old, old))
-    with storage.atomic_dir(final) as tmp:
-        (tmp / "manifest.json").write_text("{}")
-    assert not dead.exists() and live.is_dir()
+    for folder in (dead, other, live):
+        (folder / "Split-train").mkdir(parents=True)
+        (folder / "Split-train" / "shard-0").write_bytes(b"half")
+        for path in (folder / "Split-train" / "shard-0", folder / "Split-train", folder):
+            if folder != live or path == folder:
+                os.utime(path, (old, old))
+    killed_file = final.parent / ".manifest.json.tmp-dead2222"  # a write_bytes killed mid-way
+    killed_file.write_bytes(b"{")
+    os.utime(killed_file, (old, old))
+    if publish == "atomic_dir":
+        with storage.atomic_dir(final) as tmp:
+            (tmp / "manifest.json").write_text("{}")
+    else:
+        source = tmp_path / "model"
+        source.mkdir()
+        (source / "manifest.json").write_text("{}")
+        local.publish_dir(source, final)
+    assert not dead.exists() and not other.exists() and not killed_file.exists()
+    assert live.is_dir()
     assert (final / "manifest.json").is_file()
 
 

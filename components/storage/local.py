@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import glob
 import hashlib
 import io
 import os
@@ -184,17 +183,32 @@ def _temp_sibling(final: Path) -> Path:
     return final.parent / f".{final.name}.tmp-{secrets.token_hex(4)}"
 
 
-def _clear_stale_temps(final: Path) -> None:
-    """Remove the temporary siblings of `final` that killed writers left (SIGKILL, OOM).
+def _clear_stale_temps(folder: Path) -> None:
+    """Remove the temporaries killed writers (SIGKILL, OOM) left in `folder`, whatever name
+    each was for: a run started again after a killed one writes the same name once, and a
+    killed push's number is never written again.
 
-    Listings skip hidden names, so they were never read; this only gives the space back.
-    A folder's mtime moves whenever a file is added to it, so a live writer's stays fresh.
+    Listings skip hidden names, so they were never read; this only gives the space back. A
+    temporary is stale when nothing in it changed for STALE_TEMP_S: a live writer adding files
+    to a sub-folder (tokenize's shards) leaves the top folder's mtime as it was.
     """
-    now = time.time()
-    for old in final.parent.glob(f".{glob.escape(final.name)}.tmp-*"):
+    cutoff = time.time() - STALE_TEMP_S
+    for old in folder.glob(".*.tmp-*"):
         with contextlib.suppress(OSError):
-            if now - old.lstat().st_mtime > STALE_TEMP_S:
-                shutil.rmtree(old) if old.is_dir() else old.unlink()
+            if _untouched_since(old, cutoff):
+                shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
+
+
+def _untouched_since(path: Path, cutoff: float) -> bool:
+    """True if `path` and, for a folder, everything under it last changed before `cutoff`."""
+    if path.lstat().st_mtime >= cutoff:
+        return False
+    if path.is_dir() and not path.is_symlink():
+        for root, dirs, files in os.walk(path):
+            for name in (*dirs, *files):
+                if os.lstat(os.path.join(root, name)).st_mtime >= cutoff:
+                    return False
+    return True
 
 
 def write_bytes(final_path: Path, data: bytes) -> None:
@@ -216,7 +230,7 @@ def atomic_dir(final_path: Path) -> Iterator[Path]:
     If `final_path` already exists as an empty folder (KFP may create it) it is replaced.
     """
     final_path.parent.mkdir(parents=True, exist_ok=True)
-    _clear_stale_temps(final_path)
+    _clear_stale_temps(final_path.parent)
     tmp_path = _temp_sibling(final_path)
     tmp_path.mkdir()
     try:
@@ -310,6 +324,7 @@ def publish_dir(source: Path, final_path: Path) -> None:
     Raises FileExistsError if `final_path` exists, so two publishers never overwrite each other.
     """
     final_path.parent.mkdir(parents=True, exist_ok=True)
+    _clear_stale_temps(final_path.parent)
     tmp = _temp_sibling(final_path)
     try:
         with disk_errors(final_path):

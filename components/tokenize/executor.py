@@ -252,7 +252,15 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
         storage.finish_publishes(datasets_root, ready=EXAMPLES_MANIFEST)
         if storage.has_content(manifest_uri):
             return stored()
-        manifest = run(corpus, uri, expected_version=version, **options)
+        try:
+            manifest = run(corpus, uri, expected_version=version, **options)
+        except FileExistsError:
+            # Our heartbeat stalled past the limit while we worked (a paused node, a storage
+            # stall), a waiter took the lease over and published this version first: the
+            # same data's dataset, which the run reads as a concurrent run's.
+            if not storage.has_content(manifest_uri):
+                raise
+            return stored()
     return Dataset(uri, manifest, False)
 
 

@@ -4,8 +4,10 @@ Real processes released at one moment (`processes.run_together`); on gs:// throu
 `gcs_strict`, the emulator behind a proxy that enforces GCS's preconditions.
 """
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +63,34 @@ def test_racing_runs_tokenize_a_dataset_once(where, tmp_path, request, ledger):
     assert all(s in tree for s in shards)
     leftover = [n for n in storage.list_tree(root) if n.endswith(".lease") or ".staging-" in n]
     assert not leftover  # (a local lease leaves its zero-byte `.lock`: deleting one is racy)
+
+
+@pytest.mark.fault("a holder whose lease was taken over finds its dataset published first")
+def test_a_holder_overtaken_while_it_worked_reads_the_version_published_first(
+    tmp_path, monkeypatch
+):
+    """Its heartbeat stalled past the limit, a waiter took over and published the same
+    version first: the holder's own publish finds the folder taken and it reads that one."""
+    from components.tokenize import executor
+
+    corpus, root = tmp_path / "corpus.txt", str(tmp_path / "datasets")
+    corpus.write_bytes(CORPUS.read_bytes()[:100_000])
+    real = storage.atomic_dir
+
+    @contextlib.contextmanager
+    def overtaken(final, ready=""):
+        with real(final, ready=ready) as tmp:
+            yield tmp
+            shutil.copytree(tmp, final)  # the successor's copy, the same data's, lands first
+
+    monkeypatch.setattr(storage, "atomic_dir", overtaken)
+    dataset = executor.run_content_addressed(
+        str(corpus), root, vocab_size=512, seq_len=32, progress=False
+    )
+    assert dataset.reused and Path(dataset.uri, "manifest.json").is_file()
+    assert [p.name for p in Path(root).iterdir() if not p.name.startswith(".")] == [
+        Path(dataset.uri).name
+    ]
 
 
 HOLD_THEN_HANG = """
