@@ -10,8 +10,10 @@ before anything imports google-cloud-storage. Every pipeline step's process
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
+import os
 import warnings
 
 
@@ -20,6 +22,27 @@ def stat_fields(pid: int) -> list[str]:
     which may hold spaces and ")". OSError if there is no such process (or no /proc)."""
     with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
         return f.read().rsplit(")", 1)[1].split()
+
+
+def descendants(pid: int, group: int | None = None) -> list[int]:
+    """The running (not zombie) processes below `pid` (children, theirs, ...), from /proc,
+    only those in process group `group` if given; [] where there is no /proc."""
+    parents: dict[int, tuple[int, int]] = {}  # pid: (parent, group) of every running process
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                state, parent, pgrp = stat_fields(int(entry.name))[:3]
+            except (OSError, ValueError):
+                continue  # ended while listed
+            if state != "Z":
+                parents[int(entry.name)] = (int(parent), int(pgrp))
+    found, below = [], {pid}
+    while below:
+        below = {p for p, (parent, _) in parents.items() if parent in below}
+        found += [p for p in below if group is None or parents[p][1] == group]
+    return sorted(found)
 
 
 def hide_python_eol_notice() -> None:

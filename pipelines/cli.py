@@ -34,6 +34,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print(f"gptpipe: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # one line, not a traceback; what the command started goes on
+        print(
+            f"gptpipe: interrupted; what `{args.command}` started on a cluster (a KFP run, a "
+            "TFJob) goes on: `gptpipe kfp runs` lists the runs",
+            file=sys.stderr,
+        )
+        return 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -259,7 +266,7 @@ def run_and_report(run: "LocalRun", mode: str) -> int:
     if mode in (run_watch.AUTO, run_watch.VERBOSE):
         for what, path in run_watch.log_paths(outcome).items():
             print(f"{_LOG_NAMES.get(what, what)}: {path}")
-    return 1 if failed else 0
+    return 130 if outcome.interrupted else 1 if failed else 0  # 130: the shell's Ctrl-C
 
 
 _LOG_NAMES = {

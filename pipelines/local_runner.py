@@ -8,7 +8,10 @@ only the run view (pipelines/run_view.py).
 import contextlib
 import io
 import os
+import signal
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -22,6 +25,7 @@ from components.evaluate.thresholds import check_thresholds
 from components.provenance import LOCAL_IMAGE
 from contracts.artifacts import WORKER_LOGS_DIR, step_work_dir
 from contracts.errors import UserError
+from contracts.process import descendants, stat_fields
 from contracts.progress import PROGRESS_ENV
 from pipelines.config import RunConfig
 from pipelines.pipeline import Images, Target, build
@@ -143,7 +147,7 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
     if progress_file is not None:
         environment[PROGRESS_ENV] = str(progress_file)
     try:
-        with _in_environment(environment):
+        with _in_environment(environment), _stopped_as_by_ctrl_c():
             pipeline(
                 corpus=corpus,
                 serving_dir=run.serving_dir,
@@ -164,7 +168,8 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
         if failure:
             raise PipelineFailed(f"step {failure[0]!r} failed: {failure[1]}", *failure) from None
         raise PipelineFailed(str(err)) from None
-    except BaseException:  # Ctrl-C, SIGTERM: the steps are stopped with the run
+    except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: the steps are stopped with the run
+        _wait_for_steps(STEP_STOP_S)  # so that what each step records itself comes first
         _close_unfinished(run, run_id, INTERRUPTED)
         raise
     return lineage.run_summary(run.metadata, run_id)
@@ -177,7 +182,70 @@ KILLED = (
     "the step's process ended without recording its end: killed (out of memory, SIGKILL) or "
     "crashed; its log says how far it got"
 )
-INTERRUPTED = "the run was interrupted (Ctrl-C or SIGTERM) while the step ran"
+INTERRUPTED = "the run was interrupted (Ctrl-C, SIGTERM or SIGHUP) while the step ran"
+# How long an interrupted run waits for its step to stop: the train step stops its workers
+# with a grace period (components/train/local_launcher.py's kill_grace_seconds) first.
+STEP_STOP_S = 30.0
+
+
+_stopping: list[int] = []  # the step processes an interrupted run waits for (main thread)
+
+
+def _steps() -> list[int]:
+    """The running step's processes: kfp.local's `sh` and the step's Python below it, in this
+    process's group (the train step's workers each have a group of their own, which the step
+    stops; tokenize's encoding processes share the step's)."""
+    return descendants(os.getpid(), group=os.getpgrp())
+
+
+@contextlib.contextmanager
+def _stopped_as_by_ctrl_c() -> Iterator[None]:
+    """End the run on SIGTERM or SIGHUP (`kill`, a cancelled CI job, a closed terminal) as on
+    Ctrl-C: the step's processes get SIGTERM, which the train step's launcher passes on to its
+    workers (components/train/launcher.py; kfp.local's `sh` wrapper would not), and
+    KeyboardInterrupt is raised here. Ctrl-C at a terminal reaches the steps by itself (the
+    whole foreground process group gets it); either way the step's processes are noted, for
+    the run to wait for them (`_wait_for_steps`). Only the main thread takes signals;
+    elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        _stopping[:] = _steps()
+        for pid in _stopping:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    def ctrl_c(signum: int, frame: object) -> None:
+        _stopping[:] = _steps()
+        raise KeyboardInterrupt
+
+    handlers = {signal.SIGTERM: stop, signal.SIGHUP: stop}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored
+        handlers[signal.SIGINT] = ctrl_c
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    _stopping.clear()
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _wait_for_steps(timeout_s: float) -> None:
+    """Wait up to `timeout_s` for the step processes an interrupt noted to end."""
+    until = time.monotonic() + timeout_s
+    while any(_running(p) for p in _stopping) and time.monotonic() < until:
+        time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return stat_fields(pid)[0] != "Z"
+    except OSError:
+        return False
 
 
 def _close_unfinished(run: LocalRun, run_id: str, reason: str) -> None:

@@ -167,6 +167,9 @@ def _unindent(text: str) -> str:
     return text[4:] if text.startswith("    ") else text
 
 
+INTERRUPTED = "interrupted"  # the PipelineFailed message of a run Ctrl-C or a signal ended
+
+
 @dataclass
 class Outcome:
     """How a watched run ended."""
@@ -183,6 +186,11 @@ class Outcome:
             return None
         failed = [s.name for s in self.view.steps.values() if s.state == FAILED]
         return self.failure.step or (failed[0] if failed else None)
+
+    @property
+    def interrupted(self) -> bool:
+        """True when Ctrl-C, SIGTERM or SIGHUP ended the run."""
+        return self.failure is not None and str(self.failure) == INTERRUPTED
 
     @property
     def error(self) -> str:
@@ -220,8 +228,10 @@ def watch(run: local_runner.LocalRun, mode: str = AUTO) -> Outcome:
             succeeded = True
         except local_runner.PipelineFailed as err:
             failure = err
-        except KeyboardInterrupt:  # kfp.local's step got the Ctrl-C too, and has stopped
-            failure = local_runner.PipelineFailed("interrupted", None, "interrupted (Ctrl-C)")
+        except KeyboardInterrupt as err:  # the step got the Ctrl-C too (or run_local's
+            # SIGTERM), and has stopped
+            how = str(err) or "Ctrl-C"
+            failure = local_runner.PipelineFailed(INTERRUPTED, None, f"interrupted ({how})")
         finally:
             watcher.stop(succeeded, failure.step if failure else None)
         if failure is not None:
