@@ -34,12 +34,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as err:
         print(f"gptpipe: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # one line, not a traceback; what the command started goes on
-        print(
-            f"gptpipe: interrupted; what `{args.command}` started on a cluster (a KFP run, a "
-            "TFJob) goes on: `gptpipe kfp runs` lists the runs",
-            file=sys.stderr,
-        )
+    except KeyboardInterrupt:  # one line, not a traceback
+        goes_on = "; a KFP run it started goes on (`gptpipe kfp runs`)"
+        print(f"gptpipe: interrupted{goes_on if args.command == 'kfp' else ''}", file=sys.stderr)
         return 130
 
 
