@@ -87,15 +87,23 @@ def _range_problem(part: str, low: int, high: int, names: Mapping[str, int]) -> 
     return ""
 
 
-def find(api: Api, name: str) -> list[Any]:
-    """The recurring runs called `name` (in the namespace on a multi-user KFP)."""
+def find(api: Api, name: str, pipeline_id: str | None) -> list[Any]:
+    """The recurring runs called `name` of the pipeline `pipeline_id` (in the namespace on a
+    multi-user KFP): another pipeline's schedule of the same name on a shared KFP is not ours
+    to replace, pause or delete."""
     found = api.call(
         f"list recurring runs named {name}",
         lambda: api.client.list_recurring_runs(
             filter=kfp_ops.name_filter(name), namespace=api.namespace or None, page_size=100
         ),
     )
-    return list(found.recurring_runs or [])
+    return [
+        each
+        for each in found.recurring_runs or []
+        if pipeline_id
+        and each.pipeline_version_reference is not None
+        and each.pipeline_version_reference.pipeline_id == pipeline_id
+    ]
 
 
 def delete(api: Api, recurring_run_id: str) -> None:
@@ -135,7 +143,7 @@ def schedule(
     exp_id = kfp_ops.experiment_id(api, experiment)
     # Create first, then delete the old ones: a failed create leaves the old schedule in place
     # (two schedules of one name for a moment is better than none after an error).
-    old = find(api, name)
+    old = find(api, name, source.pipeline_id)
     models = api.client.api_models
     body = models.V2beta1RecurringRun(
         display_name=name,
@@ -165,8 +173,8 @@ def schedule(
 
 
 def unschedule(api: Api, name: str, *, disable: bool = False) -> int:
-    """Delete (or, with `disable`, pause) the recurring runs called `name`; how many."""
-    found = find(api, name)
+    """Delete (or, with `disable`, pause) gptpipe's recurring runs called `name`; how many."""
+    found = find(api, name, kfp_ops.find_pipeline(api))
     for each in found:
         if disable:
             _disable(api, str(each.recurring_run_id))

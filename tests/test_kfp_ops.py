@@ -8,6 +8,7 @@ import types
 from pathlib import Path
 
 import kfp.client.client
+import kfp_server_api
 import pytest
 
 from contracts.errors import UserError
@@ -349,6 +350,29 @@ def test_cron_accepted(cron):
 def test_cron_refused(cron, why):
     with pytest.raises(UserError, match=why):
         kfp_schedule.check_cron(cron)
+
+
+def test_another_pipelines_schedule_of_the_same_name_is_left_alone(double, token, compiled, capsys):
+    upload(double, token, compiled)
+    theirs = kfp_server_api.V2beta1RecurringRun(
+        recurring_run_id="theirs",
+        display_name="nightly",
+        pipeline_version_reference=kfp_server_api.V2beta1PipelineVersionReference(
+            pipeline_id="another-teams-pipeline"
+        ),
+        mode="ENABLE",
+        status="ENABLED",
+        created_at=double.tick(),
+    )
+    theirs.updated_at = theirs.created_at
+    double.recurring_runs["theirs"] = theirs  # on a shared KFP
+    args = ["--name", "nightly", "--cron", "0 0 2 * * *", *NEEDED]
+    assert gptpipe(double, token, "schedule", *args) == 0
+    assert gptpipe(double, token, "schedule", *args) == 0
+    assert "replaced 1 recurring run(s) named nightly" in capsys.readouterr().out
+    assert gptpipe(double, token, "unschedule", "--name", "nightly", "--disable") == 0
+    assert gptpipe(double, token, "unschedule", "--name", "nightly") == 0
+    assert list(double.recurring_runs) == ["theirs"] and theirs.mode == "ENABLE"
 
 
 def test_unschedule_deletes_or_pauses(double, token, compiled, capsys):
