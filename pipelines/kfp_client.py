@@ -139,6 +139,7 @@ class Api:
                 status = int(err.status or 0)
                 failure = self._answer_error(what, status, err, attempt + 1)
                 retry = status in _UNPROCESSED if creates else status >= 500
+                detail = f"HTTP {status}: {_server_message(err)}"
             except (Urllib3Error, OSError) as err:
                 if isinstance(err, OSError) and err.filename:  # the token file, re-read per call
                     raise UserError(
@@ -147,6 +148,9 @@ class Api:
                     ) from None
                 failure = self._connection_error(what, err, attempt + 1)
                 retry = _never_reached(err) or not creates
+                detail = _connection_reason(err)
+            if creates and not retry and failure.status not in range(400, 500):
+                raise self._maybe_done(what, detail, failure.status) from None
             if not retry or attempt >= self.where.retries:
                 raise failure from None
             delay = min(FIRST_BACKOFF_S * 2**attempt, MAX_BACKOFF_S)
@@ -182,6 +186,16 @@ class Api:
                 status,
             )
         return KfpError(answer, status)
+
+    def _maybe_done(self, what: str, detail: str, status: int) -> KfpError:
+        """A call that creates something failed after it may have reached the server (a 5xx
+        or a lost reply): not retried, and "run it again" would be wrong advice."""
+        return KfpError(
+            f"{what} may have happened: KFP at {self.where.host} gave no clear answer "
+            f"({detail}); check whether it did (the KFP UI, `gptpipe kfp runs`) before running "
+            "the command again, which would do it twice",
+            status,
+        )
 
     def _connection_error(self, what: str, err: BaseException, attempts: int) -> KfpError:
         why = _connection_reason(err)

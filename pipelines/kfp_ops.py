@@ -334,7 +334,14 @@ def wait(
     """Follow a run until it ends and return it; `on_state` hears each new state."""
     seen = ""
     while True:
-        run = api.call(f"get run {run_id}", lambda: api.client.get_run(run_id))
+        try:
+            run = api.call(f"get run {run_id}", lambda: api.client.get_run(run_id))
+        except KfpError as err:  # the run started and goes on without us
+            raise KfpError(
+                f"{err}; run {run_id} started and goes on: follow it in the KFP UI or with "
+                "`gptpipe kfp runs` rather than starting it again",
+                err.status,
+            ) from None
         state = str(run.state or "RUNTIME_STATE_UNSPECIFIED")
         if state != seen:
             on_state(state)

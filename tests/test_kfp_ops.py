@@ -467,8 +467,31 @@ def test_a_reset_while_creating_a_run_is_not_retried(double, token, compiled, ca
     upload(double, token, compiled)
     double.reset_next(method="POST", path="/apis/v2beta1/runs")
     assert gptpipe(double, token, "run", *NEEDED) == 2
-    assert "cannot reach KFP" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "start a run of" in err and "may have happened" in err and "before running" in err
+    assert "then run the command again" not in err
     assert double.statuses("POST", "/apis/v2beta1/runs") == [-1]
+
+
+def test_a_server_error_while_creating_a_run_says_it_may_have_started(
+    double, token, compiled, capsys
+):
+    upload(double, token, compiled)
+    double.fail_next(500, method="POST", path="/apis/v2beta1/runs")
+    assert gptpipe(double, token, "run", *NEEDED) == 2
+    err = capsys.readouterr().err
+    assert "may have happened" in err and "HTTP 500" in err and "run the command again" not in err
+    assert double.statuses("POST", "/apis/v2beta1/runs") == [500]  # not retried
+
+
+def test_losing_the_server_while_waiting_says_the_run_goes_on(double, token, compiled, capsys):
+    upload(double, token, compiled)
+    double.fail_next(503, times=5, method="GET", path="/apis/v2beta1/runs/")
+    argv = ["run", *NEEDED, "--wait", "--poll", "0", "--retries", "0"]
+    assert gptpipe(double, token, *argv) == 2
+    (run_id,) = double.runs
+    err = capsys.readouterr().err
+    assert f"run {run_id} started and goes on" in err and len(double.runs) == 1
 
 
 def test_a_refused_connection_is_one_line_and_non_zero(double, token, capsys):
