@@ -30,7 +30,15 @@ def load_images(lock: Path | None = None, allow_unpinned: bool = False) -> Image
             f"no image digest lock at {lock}: run `make images REGISTRY=...` to build and pin the "
             "images, or pass --allow-unpinned to compile with unpinned tags"
         )
-    refs = json.loads(lock.read_text())
+    try:
+        refs = json.loads(lock.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as err:
+        raise UserError(f"image digest lock {lock} cannot be read as JSON: {err}") from None
+    if not isinstance(refs, dict) or not all(isinstance(v, str) for v in refs.values()):
+        raise UserError(
+            f"image digest lock {lock} is not a JSON object of image references "
+            '({"pipeline": "repo@sha256:...", "trainer": "repo@sha256:..."}): run `make images`'
+        )
     images = Images(pipeline=refs.get("pipeline", ""), trainer=refs.get("trainer", ""))
     for name, ref in (("pipeline", images.pipeline), ("trainer", images.trainer)):
         if "@sha256:" not in ref and not allow_unpinned:

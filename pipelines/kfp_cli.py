@@ -153,6 +153,8 @@ def _cmd_kfp_upload(args: argparse.Namespace) -> int:
 def _cmd_kfp_run(args: argparse.Namespace) -> int:
     from pipelines import kfp_ops
 
+    if not args.poll >= 0:  # NaN too: refused before the run starts, not while it is followed
+        raise UserError(f"--poll {args.poll}: pass a number of seconds, 0 or more")
     params = {**kfp_ops.parse_params(args.params), **_config_param(args)}
     file_source = kfp_ops.source_from_file(args.file) if args.file else None
     api = _cmd_kfp_api(args)

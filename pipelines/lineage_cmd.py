@@ -67,6 +67,8 @@ def store_address(root: str | None, mlmd: str | None) -> str:
 def resolve_model(store_uri: str, model_uri: str | None, latest: bool) -> str:
     """The PushedModel URI to start from: the one given (a serving folder: its newest complete
     version), or the latest pushed with --latest."""
+    if latest and model_uri:
+        raise UserError(f"give a MODEL_URI ({model_uri}) or --latest, not both")
     if latest:
         found = lineage.latest_pushed_model(store_uri)
         if found is None:

@@ -65,6 +65,17 @@ def test_compile_without_lock_fails_unless_unpinned_is_allowed(tmp_path, capsys)
     assert code == 2 and "no image digest lock" in capsys.readouterr().err
 
 
+@pytest.mark.bad_input("an image digest lock that is not JSON, or not an object of references")
+@pytest.mark.parametrize(
+    "text", ['{"pipeline": "repo@sha256:', '["repo@sha256:abc"]', '{"trainer": 1}']
+)
+def test_a_malformed_digest_lock_is_one_user_error_naming_it(tmp_path, text):
+    lock = tmp_path / "digests.json"
+    lock.write_text(text)
+    with pytest.raises(UserError, match=f"image digest lock {lock}"):
+        compiler.load_images(lock)
+
+
 def test_lock_with_a_tag_is_refused(tmp_path):
     lock = tmp_path / "digests.json"
     lock.write_text(json.dumps({"pipeline": "repo/p:1.0", "trainer": "repo/t@sha256:" + "a" * 64}))

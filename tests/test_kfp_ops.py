@@ -473,6 +473,12 @@ def test_a_reset_while_creating_a_run_is_not_retried(double, token, compiled, ca
     assert double.statuses("POST", "/apis/v2beta1/runs") == [-1]
 
 
+@pytest.mark.parametrize("poll", ["-1", "nan"])
+def test_a_bad_poll_interval_is_refused_before_any_call(double, token, capsys, poll):
+    assert gptpipe(double, token, "run", *NEEDED, "--wait", "--poll", poll) == 2
+    assert f"--poll {float(poll)}" in capsys.readouterr().err and double.requests == []
+
+
 def test_a_server_error_while_creating_a_run_says_it_may_have_started(
     double, token, compiled, capsys
 ):

@@ -229,6 +229,9 @@ def test_lineage_errors_are_one_line(recorded, tmp_path, capsys):
     assert "no PushedModel at '/nowhere'" in capsys.readouterr().err
     assert cli.main(["lineage", "--latest", "--root", str(tmp_path / "empty")]) == 2
     assert "no metadata store" in capsys.readouterr().err
+    both = ["lineage", "/somewhere", "--latest", "--root", str(recorded["root"])]
+    assert cli.main(both) == 2
+    assert "or --latest, not both" in capsys.readouterr().err
 
 
 def test_reproduce_writes_pipeline_and_parameters(recorded, tmp_path, capsys):

@@ -960,3 +960,35 @@ def test_a_pull_that_recovers_within_the_grace_and_a_pod_waiting_for_a_node_do_n
     said = out.getvalue()
     assert said.count(f"worker-1: RegistryUnavailable: {unavailable} (failing the job") == 1
     assert said.count(f"worker-0 is not scheduled: {gpus} (it waits for a node") == 1
+
+
+@pytest.mark.fault("the exit handler may not delete TFJobs (RBAC)")
+def test_the_exit_handler_closes_lineage_even_when_it_cannot_delete_the_jobs(tmp_path, monkeypatch):
+    from kubernetes.client.exceptions import ApiException
+
+    from components import kube, lineage
+    from components.train import release
+
+    store = str(tmp_path / "metadata.sqlite")
+    run = "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"
+    lineage.record_execution(
+        store,
+        step="train",
+        pipeline_name="gptpipe",
+        run_id=run,
+        parameters={},
+        inputs={},
+        outputs={},
+        state="RUNNING",
+    )  # its pod was killed: the exit handler closes it
+
+    def forbidden(*args: Any, **kwargs: Any) -> list[str]:
+        raise ApiException(status=403, reason="Forbidden")
+
+    monkeypatch.setattr(tfjob_cleanup, "delete_run_jobs", forbidden)
+    monkeypatch.setattr(kube, "default_api_client", lambda: None)
+    monkeypatch.setenv("KFP_RUN_ID", run)
+    monkeypatch.setenv(kube.POD_NAMESPACE_ENV, "ml")
+    with pytest.raises(ApiException):  # the exit task fails: its log says why
+        release.release("tfjob", store)
+    assert lineage.failure_of(store, run)[0] == "train"  # ... once lineage is closed

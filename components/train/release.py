@@ -16,7 +16,8 @@ def release(launcher: str, metadata: str) -> int:
 
     The local launcher leaves no TFJob (its workers are the train step's own children).
     Steps whose execution is still RUNNING were killed: lineage records them FAILED. The jobs
-    go first: GPUs matter more than the record, which a lineage outage must not block.
+    go first: GPUs matter more than the record, which a lineage outage must not block; a
+    failure to delete them (RBAC, the API server) fails the exit task once lineage is closed.
     """
     import os
 
@@ -26,11 +27,15 @@ def release(launcher: str, metadata: str) -> int:
     with one_line_errors("gptpipe release"):
         run_id = provenance.run_id(os.environ)
     deleted: list[str] = []
+    not_deleted: Exception | None = None
     if launcher == "tfjob":
         from components.train import tfjob_cleanup
 
-        namespace = kube.pod_identity(os.environ).namespace
-        deleted = tfjob_cleanup.delete_run_jobs(kube.default_api_client(), namespace, run_id)
+        try:
+            namespace = kube.pod_identity(os.environ).namespace
+            deleted = tfjob_cleanup.delete_run_jobs(kube.default_api_client(), namespace, run_id)
+        except Exception as err:  # noqa: BLE001 -- raised below, once lineage is closed
+            not_deleted = err
         print(f"release: deleted {len(deleted)} TFJob(s) of run {run_id}")
         for name in deleted:
             print(f"  {name}")
@@ -39,9 +44,11 @@ def release(launcher: str, metadata: str) -> int:
         closed = lineage.close_unfinished(lineage.store_address(metadata, os.environ), run_id, why)
     except Exception as err:  # noqa: BLE001 -- the record is best effort here, the jobs are not
         print(f"release: could not close the run's lineage: {err}")
-        return len(deleted)
+        closed = []
     if closed:
         print(f"release: recorded {', '.join(closed)} as FAILED: their pods were stopped")
+    if not_deleted is not None:
+        raise not_deleted
     return len(deleted)
 
 
