@@ -35,6 +35,8 @@ DEFAULT_RETRIES = 4  # waits 1, 2, 4, 8 s: a restarting API server pod is back w
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
 _UNPROCESSED = frozenset({503})  # the server refused before doing anything
+CONNECT_TIMEOUT_S = 10.0  # each request's: a host that does not accept the connection
+READ_TIMEOUT_S = 120.0  # each request's: a connection that stays silent (half-open)
 
 
 class KfpError(UserError):
@@ -114,11 +116,13 @@ class Api:
     def _connect(self) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # "only works with KFP 2.0.0-beta.2+"
-            return _Client(
+            client = _Client(
                 host=self.where.host,
                 namespace=self.where.namespace or "kubeflow",  # kfp.Client's "not set" value
                 credentials=self.where.credential.kfp_credentials(),
             )
+        _with_timeouts(client._run_api.api_client.rest_client)  # every service API's client
+        return client
 
     @property
     def namespace(self) -> str:
@@ -203,6 +207,22 @@ class Api:
             f"cannot reach KFP at {self.where.host} to {what} ({why}, {attempts} attempt"
             f"{'s' if attempts > 1 else ''}): check --host and that the API server is up"
         )
+
+
+def _with_timeouts(rest: Any) -> None:
+    """Give every request of `rest` (kfp_server_api's RESTClientObject) CONNECT_TIMEOUT_S and
+    READ_TIMEOUT_S. Its `request` waits forever unless a call passes `_request_timeout`
+    (kfp_server_api/rest.py: `timeout = None` otherwise), and kfp.Client passes none: a
+    half-open connection (a dropped port-forward during a day-long `--wait`) would hang the
+    command instead of ending in an error that is retried."""
+    request = rest.request
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+        return request(*args, **kwargs)
+
+    rest.request = timed
 
 
 def _never_reached(err: BaseException) -> bool:

@@ -23,6 +23,7 @@ import re
 import socket
 import struct
 import threading
+import time
 import types
 import uuid
 from collections.abc import Callable, Iterable
@@ -38,6 +39,8 @@ _MODELS = kfp_server_api.ApiClient()  # the client's own (de)serializer of the m
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _START = datetime.datetime(2025, 1, 6, 2, 0, tzinfo=datetime.UTC)
 RESET = -1  # a fault that drops the connection instead of answering
+STALL = -2  # a fault that answers nothing for STALL_S, then drops it (a half-open connection)
+STALL_S = 3.0
 
 
 def parse(body: bytes, model: str) -> Any:
@@ -120,6 +123,10 @@ class KfpApiDouble:
     ) -> None:
         """Answer the next `times` matching requests with `status` instead of serving them."""
         self._faults += [(status, method, path)] * times
+
+    def stall_next(self, times: int = 1, method: str = "", path: str = "") -> None:
+        """Leave the next `times` matching requests unanswered for STALL_S, then drop them."""
+        self._faults += [(STALL, method, path)] * times
 
     def reset_next(self, times: int = 1, method: str = "", path: str = "") -> None:
         """Drop the next `times` matching connections without an answer (a reset)."""
@@ -522,6 +529,11 @@ class _Handler(BaseHTTPRequestHandler):
         double = self.double
         with double._lock:
             fault = self._take_fault(method, url.path)
+        if fault == STALL:  # outside the lock: other requests are served meanwhile
+            time.sleep(STALL_S)
+            self.close_connection = True
+            return
+        with double._lock:
             if fault == RESET:
                 self._reset(method, url.path)
                 return

@@ -4,6 +4,7 @@ kfp.Client: upload, run and --wait, schedule, runs, auth and retries. No TensorF
 from __future__ import annotations
 
 import json
+import time
 import types
 from pathlib import Path
 
@@ -498,6 +499,18 @@ def test_losing_the_server_while_waiting_says_the_run_goes_on(double, token, com
     (run_id,) = double.runs
     err = capsys.readouterr().err
     assert f"run {run_id} started and goes on" in err and len(double.runs) == 1
+
+
+def test_a_silent_connection_ends_in_an_error_not_a_hang(double, token, capsys, monkeypatch):
+    monkeypatch.setattr(kfp_client, "READ_TIMEOUT_S", 0.3)
+    double.stall_next(times=8, path="/apis/v2beta1/runs")  # urllib3 tries a GET 4 times
+    started = time.monotonic()
+    assert gptpipe(double, token, "runs", "--retries", "0") == 2
+    assert time.monotonic() - started < kfp_api_double.STALL_S * 4  # no wait for an answer
+    err = capsys.readouterr().err
+    assert "cannot reach KFP" in err and "timed out" in err.lower()
+    double._faults.clear()
+    assert gptpipe(double, token, "runs", "--retries", "0") == 0  # the next request is served
 
 
 def test_a_refused_connection_is_one_line_and_non_zero(double, token, capsys):
