@@ -273,9 +273,16 @@ def check_params(source: RunSource, params: Mapping[str, Any]) -> dict[str, Any]
 def check_values(params: Mapping[str, Any]) -> None:
     """Refuse values a run would fail on late, or misuse silently: the blessing thresholds
     (evaluate compares with them: a NaN threshold would bless every model, and a tolerance
-    over 1 is a percentage typed as a fraction), and a `config` given whole, which no
-    `--config` resolved and checked."""
+    over 1 is a percentage typed as a fraction), a `config` given whole, which no `--config`
+    resolved and checked, and the train step's launcher and job settings (workers, resources,
+    node selector, tolerations), which would fail only after tokenize."""
+    from components.train.executor import LAUNCHERS
+    from components.train.launcher import check_job_parameters
+
     check_thresholds(params.get("max_nats_per_char"), params.get("tolerance"), "--param ")
+    if "launcher" in params and params["launcher"] not in LAUNCHERS:
+        raise UserError(f"--param launcher={params['launcher']!r}: use one of {LAUNCHERS}")
+    check_job_parameters(params)
     if isinstance(params.get("config"), dict):
         try:
             config_from_dict(params["config"])

@@ -474,6 +474,28 @@ def test_a_reset_while_creating_a_run_is_not_retried(double, token, compiled, ca
     assert double.statuses("POST", "/apis/v2beta1/runs") == [-1]
 
 
+@pytest.mark.bad_input("a train step setting the job would refuse after tokenize (--param)")
+@pytest.mark.parametrize(
+    "param, says",
+    [
+        ("workers=0", "--param workers=0: use at least 1"),
+        ("gpus_per_worker=-1", "--param gpus_per_worker=-1: use 0 or more"),
+        ("worker_memory=lots", "--param worker_memory='lots' is not a Kubernetes quantity"),
+        ("deadline_seconds=-5", "--param deadline_seconds=-5: use a positive number"),
+        ("launcher=slurm", "--param launcher='slurm': use one of"),
+        ('tolerations=["gpu"]', "--param toleration 'gpu': use objects with the fields"),
+        ('node_selector={"pool": 1}', "--param node_selector {'pool': 1}: use an object of"),
+    ],
+)
+def test_a_job_setting_the_train_step_would_refuse_is_refused_before_the_run(
+    double, token, compiled, capsys, param, says
+):
+    upload(double, token, compiled)
+    assert gptpipe(double, token, "run", *NEEDED, "--param", param) == 2
+    assert says in capsys.readouterr().err
+    assert double.runs == {}
+
+
 @pytest.mark.parametrize("poll", ["-1", "nan"])
 def test_a_bad_poll_interval_is_refused_before_any_call(double, token, capsys, poll):
     assert gptpipe(double, token, "run", *NEEDED, "--wait", "--poll", poll) == 2

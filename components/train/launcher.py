@@ -125,6 +125,39 @@ class JobSpec:
         _validate(self)
 
 
+_TOLERATION_FIELDS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
+# The train step's pipeline parameters that become JobSpec fields (components/train/component.py)
+JOB_PARAMETERS = {
+    "workers": "workers",
+    "gpus_per_worker": "gpus_per_worker",
+    "worker_cpu": "cpu",
+    "worker_memory": "memory",
+    "backoff_limit": "backoff_limit",
+    "deadline_seconds": "active_deadline_seconds",
+    "node_selector": "node_selector",
+    "tolerations": "tolerations",
+    "service_account": "service_account",
+}
+
+
+def check_job_parameters(params: Mapping[str, Any]) -> None:
+    """Refuse, before a run starts, the train step's parameters its JobSpec would refuse once
+    tokenize has run: each named as the parameter it came from (`--param workers=0`)."""
+    fields = {JOB_PARAMETERS[name]: v for name, v in params.items() if name in JOB_PARAMETERS}
+    if "active_deadline_seconds" in fields:
+        fields["active_deadline_seconds"] = fields["active_deadline_seconds"] or None  # 0: none
+    try:
+        JobSpec(name="check", command=("check",), **fields)
+    except UserError as err:
+        said = str(err).removeprefix("JobSpec ")
+        for name, field_name in JOB_PARAMETERS.items():
+            if said.startswith(f"{field_name}="):
+                said = f"{name}={said.removeprefix(f'{field_name}=')}"
+        raise UserError(f"--param {said}") from None
+    except TypeError as err:  # a value of another JSON type than the field's
+        raise UserError(f"--param: {err}") from None
+
+
 def _validate(spec: JobSpec) -> None:
     def bad(what: str, fix: str) -> UserError:
         return UserError(f"JobSpec {what}: {fix}")
@@ -162,6 +195,17 @@ def _validate(spec: JobSpec) -> None:
     for key, value in {**spec.labels, "run_id": spec.run_id}.items():
         if len(value) > 63 or not _LABEL_VALUE.match(value):
             raise bad(f"label {key}={value!r} is invalid", "use <= 63 of [A-Za-z0-9-_.]")
+    selector = spec.node_selector
+    if not isinstance(selector, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in selector.items()
+    ):
+        raise bad(f"node_selector {selector!r}", 'use an object of strings, {"pool": "gpu"}')
+    for toleration in spec.tolerations:  # Kubernetes' Toleration: key, operator, value, ...
+        if not isinstance(toleration, Mapping) or not set(toleration) <= _TOLERATION_FIELDS:
+            raise bad(
+                f"toleration {toleration!r}",
+                f"use objects with the fields {', '.join(sorted(_TOLERATION_FIELDS))}",
+            )
     if spec.owner is not None and not (spec.owner.name and spec.owner.uid):
         raise bad("owner has an empty name or uid", "pass the pod's metadata.name and metadata.uid")
 
