@@ -130,6 +130,8 @@ def _cmd_kfp_upload(args: argparse.Namespace) -> int:
     from pipelines import compiler, kfp_ops
     from pipelines.pipeline import Target
 
+    if args.file is not None:
+        _refuse_compile_options_with_file(args)
     version = args.version or kfp_ops.default_version(provenance.code_version(os.environ))
     with tempfile.TemporaryDirectory(prefix="gptpipe-kfp-") as tmp:
         package = args.file
@@ -191,12 +193,34 @@ def _cmd_kfp_run(args: argparse.Namespace) -> int:
     return 1
 
 
+def _refuse_compile_options_with_file(args: argparse.Namespace) -> None:
+    """`upload --file` uploads the YAML as it was compiled: options that only compiling reads
+    would be ignored without a word."""
+    from pipelines.config import RunConfig
+
+    given = {
+        "--config": args.config != RunConfig().config,
+        "--set": bool(args.overrides),
+        "--lock": args.lock is not None,
+        "--allow-unpinned": args.allow_unpinned,
+        "--image-pull-secret": bool(args.image_pull_secrets),
+    }
+    ignored = [flag for flag, was_given in given.items() if was_given]
+    if ignored:
+        raise UserError(
+            f"--file uploads {args.file} as it was compiled, so {', '.join(ignored)} would be "
+            "ignored: pass them to `gptpipe compile`, or compile here with --pipeline-root"
+        )
+
+
 def _config_param(args: argparse.Namespace) -> dict[str, Any]:
     """The `config` run parameter from --config/--set, resolved here; {} to keep the compiled."""
     if args.config is None:
         if args.overrides:
             raise UserError("--set needs --config: name the preset or YAML file it overrides")
         return {}
+    if any(p.partition("=")[0].strip() == "config" for p in args.params):
+        raise UserError("--param config=... and --config both give the config: pass one")
     from trainer.config import config_to_dict
 
     return {"config": config_to_dict(resolved_config(args))}

@@ -91,6 +91,24 @@ def test_upload_compiles_now_with_the_digest_lock(double, token, tmp_path):
     assert images and all("@sha256:" in image for image in images)
 
 
+@pytest.mark.parametrize(
+    "extra", [["--set", "train.train_steps=9"], ["--config", "gpt2-small"], ["--allow-unpinned"]]
+)
+def test_upload_of_a_file_refuses_compile_options_it_would_ignore(
+    double, token, compiled, capsys, extra
+):
+    argv = ["upload", "--file", str(compiled), "--version", "git-aaa", *extra]
+    assert gptpipe(double, token, *argv) == 2
+    assert f"{extra[0]} would be ignored" in capsys.readouterr().err and double.requests == []
+
+
+def test_run_refuses_a_config_given_twice(double, token, compiled, capsys):
+    upload(double, token, compiled)
+    argv = ["run", *NEEDED, "--param", 'config={"model": {}}', "--config", "tiny"]
+    assert gptpipe(double, token, *argv) == 2
+    assert "--param config=... and --config both give the config" in capsys.readouterr().err
+
+
 def test_upload_refuses_a_root_that_is_not_gcs_before_any_call(double, token, capsys):
     args = ["--pipeline-root", "/tmp/root", "--lock", str(LOCK), "--version", "v1"]
     code = gptpipe(double, token, "upload", *args)
