@@ -8,6 +8,7 @@ only the run view (pipelines/run_view.py).
 import contextlib
 import io
 import os
+import re
 import signal
 import sys
 import threading
@@ -28,7 +29,7 @@ from contracts.errors import UserError
 from contracts.process import descendants, stat_fields
 from contracts.progress import PROGRESS_ENV
 from pipelines.config import RunConfig
-from pipelines.pipeline import Images, Target, build
+from pipelines.pipeline import PIPELINE_NAME, Images, Target, build
 from trainer.config import Config
 
 # SubprocessRunner runs every step in this Python environment; there is no image to pull, and
@@ -167,7 +168,8 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
         failure = lineage.failure_of(run.metadata, run_id)
         if failure:
             raise PipelineFailed(f"step {failure[0]!r} failed: {failure[1]}", *failure) from None
-        raise PipelineFailed(str(err)) from None
+        step = _record_unrecorded_failure(run, run_id, str(err))
+        raise PipelineFailed(str(err), step) from None
     except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: the steps are stopped with the run
         _wait_for_steps(STEP_STOP_S)  # so that what each step records itself comes first
         _close_unfinished(run, run_id, INTERRUPTED)
@@ -246,6 +248,36 @@ def _running(pid: int) -> bool:
         return stat_fields(pid)[0] != "Z"
     except OSError:
         return False
+
+
+_FAILED_TASK = re.compile(r"Inner task failed: '([a-z][a-z0-9_-]*)'")  # kfp.local's message
+
+
+def _record_unrecorded_failure(run: LocalRun, run_id: str, error: str) -> str | None:
+    """The step kfp.local says failed, recorded FAILED in lineage when the step recorded
+    nothing itself (its process died before it could: killed while importing TensorFlow), so
+    `gptpipe runs` does not show the run COMPLETE; None when kfp.local names no step."""
+    from pipelines.run_view import without_colours
+
+    found = _FAILED_TASK.search(without_colours(error))
+    if found is None:
+        return None
+    step = found.group(1).replace("-", "_")
+    try:
+        lineage.record_execution(
+            run.metadata,
+            step=step,
+            pipeline_name=PIPELINE_NAME,
+            run_id=run_id,
+            parameters={},
+            inputs={},
+            outputs={},
+            properties={"error": KILLED},
+            state="FAILED",
+        )
+    except Exception as err:  # noqa: BLE001 -- the run's own error is the one to tell
+        print(f"gptpipe: warning: could not record step {step!r} as failed: {err}", file=sys.stderr)
+    return step
 
 
 def _close_unfinished(run: LocalRun, run_id: str, reason: str) -> None:

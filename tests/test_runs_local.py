@@ -215,6 +215,36 @@ def test_a_local_run_closes_the_step_a_kill_left_running(tmp_path, monkeypatch, 
         assert raised.value.step == "train" and "killed (out of memory" in raised.value.error
 
 
+@pytest.mark.fault("a local run's step killed before it recorded anything")
+def test_a_step_that_died_before_recording_reads_failed_not_complete(tmp_path, monkeypatch):
+    """Evaluate's process killed while importing TensorFlow records nothing: the run would
+    read COMPLETE from tokenize and train alone; kfp.local's error names the task."""
+    from pipelines import local_runner
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text\n" * 100, encoding="utf-8")
+    run = local_runner.LocalRun(root=tmp_path, corpus=str(corpus))
+    run_id = "local-evaluate-died"
+
+    def pipeline_whose_evaluate_dies_at_once(**arguments):
+        record(run.metadata, run_id, "train", 1000.0)
+        # kfp.local's pipeline_orchestrator.py log_and_maybe_raise_for_failure, coloured
+        raise RuntimeError(
+            "Pipeline \x1b[95m'gptpipe'\x1b[0m finished with status \x1b[91mFAILURE\x1b[0m. "
+            "Inner task failed: \x1b[96m'evaluate'\x1b[0m."
+        )
+
+    monkeypatch.setattr(
+        local_runner, "build", lambda target, config: pipeline_whose_evaluate_dies_at_once
+    )
+    with pytest.raises(local_runner.PipelineFailed) as raised:
+        local_runner.run_local(run, run_id=run_id)
+    assert raised.value.step == "evaluate"
+    (row,) = lineage.list_runs(run.metadata)
+    assert row["state"] == "FAILED"
+    assert lineage.failure_of(run.metadata, run_id) == ("evaluate", local_runner.KILLED)
+
+
 def test_a_local_corpus_glob_is_recorded_absolute(tmp_path, monkeypatch):
     """Lineage keeps the corpus for `gptpipe reproduce`, which may list it from elsewhere."""
     from pipelines import local_runner
