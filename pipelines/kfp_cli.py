@@ -157,6 +157,7 @@ def _cmd_kfp_run(args: argparse.Namespace) -> int:
 
     if not args.poll >= 0:  # NaN too: refused before the run starts, not while it is followed
         raise UserError(f"--poll {args.poll}: pass a number of seconds, 0 or more")
+    _check_mlmd(args.mlmd)
     params = {**kfp_ops.parse_params(args.params), **_config_param(args)}
     file_source = kfp_ops.source_from_file(args.file) if args.file else None
     api = _cmd_kfp_api(args)
@@ -187,10 +188,26 @@ def _cmd_kfp_run(args: argparse.Namespace) -> int:
         return 0
     steps = [f for f in failures if f.task != EXIT_TASK]
     if args.mlmd:
-        steps = _cmd_kfp_lineage_failure(args.mlmd, str(run.run_id)) or steps
+        try:
+            steps = _cmd_kfp_lineage_failure(args.mlmd, str(run.run_id)) or steps
+        except UserError as err:  # the run's own failure, as the API has it, still gets told
+            print(f"gptpipe: warning: {err}", file=sys.stderr)
     why = "; ".join(f"task {f.task} failed: {f.error}" for f in steps) or "no failed task"
     print(f"gptpipe: run {run.run_id} {final.state}: {why}", file=sys.stderr)
     return 1
+
+
+def _check_mlmd(address: str | None) -> None:
+    """--mlmd names the cluster's ML Metadata service (or a SQLite copy of a store): a path
+    that holds none is a mistake, which opening it would turn into a new, empty store."""
+    from components import lineage
+
+    if address and not lineage.is_service(address) and not Path(address).is_file():
+        raise UserError(
+            f"--mlmd {address!r}: no such store; give the ML Metadata service as host:port (a "
+            "port-forward of metadata-grpc-service: localhost:8080), grpcs://host:port, or a "
+            "SQLite file that exists"
+        )
 
 
 def _refuse_compile_options_with_file(args: argparse.Namespace) -> None:
@@ -274,6 +291,7 @@ def _cmd_kfp_unschedule(args: argparse.Namespace) -> int:
 def _cmd_kfp_runs(args: argparse.Namespace) -> int:
     from pipelines import kfp_runs
 
+    _check_mlmd(args.mlmd)
     rows = kfp_runs.recent(_cmd_kfp_api(args), args.limit, args.mlmd)
     if args.json:
         print(json.dumps([row.as_dict() for row in rows], indent=2))

@@ -102,6 +102,15 @@ def test_upload_of_a_file_refuses_compile_options_it_would_ignore(
     assert f"{extra[0]} would be ignored" in capsys.readouterr().err and double.requests == []
 
 
+def test_mlmd_must_name_a_store_that_exists(double, token, compiled, capsys, tmp_path):
+    upload(double, token, compiled)
+    store = tmp_path / "metadata.sqlite"  # a typo, say: opening it would make an empty store
+    assert gptpipe(double, token, "run", *NEEDED, "--wait", "--mlmd", str(store)) == 2
+    assert "no such store; give the ML Metadata service as host:port" in capsys.readouterr().err
+    assert gptpipe(double, token, "runs", "--mlmd", str(store)) == 2
+    assert not store.exists() and double.runs == {}
+
+
 def test_run_refuses_a_config_given_twice(double, token, compiled, capsys):
     upload(double, token, compiled)
     argv = ["run", *NEEDED, "--param", 'config={"model": {}}', "--config", "tiny"]
@@ -151,6 +160,19 @@ def test_run_wait_on_a_failed_run_names_the_task_and_its_error(double, token, co
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0
     assert "FAILED: task train failed: worker 0: OOMKilled" in err
+
+
+def test_a_store_that_cannot_be_read_still_tells_the_runs_failure(
+    double, token, compiled, capsys, tmp_path
+):
+    upload(double, token, compiled)
+    double.run_scripts.append(RunScript("FAILED", failed_task="train", error="worker 0: OOMKilled"))
+    broken = tmp_path / "metadata.sqlite"
+    broken.write_text("not a SQLite store")
+    argv = ["run", *NEEDED, "--wait", "--poll", "0", "--mlmd", str(broken)]
+    assert gptpipe(double, token, *argv) == 1
+    err = capsys.readouterr().err
+    assert "warning:" in err and "FAILED: task train failed: worker 0: OOMKilled" in err
 
 
 def test_run_wait_names_only_the_failed_step_in_argos_chain_of_nodes(
