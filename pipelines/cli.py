@@ -35,8 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gptpipe: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # one line, not a traceback
-        goes_on = "; a KFP run it started goes on (`gptpipe kfp runs`)"
-        print(f"gptpipe: interrupted{goes_on if args.command == 'kfp' else ''}", file=sys.stderr)
+        started = getattr(args, "kfp_command", "") == "run"
+        goes_on = "; a KFP run it started goes on (`gptpipe kfp runs`)" if started else ""
+        print(f"gptpipe: interrupted{goes_on}", file=sys.stderr)
         return 130
 
 

@@ -6,6 +6,7 @@ The parser and one small command function per subcommand; the work is in `kfp_op
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -155,7 +156,7 @@ def _cmd_kfp_upload(args: argparse.Namespace) -> int:
 def _cmd_kfp_run(args: argparse.Namespace) -> int:
     from pipelines import kfp_ops
 
-    if not args.poll >= 0:  # NaN too: refused before the run starts, not while it is followed
+    if not 0 <= args.poll < math.inf:  # NaN too: refused before the run starts
         raise UserError(f"--poll {args.poll}: pass a number of seconds, 0 or more")
     _check_mlmd(args.mlmd)
     params = {**kfp_ops.parse_params(args.params), **_config_param(args)}
@@ -202,7 +203,7 @@ def _check_mlmd(address: str | None) -> None:
     that holds none is a mistake, which opening it would turn into a new, empty store."""
     from components import lineage
 
-    if address and not lineage.is_service(address) and not Path(address).is_file():
+    if address and not lineage.is_service(address) and not Path(address).expanduser().is_file():
         raise UserError(
             f"--mlmd {address!r}: no such store; give the ML Metadata service as host:port (a "
             "port-forward of metadata-grpc-service: localhost:8080), grpcs://host:port, or a "

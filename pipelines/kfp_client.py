@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 
 import kfp
 import kfp_server_api
+from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
 from urllib3.exceptions import HTTPError as Urllib3Error
-from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from contracts.errors import UserError
 from pipelines import kfp_auth
@@ -226,9 +226,10 @@ def _with_timeouts(rest: Any) -> None:
 
 
 def _never_reached(err: BaseException) -> bool:
-    """True when the request never left: a refused connection or an unknown host."""
-    return isinstance(err, NewConnectionError) or (
-        isinstance(err, MaxRetryError) and isinstance(err.reason, NewConnectionError)
+    """True when the request never left: a refused connection, an unknown host, or a
+    connection not made in time (urllib3's NewConnectionError is a ConnectTimeoutError)."""
+    return isinstance(err, ConnectTimeoutError) or (
+        isinstance(err, MaxRetryError) and isinstance(err.reason, ConnectTimeoutError)
     )
 
 

@@ -87,6 +87,9 @@ def _range_problem(part: str, low: int, high: int, names: Mapping[str, int]) -> 
     return ""
 
 
+DESCRIPTION_PREFIX = "gptpipe on cron"  # how schedule's recurring runs describe themselves
+
+
 def find(api: Api, name: str, pipeline_id: str | None) -> list[Any]:
     """The recurring runs called `name` of the pipeline `pipeline_id` (in the namespace on a
     multi-user KFP): another pipeline's schedule of the same name on a shared KFP is not ours
@@ -97,13 +100,17 @@ def find(api: Api, name: str, pipeline_id: str | None) -> list[Any]:
             filter=kfp_ops.name_filter(name), namespace=api.namespace or None, page_size=100
         ),
     )
-    return [
-        each
-        for each in found.recurring_runs or []
-        if pipeline_id
-        and each.pipeline_version_reference is not None
-        and each.pipeline_version_reference.pipeline_id == pipeline_id
-    ]
+    return [each for each in found.recurring_runs or [] if _ours(each, pipeline_id)]
+
+
+def _ours(recurring_run: Any, pipeline_id: str | None) -> bool:
+    """Whether a recurring run is gptpipe's: by its pipeline reference, or, from a server that
+    returns the pipeline spec inline instead of the reference, by the description `schedule`
+    gives it."""
+    reference = recurring_run.pipeline_version_reference
+    if reference is not None and reference.pipeline_id:
+        return bool(pipeline_id) and reference.pipeline_id == pipeline_id
+    return str(recurring_run.description or "").startswith(DESCRIPTION_PREFIX)
 
 
 def delete(api: Api, recurring_run_id: str) -> None:
@@ -147,7 +154,7 @@ def schedule(
     models = api.client.api_models
     body = models.V2beta1RecurringRun(
         display_name=name,
-        description=f"gptpipe on cron '{cron}': each firing runs the newest version",
+        description=f"{DESCRIPTION_PREFIX} '{cron}': each firing runs the newest version",
         experiment_id=exp_id,
         namespace=api.namespace or None,
         # A pipeline id and no version id: each firing runs the newest version.

@@ -171,8 +171,9 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
         step = _record_unrecorded_failure(run, run_id, str(err))
         raise PipelineFailed(str(err), step) from None
     except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: the steps are stopped with the run
-        _wait_for_steps(STEP_STOP_S)  # so that what each step records itself comes first
-        _close_unfinished(run, run_id, INTERRUPTED)
+        with _signals_ignored():  # a second signal must not cut the record short
+            _wait_for_steps(STEP_STOP_S)  # so that what each step records itself comes first
+            _close_unfinished(run, run_id, INTERRUPTED)
         raise
     return lineage.run_summary(run.metadata, run_id)
 
@@ -185,9 +186,16 @@ KILLED = (
     "crashed; its log says how far it got"
 )
 INTERRUPTED = "the run was interrupted (Ctrl-C, SIGTERM or SIGHUP) while the step ran"
+DIED_UNRECORDED = (
+    "the step ended before it recorded anything (killed as it started, or an error before "
+    "its first record); its log says why"
+)
 # How long an interrupted run waits for its step to stop: the train step stops its workers
-# with a grace period (components/train/local_launcher.py's kill_grace_seconds) first.
-STEP_STOP_S = 30.0
+# with a grace period (components/train/local_launcher.py's kill_grace_seconds, 10 s) first.
+STEP_STOP_S = 15.0
+# A step a Ctrl-C did not reach (`kill -INT` to this process alone, an IDE's stop button) is
+# sent SIGTERM once this long has passed.
+CTRL_C_REACH_S = 2.0
 
 
 _stopping: list[int] = []  # the step processes an interrupted run waits for (main thread)
@@ -209,26 +217,47 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
     whole foreground process group gets it); either way the step's processes are noted, for
     the run to wait for them (`_wait_for_steps`). Only the main thread takes signals;
     elsewhere this does nothing."""
+    _stopping.clear()
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def stop(signum: int, frame: object) -> None:
         _stopping[:] = _steps()
-        for pid in _stopping:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
+        _terminate(_stopping)
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
     def ctrl_c(signum: int, frame: object) -> None:
         _stopping[:] = _steps()
         raise KeyboardInterrupt
 
-    handlers = {signal.SIGTERM: stop, signal.SIGHUP: stop}
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not ignored
-        handlers[signal.SIGINT] = ctrl_c
-    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
-    _stopping.clear()
+    # Only signals that would end the run as they are: `nohup` (SIGHUP ignored) or a shell's
+    # background job (SIGINT ignored) keeps its meaning.
+    wanted = {signal.SIGTERM: stop, signal.SIGHUP: stop, signal.SIGINT: ctrl_c}
+    default: dict[signal.Signals, object] = {
+        signal.SIGTERM: signal.SIG_DFL,
+        signal.SIGHUP: signal.SIG_DFL,
+        signal.SIGINT: signal.default_int_handler,
+    }
+    previous = {sig: signal.getsignal(sig) for sig in wanted}
+    try:
+        for sig, handler in wanted.items():
+            if previous[sig] is default[sig]:
+                signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """Ignore SIGINT, SIGTERM and SIGHUP in the main thread while the block runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
     try:
         yield
     finally:
@@ -236,10 +265,21 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _terminate(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGTERM)
+
+
 def _wait_for_steps(timeout_s: float) -> None:
-    """Wait up to `timeout_s` for the step processes an interrupt noted to end."""
-    until = time.monotonic() + timeout_s
-    while any(_running(p) for p in _stopping) and time.monotonic() < until:
+    """Wait up to `timeout_s` for the step processes an interrupt noted to end; those still
+    running after CTRL_C_REACH_S get SIGTERM (a SIGINT that reached this process alone)."""
+    start = time.monotonic()
+    told = False
+    while any(_running(p) for p in _stopping) and time.monotonic() < start + timeout_s:
+        if not told and time.monotonic() > start + CTRL_C_REACH_S:
+            _terminate([p for p in _stopping if _running(p)])
+            told = True
         time.sleep(0.2)
 
 
@@ -264,6 +304,12 @@ def _record_unrecorded_failure(run: LocalRun, run_id: str, error: str) -> str | 
         return None
     step = found.group(1).replace("-", "_")
     try:
+        summary = lineage.run_summary(run.metadata, run_id)
+        if any(e["step"] == step for e in summary["executions"]):
+            return step  # it recorded itself
+    except UserError:
+        pass  # no run in the store yet: the first step died
+    try:
         lineage.record_execution(
             run.metadata,
             step=step,
@@ -272,7 +318,7 @@ def _record_unrecorded_failure(run: LocalRun, run_id: str, error: str) -> str | 
             parameters={},
             inputs={},
             outputs={},
-            properties={"error": KILLED},
+            properties={"error": DIED_UNRECORDED},
             state="FAILED",
         )
     except Exception as err:  # noqa: BLE001 -- the run's own error is the one to tell

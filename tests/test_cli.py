@@ -143,7 +143,8 @@ def test_google_api_cores_python_end_of_life_notice_is_hidden_and_no_other_warni
     "argv, says",
     [
         (["rollback", "--destination", "serving", "--to", "1"], "gptpipe: interrupted\n"),
-        (["kfp", "runs"], "gptpipe: interrupted; a KFP run it started goes on"),
+        (["kfp", "runs"], "gptpipe: interrupted\n"),
+        (["kfp", "run"], "gptpipe: interrupted; a KFP run it started goes on"),
     ],
 )
 def test_an_interrupted_command_prints_one_line_and_exits_130(monkeypatch, capsys, argv, says):
@@ -154,6 +155,7 @@ def test_an_interrupted_command_prints_one_line_and_exits_130(monkeypatch, capsy
 
     monkeypatch.setattr(cli, "_cmd_rollback", ctrl_c)
     monkeypatch.setattr(kfp_cli, "_cmd_kfp_runs", ctrl_c)
+    monkeypatch.setattr(kfp_cli, "_cmd_kfp_run", ctrl_c)
     assert cli.main(argv) == 130
     err = capsys.readouterr().err
     assert err.startswith(says) and err.count("\n") == 1 and "Traceback" not in err

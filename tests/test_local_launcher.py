@@ -96,9 +96,9 @@ if mode == "hang":
 if mode == "stubborn":  # ignores SIGTERM: stopped only by SIGKILL, after the grace period
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     block()
-if mode == "cancel":
+if mode in ("cancel", "hangup"):  # the launcher told to stop: SIGTERM, or a closed terminal
     if index == 0:
-        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(os.getppid(), signal.SIGTERM if mode == "cancel" else signal.SIGHUP)
     block()
 '''
 
@@ -217,12 +217,26 @@ def test_the_deadline_stops_every_worker_and_fails(job, tmp_path):
     assert not any(alive(p) for p in workers + recorded_pids(tmp_path))  # and their children
 
 
-def test_sigterm_stops_every_worker_and_fails(job, tmp_path):
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(LaunchCancelled, match="SIGTERM"):
-        run_local(job("cancel"), tmp_path)
-    assert signal.getsignal(signal.SIGTERM) is before
+@pytest.mark.parametrize("mode, name", [("cancel", "SIGTERM"), ("hangup", "SIGHUP")])
+def test_sigterm_or_sighup_stops_every_worker_and_fails(job, tmp_path, mode, name):
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    with pytest.raises(LaunchCancelled, match=name):
+        run_local(job(mode), tmp_path)
+    assert {s: signal.getsignal(s) for s in before} == before
     assert not any(alive(p) for p in recorded_pids(tmp_path))
+
+
+def test_a_sighup_ignored_by_nohup_stays_ignored(job, tmp_path):
+    from components.train.launcher import cancel_on_sigterm
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with cancel_on_sigterm():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 @pytest.fixture

@@ -242,7 +242,33 @@ def test_a_step_that_died_before_recording_reads_failed_not_complete(tmp_path, m
     assert raised.value.step == "evaluate"
     (row,) = lineage.list_runs(run.metadata)
     assert row["state"] == "FAILED"
-    assert lineage.failure_of(run.metadata, run_id) == ("evaluate", local_runner.KILLED)
+    assert lineage.failure_of(run.metadata, run_id) == ("evaluate", local_runner.DIED_UNRECORDED)
+
+
+def test_a_local_run_takes_only_the_signals_that_would_end_it_and_gives_them_back():
+    """SIGTERM and SIGHUP end the run as Ctrl-C does, but one already ignored (`nohup`, a
+    shell's background job) stays ignored, and every handler is as it was afterwards."""
+    import signal
+
+    from pipelines import local_runner
+
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    before = {s: signal.getsignal(s) for s in sigs}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with local_runner._stopped_as_by_ctrl_c():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, signal.SIG_IGN)
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            with pytest.raises(KeyboardInterrupt, match="SIGTERM"):
+                signal.raise_signal(signal.SIGTERM)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM]
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def test_a_local_corpus_glob_is_recorded_absolute(tmp_path, monkeypatch):

@@ -62,9 +62,9 @@ _SERVICE_RE = re.compile(
     r"(?:(?P<scheme>grpcs?)://)?(?P<host>[A-Za-z0-9.\-]+):(?P<port>\d{1,5})(?:\?(?P<query>.*))?"
 )
 _HOST_RE = re.compile(r"[A-Za-z0-9.\-]+")
-# A host name, a colon and no path separator: an address with a bad port ("mlmd:", "mlmd:80800"),
-# refused by name rather than taken for a SQLite file of that name.
-_ADDRESS_LIKE_RE = re.compile(r"[A-Za-z0-9.\-]+:[^/\\]*")
+# A host name, a colon and a port that is no port ("mlmd:", "mlmd:80800", "mlmd:http"): refused
+# by name rather than taken for a SQLite file of that name ("run-10:30.sqlite" is a file).
+_ADDRESS_LIKE_RE = re.compile(r"[A-Za-z0-9.\-]+:(\d*|[A-Za-z]+)")
 _FORMS = "a SQLite path, host:port, grpc://host:port or grpcs://host:port[?ca=CA_FILE]"
 
 

@@ -319,12 +319,15 @@ def format_failure(
 
 @contextlib.contextmanager
 def cancel_on_sigterm() -> Iterator[None]:
-    """Turn the first SIGTERM into `LaunchCancelled` in the main thread while the block runs.
+    """Turn the first SIGTERM (or SIGHUP) into `LaunchCancelled` in the main thread while the
+    block runs.
 
     Kubernetes stops a cancelled KFP run's pod with SIGTERM, then SIGKILL after the grace period;
-    the exception gives the launcher that time to stop its workers or delete its TFJob. Later
-    SIGTERMs are ignored so that cleanup is not interrupted. Outside the main thread (where Python
-    cannot install handlers) this does nothing.
+    the exception gives the launcher that time to stop its workers or delete its TFJob. A closed
+    terminal sends a local run's whole process group SIGHUP, which would otherwise kill the
+    launcher and orphan its workers (each in a session of its own). Later signals are ignored
+    so that cleanup is not interrupted; a SIGHUP already ignored (`nohup`) stays ignored.
+    Outside the main thread (where Python cannot install handlers) this does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -340,11 +343,17 @@ def cancel_on_sigterm() -> Iterator[None]:
             f"received {signal.Signals(signum).name}: the run was cancelled", reason="Cancelled"
         )
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    signals = [signal.SIGTERM]
+    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+        signals.append(signal.SIGHUP)
+    previous = {sig: signal.getsignal(sig) for sig in signals}
     try:
+        for sig in signals:
+            signal.signal(sig, handler)
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler_before in previous.items():
+            signal.signal(sig, handler_before)
 
 
 class Launcher(Protocol):

@@ -36,9 +36,11 @@ def release(launcher: str, metadata: str) -> int:
             deleted = tfjob_cleanup.delete_run_jobs(kube.default_api_client(), namespace, run_id)
         except Exception as err:  # noqa: BLE001 -- raised below, once lineage is closed
             not_deleted = err
-        print(f"release: deleted {len(deleted)} TFJob(s) of run {run_id}")
-        for name in deleted:
-            print(f"  {name}")
+            print(f"release: could not delete the TFJobs of run {run_id}: {err}")
+        else:
+            print(f"release: deleted {len(deleted)} TFJob(s) of run {run_id}")
+            for name in deleted:
+                print(f"  {name}")
     why = "the step's pod ended before the step did (killed, evicted, or the run was cancelled)"
     try:
         closed = lineage.close_unfinished(lineage.store_address(metadata, os.environ), run_id, why)

@@ -86,3 +86,6 @@ def test_sigterm_ends_a_local_run_as_ctrl_c_does_and_leaves_nothing_running(tmp_
     summary = lineage.run_summary(str(root / "metadata.sqlite"), run_id)
     states = {e["step"]: e["state"] for e in summary["executions"]}
     assert states["train"] == "FAILED" and "RUNNING" not in states.values(), states
+    # the train step recorded its own end (the run waited for it), not the run's INTERRUPTED
+    step, error = lineage.failure_of(str(root / "metadata.sqlite"), run_id) or ("", "")
+    assert step == "train" and "SIGTERM" in error, error
