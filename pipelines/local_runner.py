@@ -190,12 +190,14 @@ DIED_UNRECORDED = (
     "the step ended before it recorded anything (killed as it started, or an error before "
     "its first record); its log says why"
 )
-# How long an interrupted run waits for its step to stop: the train step stops its workers
-# with a grace period (components/train/local_launcher.py's kill_grace_seconds, 10 s) first.
-STEP_STOP_S = 15.0
 # A step a Ctrl-C did not reach (`kill -INT` to this process alone, an IDE's stop button) is
-# sent SIGTERM once this long has passed.
-CTRL_C_REACH_S = 2.0
+# sent SIGTERM once this long has passed: later than the train step's grace for its workers
+# (components/train/local_launcher.py's kill_grace_seconds, 10 s), which a SIGTERM during it
+# would cut short, so a Ctrl-C that did reach the step lets the workers back up first.
+CTRL_C_REACH_S = 12.0
+# How long an interrupted run waits for its step to stop: a step told late stops its workers
+# with that grace again.
+STEP_STOP_S = CTRL_C_REACH_S + 13.0
 
 
 _stopping: list[int] = []  # the step processes an interrupted run waits for (main thread)
