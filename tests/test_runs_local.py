@@ -245,12 +245,14 @@ def test_a_step_that_died_before_recording_reads_failed_not_complete(tmp_path, m
     assert lineage.failure_of(run.metadata, run_id) == ("evaluate", local_runner.DIED_UNRECORDED)
 
 
-def test_a_local_run_takes_only_the_signals_that_would_end_it_and_gives_them_back():
+def test_a_local_run_takes_only_the_signals_that_would_end_it_and_gives_them_back(monkeypatch):
     """SIGTERM and SIGHUP end the run as Ctrl-C does, but one already ignored (`nohup`, a
     shell's background job) stays ignored, and every handler is as it was afterwards."""
     import signal
 
     from pipelines import local_runner
+
+    monkeypatch.setattr(local_runner, "_steps", list)  # no step runs: signal nothing of ours
 
     sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     before = {s: signal.getsignal(s) for s in sigs}
