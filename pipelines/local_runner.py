@@ -233,18 +233,13 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
         _stopping[:] = _steps()
         raise KeyboardInterrupt
 
-    # Only signals that would end the run as they are: `nohup` (SIGHUP ignored) or a shell's
-    # background job (SIGINT ignored) keeps its meaning.
+    # A signal this process ignores stays ignored: `nohup` (SIGHUP) or a shell's background
+    # job (SIGINT) keeps its meaning. None: a handler Python did not install, left alone.
     wanted = {signal.SIGTERM: stop, signal.SIGHUP: stop, signal.SIGINT: ctrl_c}
-    default: dict[signal.Signals, object] = {
-        signal.SIGTERM: signal.SIG_DFL,
-        signal.SIGHUP: signal.SIG_DFL,
-        signal.SIGINT: signal.default_int_handler,
-    }
     previous = {sig: signal.getsignal(sig) for sig in wanted}
     try:
         for sig, handler in wanted.items():
-            if previous[sig] is default[sig]:
+            if previous[sig] not in (signal.SIG_IGN, None):
                 signal.signal(sig, handler)
         yield
     finally:

@@ -256,8 +256,9 @@ def test_a_local_run_takes_only_the_signals_that_would_end_it_and_gives_them_bac
 
     sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     before = {s: signal.getsignal(s) for s in sigs}
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         with local_runner._stopped_as_by_ctrl_c():
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
@@ -267,7 +268,7 @@ def test_a_local_run_takes_only_the_signals_that_would_end_it_and_gives_them_bac
                 signal.raise_signal(signal.SIGTERM)
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        assert signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM]
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)

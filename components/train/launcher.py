@@ -344,7 +344,7 @@ def cancel_on_sigterm() -> Iterator[None]:
         )
 
     signals = [signal.SIGTERM]
-    if signal.getsignal(signal.SIGHUP) is signal.SIG_DFL:
+    if signal.getsignal(signal.SIGHUP) not in (signal.SIG_IGN, None):
         signals.append(signal.SIGHUP)
     previous = {sig: signal.getsignal(sig) for sig in signals}
     try:
