@@ -5,6 +5,10 @@ The `pipelines` and `components` packages call `hide_python_eol_notice` as they 
 before anything imports google-cloud-storage. Every pipeline step's process
 (components/step_edge.py) and every trainer worker (trainer/task.py) registers
 `exit_without_final_gc` as it starts.
+
+Processes and signals, from /proc and in one place: `running`, `running_processes` and
+`descendants` (the local launcher's worker groups, a local run's steps), and `signal_handlers`
+(a local run's, the train launcher's).
 """
 
 from __future__ import annotations
@@ -14,7 +18,11 @@ import contextlib
 import functools
 import gc
 import os
+import signal
+import threading
 import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 
 def stat_fields(pid: int) -> list[str]:
@@ -24,10 +32,18 @@ def stat_fields(pid: int) -> list[str]:
         return f.read().rsplit(")", 1)[1].split()
 
 
-def descendants(pid: int, group: int | None = None) -> list[int]:
-    """The running (not zombie) processes below `pid` (children, theirs, ...), from /proc,
-    only those in process group `group` if given; [] where there is no /proc."""
-    parents: dict[int, tuple[int, int]] = {}  # pid: (parent, group) of every running process
+def running(pid: int) -> bool:
+    """True if `pid` runs (a zombie, which only waits for its parent to reap it, does not)."""
+    try:
+        return stat_fields(pid)[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def running_processes() -> dict[int, tuple[int, int]]:
+    """{pid: (parent pid, process group)} of every running (not zombie) process, from /proc;
+    {} where there is no /proc."""
+    found: dict[int, tuple[int, int]] = {}
     with contextlib.suppress(OSError):
         for entry in os.scandir("/proc"):
             if not entry.name.isdigit():
@@ -37,12 +53,42 @@ def descendants(pid: int, group: int | None = None) -> list[int]:
             except (OSError, ValueError):
                 continue  # ended while listed
             if state != "Z":
-                parents[int(entry.name)] = (int(parent), int(pgrp))
+                found[int(entry.name)] = (int(parent), int(pgrp))
+    return found
+
+
+def descendants(pid: int, group: int | None = None) -> list[int]:
+    """The running processes below `pid` (children, theirs, ...), only those in process group
+    `group` if given; [] where there is no /proc."""
+    parents = running_processes()
     found, below = [], {pid}
     while below:
         below = {p for p, (parent, _) in parents.items() if parent in below}
         found += [p for p in below if group is None or parents[p][1] == group]
     return sorted(found)
+
+
+def ignored(sig: signal.Signals) -> bool:
+    """True if this process ignores `sig` (`nohup`'s SIGHUP, a background job's SIGINT) or a
+    handler outside Python has it: either way, not Python's to take."""
+    return signal.getsignal(sig) in (signal.SIG_IGN, None)
+
+
+@contextlib.contextmanager
+def signal_handlers(handlers: Mapping[signal.Signals, Any]) -> Iterator[None]:
+    """Install `handlers` while the block runs and give each signal its handler back after;
+    only in the main thread, where Python takes signals (elsewhere this installs nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in handlers}
+    try:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def hide_python_eol_notice() -> None:

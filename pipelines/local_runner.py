@@ -11,7 +11,6 @@ import os
 import re
 import signal
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -26,7 +25,7 @@ from components.evaluate.thresholds import check_thresholds
 from components.provenance import LOCAL_IMAGE
 from contracts.artifacts import WORKER_LOGS_DIR, step_work_dir
 from contracts.errors import UserError
-from contracts.process import descendants, stat_fields
+from contracts.process import descendants, ignored, running, signal_handlers
 from contracts.progress import PROGRESS_ENV
 from pipelines.config import RunConfig
 from pipelines.pipeline import PIPELINE_NAME, Images, Target, build
@@ -171,7 +170,8 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
         step = _record_unrecorded_failure(run, run_id, str(err))
         raise PipelineFailed(str(err), step) from None
     except BaseException:  # Ctrl-C, SIGTERM, SIGHUP: the steps are stopped with the run
-        with _signals_ignored():  # a second signal must not cut the record short
+        # a second signal must not cut the record short
+        with signal_handlers(dict.fromkeys(_ENDING_SIGNALS, signal.SIG_IGN)):
             _wait_for_steps(STEP_STOP_S)  # so that what each step records itself comes first
             _close_unfinished(run, run_id, INTERRUPTED)
         raise
@@ -220,9 +220,6 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
     the run to wait for them (`_wait_for_steps`). Only the main thread takes signals;
     elsewhere this does nothing."""
     _stopping.clear()
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
 
     def stop(signum: int, frame: object) -> None:
         _stopping[:] = _steps()
@@ -234,32 +231,13 @@ def _stopped_as_by_ctrl_c() -> Iterator[None]:
         raise KeyboardInterrupt
 
     # A signal this process ignores stays ignored: `nohup` (SIGHUP) or a shell's background
-    # job (SIGINT) keeps its meaning. None: a handler Python did not install, left alone.
+    # job (SIGINT) keeps its meaning.
     wanted = {signal.SIGTERM: stop, signal.SIGHUP: stop, signal.SIGINT: ctrl_c}
-    previous = {sig: signal.getsignal(sig) for sig in wanted}
-    try:
-        for sig, handler in wanted.items():
-            if previous[sig] not in (signal.SIG_IGN, None):
-                signal.signal(sig, handler)
+    with signal_handlers({sig: h for sig, h in wanted.items() if not ignored(sig)}):
         yield
-    finally:
-        for sig, handler_before in previous.items():
-            signal.signal(sig, handler_before)
 
 
-@contextlib.contextmanager
-def _signals_ignored() -> Iterator[None]:
-    """Ignore SIGINT, SIGTERM and SIGHUP in the main thread while the block runs."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in sigs}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+_ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _terminate(pids: list[int]) -> None:
@@ -273,18 +251,11 @@ def _wait_for_steps(timeout_s: float) -> None:
     running after CTRL_C_REACH_S get SIGTERM (a SIGINT that reached this process alone)."""
     start = time.monotonic()
     told = False
-    while any(_running(p) for p in _stopping) and time.monotonic() < start + timeout_s:
+    while any(running(p) for p in _stopping) and time.monotonic() < start + timeout_s:
         if not told and time.monotonic() > start + CTRL_C_REACH_S:
-            _terminate([p for p in _stopping if _running(p)])
+            _terminate([p for p in _stopping if running(p)])
             told = True
         time.sleep(0.2)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return stat_fields(pid)[0] != "Z"
-    except OSError:
-        return False
 
 
 _FAILED_TASK = re.compile(r"Inner task failed: '([a-z][a-z0-9_-]*)'")  # kfp.local's message

@@ -12,17 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from components.train.local_launcher import exited
-from contracts.process import stat_fields
+from contracts.process import running
 
 REPO = Path(__file__).resolve().parent.parent  # children import the project from here
 
 
-def alive(pid: int) -> bool:
-    """True if `pid` runs (a zombie, which only waits for its parent to reap it, is not)."""
-    try:
-        return stat_fields(pid)[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
+alive = running  # contracts/process.py: a zombie is not alive
 
 
 def _unreaped(proc: subprocess.Popen[bytes]) -> Any:

@@ -19,13 +19,13 @@ import contextlib
 import hashlib
 import re
 import signal
-import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any, Protocol
 
 from contracts.errors import UserError
+from contracts.process import ignored, signal_handlers
 
 RESTART_POLICIES = ("ExitCode", "OnFailure", "Never")  # the operator's; "Always" suits no training
 CLEAN_POD_POLICIES = ("Running", "All", "None")  # the operator's runPolicy.cleanPodPolicy values
@@ -329,9 +329,6 @@ def cancel_on_sigterm() -> Iterator[None]:
     so that cleanup is not interrupted; a SIGHUP already ignored (`nohup`) stays ignored.
     Outside the main thread (where Python cannot install handlers) this does nothing.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     fired = False
 
     def handler(signum: int, frame: FrameType | None) -> None:
@@ -343,17 +340,9 @@ def cancel_on_sigterm() -> Iterator[None]:
             f"received {signal.Signals(signum).name}: the run was cancelled", reason="Cancelled"
         )
 
-    signals = [signal.SIGTERM]
-    if signal.getsignal(signal.SIGHUP) not in (signal.SIG_IGN, None):
-        signals.append(signal.SIGHUP)
-    previous = {sig: signal.getsignal(sig) for sig in signals}
-    try:
-        for sig in signals:
-            signal.signal(sig, handler)
+    signals = [signal.SIGTERM] + ([] if ignored(signal.SIGHUP) else [signal.SIGHUP])
+    with signal_handlers(dict.fromkeys(signals, handler)):
         yield
-    finally:
-        for sig, handler_before in previous.items():
-            signal.signal(sig, handler_before)
 
 
 class Launcher(Protocol):

@@ -43,7 +43,7 @@ from components.train.launcher import (
     input_error,
     is_retryable_exit_code,
 )
-from contracts.process import stat_fields
+from contracts.process import running_processes
 
 POLL_SECONDS = 0.05  # how often the workers' exit status is checked
 
@@ -118,16 +118,7 @@ def group_alive(pgid: int) -> bool:
         except ProcessLookupError:
             return False
         return True
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            state, _ppid, pgrp = stat_fields(int(entry.name))[:3]
-        except (OSError, ValueError, IndexError):
-            continue
-        if int(pgrp) == pgid and state != "Z":
-            return True
-    return False
+    return any(pgrp == pgid for _parent, pgrp in running_processes().values())
 
 
 @dataclass(frozen=True)
