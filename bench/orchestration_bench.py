@@ -1,6 +1,6 @@
 """Orchestration overhead of a local pipeline run: wall time not spent inside a step, over wall.
 
-One `pipelines.local_runner.run_local` (what `gptpipe run --local` and `make run` run) on the
+One local run (`run_local`, what `gptpipe run --local` and `make run` run) on the
 bundled corpus with the `tiny` preset cut to STEPS steps and the default 2 workers, into a fresh
 root. Wall time is that call's. A step's own time is its ML Metadata execution's
 `start_time_ms` to `end_time_ms`: the span of the step's `lineage.step` block, which encloses
@@ -53,7 +53,7 @@ def overhead(wall_s: float, spans: list[tuple[float, float]]) -> float:
 
 
 def figures(full: bool) -> list[Figure]:
-    from pipelines import local_runner
+    from pipelines.runners.local import runner
     from trainer.config import config_to_dict
 
     overrides = (
@@ -65,10 +65,10 @@ def figures(full: bool) -> list[Figure]:
     cfg = trainer_run.config("tiny", overrides)
     with tempfile.TemporaryDirectory(prefix="orchestration-bench-") as tmp:
         root = Path(tmp)
-        run = local_runner.LocalRun(root=root, corpus=str(trainer_run.CORPUS), config=cfg)
-        with local_runner.captured_output(root / "kfp-local.log"):
+        run = runner.LocalRun(root=root, corpus=str(trainer_run.CORPUS), config=cfg)
+        with runner.captured_output(root / "kfp-local.log"):
             started = time.time()
-            summary = local_runner.run_local(run)
+            summary = runner.run_local(run)
             ended = time.time()
     spans = step_spans(summary)
     wall = ended - started

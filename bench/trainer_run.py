@@ -119,9 +119,9 @@ def new_job_dir(prefix: str = "job") -> Path:
 
 def launch(cfg: Any, examples_dir: Path, job: Path, workers: int, threads: int) -> None:
     """Run the trainer on `examples_dir` into `job/model` and `job/work` (the local launcher)."""
+    from components.jobs.launcher import JobSpec
+    from components.jobs.local import LocalLauncher
     from components.train.executor import trainer_command
-    from components.train.launcher import JobSpec
-    from components.train.local_launcher import LocalLauncher
 
     per_worker = str(max(1, threads // workers))
     command = trainer_command(

@@ -7,7 +7,7 @@ the result to the lineage layer as execution properties. Nothing here talks to M
   or LOCAL_IMAGE when kfp.local runs the step in this Python environment.
 - `image_digest`: the `sha256:...` part of that reference; a reference without one records
   `unpinned: 1` instead.
-- In a KFP pod (its name and namespace from `components.kube.pod_identity`), the pod's own
+- In a KFP pod (its name and namespace from `components.jobs.kube.pod_identity`), the pod's own
   `status.containerStatuses[].imageID` is read through the Kubernetes API: the digest the kubelet
   actually ran. A different digest is recorded (`image_digest_observed`,
   `image_digest_mismatch: 1`) and warned about; it means the lock and the cluster disagree.
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components import kube
+from components.jobs import kube
 from contracts.errors import UserError
 
 LOCAL_IMAGE = "local-python-environment"  # kfp.local's SubprocessRunner: no image is pulled

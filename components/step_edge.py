@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from components import kube, lineage, provenance
+from components import lineage, provenance
+from components.jobs import kube
 from contracts.errors import one_line_errors
 from contracts.process import exit_without_final_gc
 

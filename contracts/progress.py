@@ -3,7 +3,8 @@
 `gptpipe run --local` sets `PROGRESS_ENV` to a file under the run's state folder; kfp.local
 starts every step (and the local launcher every trainer worker) as a subprocess that inherits
 it. Each step reports with a `Progress` made once at its edge (`Progress.from_env`); on a
-cluster the variable is unset and reporting does nothing. The run view (pipelines/run_view.py)
+cluster the variable is unset and reporting does nothing. The run view
+(pipelines/runners/local/view.py)
 reads the events back with `read_events`.
 
 One event is one line of JSON under 4 KiB, appended with O_APPEND in a single write, so lines

@@ -4,8 +4,9 @@ from dataclasses import dataclass
 
 from kfp import dsl, kubernetes
 
-from components import kube, provenance
+from components import provenance
 from components.evaluate import component as evaluate_component
+from components.jobs import kube
 from components.push import component as push_component
 from components.tokenize import component as tokenize_component
 from components.train import component as train_component

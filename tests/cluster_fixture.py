@@ -46,9 +46,9 @@ from mlmd_server import MetadataGrpcServer
 from processes import alive
 from tf_gcs_stand_in import TfGcsStandIn
 
-from components.train.launcher import run_label
-from components.train.tfjob_manifest import LABEL_RUN_ID
-from pipelines import cli
+from components.jobs.launcher import run_label
+from components.jobs.tfjob.manifest import LABEL_RUN_ID
+from pipelines.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO / "tests" / "data" / "digests.json"  # images pinned by digest, never pulled

@@ -1,5 +1,5 @@
 """Run one `gptpipe` subcommand in-process, through only the parser its module adds, as
-`pipelines.cli.main` runs it: for tests of command modules that need nothing else of the CLI."""
+`gptpipe` runs it: for tests of command modules that need nothing else of the CLI."""
 
 import argparse
 from collections.abc import Callable

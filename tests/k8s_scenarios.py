@@ -288,7 +288,7 @@ class Script:
     def launcher_listed_pods(self, timeout: float = 10.0) -> None:
         """Wait until the launcher has listed the job's pods since one was last created. It
         watches only the TFJob and tells a restart by the new pods' uids (`_pods` in
-        components/train/tfjob.py, by the job-name label alone; the log follower lists worker
+        the TFJob launcher, by the job-name label alone; the log follower lists worker
         0 by a narrower selector), so it must see each incarnation: a real operator's restart
         takes seconds (the pods' grace period, the scheduler, the image), never a step of
         STEP_SECONDS that a loaded machine can outrun. Goes on after `timeout`, or once the

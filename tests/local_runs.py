@@ -4,7 +4,7 @@ Enable it in a test module with `pytest_plugins = ["local_runs"]` (tests/ is on 
 module that does shares the same two runs.
 
 - `local_runs` (session): a `LocalRuns`. The whole pipeline runs twice through
-  `pipelines.local_runner.run_local` (kfp.local, real subprocess steps, ML Metadata on SQLite)
+  `run_local` (pipelines/runners/local; kfp.local, real subprocess steps, ML Metadata on SQLite)
   into one run root, with the e2e tests' smallest config (`trainer_fixtures.PIPELINE_SMALL`) and one
   trainer worker. Each run reads its own slice of the bundled corpus, so the two have different
   dataset versions. Both are blessed and pushed: the first as version 1 (no baseline), the
@@ -26,7 +26,7 @@ import pytest
 from trainer_fixtures import PIPELINE_SMALL as SMALL
 
 from contracts.artifacts import EVAL_TEXT
-from pipelines import local_runner
+from pipelines.runners.local import runner
 from trainer.config import resolve_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -92,7 +92,7 @@ def local_runs(tmp_path_factory: pytest.TempPathFactory) -> LocalRuns:
     for index in range(2):
         corpus = corpora / f"slice-{index}.txt"
         corpus.write_text(text[index * CORPUS_CHARS : (index + 1) * CORPUS_CHARS], "utf-8")
-        run = local_runner.LocalRun(
+        run = runner.LocalRun(
             root=root,
             corpus=str(corpus),
             config=config,
@@ -100,7 +100,7 @@ def local_runs(tmp_path_factory: pytest.TempPathFactory) -> LocalRuns:
             max_nats_per_char=MAX_NATS_PER_CHAR,
             tolerance=TOLERANCE,
         )
-        summaries.append(local_runner.run_local(run))
+        summaries.append(runner.run_local(run))
     runs = LocalRuns(root, (summaries[0], summaries[1]))
     # Later tests rely on these; a run that was not pushed would fail them obscurely.
     pushed = [runs.output(i, "push", "pushed_model") for i in range(2)]

@@ -2,7 +2,7 @@
 
 A reconcile loop over every TFJob, written from the v1.9.0 source (paths in
 github.com/kubeflow/training-operator at tag v1.9.0); Worker replicas only, which is what
-components/train/tfjob_manifest.py writes:
+components/jobs/tfjob/manifest.py writes:
 - Created on a new job: tensorflow/tfjob_controller.go `onOwnerCreateFunc`;
 - defaults: apis/kubeflow.org/v1/tensorflow_defaults.go (cleanPodPolicy None, replicas 1,
   restartPolicy Never, port tfjob-port 2222);

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from components.train.local_launcher import exited
+from components.jobs.local import exited
 from contracts.process import running
 
 REPO = Path(__file__).resolve().parent.parent  # children import the project from here

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines import cli
+from pipelines.cli import main as cli
 
 SHAKESPEARE = (Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt").read_bytes()
 
@@ -148,7 +148,7 @@ def test_google_api_cores_python_end_of_life_notice_is_hidden_and_no_other_warni
     ],
 )
 def test_an_interrupted_command_prints_one_line_and_exits_130(monkeypatch, capsys, argv, says):
-    from pipelines import kfp_cli
+    from pipelines.cli import kfp as kfp_cli
 
     def ctrl_c(args):
         raise KeyboardInterrupt

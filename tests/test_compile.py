@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from contracts.errors import UserError
-from pipelines import cli, compiler
+from pipelines import compiler
+from pipelines.cli import main as cli
 from pipelines.pipeline import EXIT_TASK, Target
 from trainer.config import DEFAULT_PRESET, config_to_dict, resolve_config
 

@@ -19,10 +19,12 @@ from k8s_double import IMAGE_DIGEST, FakeKube
 from tfjob_fixtures import SCHEMA, schema_errors
 
 from bench import gpu_bench
-from components.train import tfjob_logs, tfjob_manifest
-from components.train.launcher import LaunchError
+from components.jobs.launcher import LaunchError
+from components.jobs.tfjob import logs
+from components.jobs.tfjob import manifest as tfjob_manifest
 from contracts.errors import UserError
-from pipelines import cli, gpu_bench_cmd
+from pipelines.cli import gpu_bench as gpu_bench_cmd
+from pipelines.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
 IMAGE = f"registry.example/gptpipe-trainer@{IMAGE_DIGEST}"
@@ -188,7 +190,7 @@ def test_the_line_is_read_back_from_the_pod_when_the_log_stream_dropped(tmp_path
     def dropped(self: Any, pod_name: str, place: Any) -> str:
         return "dropped"
 
-    monkeypatch.setattr(tfjob_logs.LogFollower, "_follow", dropped)
+    monkeypatch.setattr(logs.LogFollower, "_follow", dropped)
     out = io.StringIO()
     with pytest.raises(UserError, match="TensorFlow saw none"):
         _run(tmp_path, {"gpus": 1}, out)

@@ -97,7 +97,7 @@ def test_dockerignore_keeps_the_build_context_small():
 
 
 def test_the_image_holds_bench_where_gpu_bench_looks_for_it():
-    from pipelines import gpu_bench_cmd
+    from pipelines.cli import gpu_bench as gpu_bench_cmd
 
     steps = build.instructions(build.DOCKERFILE.read_text())
     workdir = None

@@ -13,8 +13,13 @@ import kfp_server_api
 import pytest
 
 from contracts.errors import UserError
-from pipelines import cli, compiler, kfp_auth, kfp_client, kfp_ops, kfp_schedule
+from pipelines import compiler
+from pipelines.cli import main as cli
 from pipelines.pipeline import Target
+from pipelines.runners.kfp import auth as kfp_auth
+from pipelines.runners.kfp import client as kfp_client
+from pipelines.runners.kfp import ops
+from pipelines.runners.kfp import schedule as kfp_schedule
 from tests import kfp_api_double
 from tests.kfp_api_double import KfpApiDouble, RunScript
 from trainer.config import resolve_config
@@ -127,11 +132,11 @@ def test_upload_refuses_a_root_that_is_not_gcs_before_any_call(double, token, ca
 
 
 def test_default_version_is_the_commit_and_refuses_a_dirty_checkout():
-    assert kfp_ops.default_version("0123456789abcdef0123") == "git-0123456789ab"
+    assert ops.default_version("0123456789abcdef0123") == "git-0123456789ab"
     with pytest.raises(UserError, match="uncommitted changes"):
-        kfp_ops.default_version("0123456789abcdef-dirty")
+        ops.default_version("0123456789abcdef-dirty")
     with pytest.raises(UserError, match="--version"):
-        kfp_ops.default_version("unknown")
+        ops.default_version("unknown")
 
 
 # ---- run and --wait ------------------------------------------------------------------------
@@ -185,7 +190,7 @@ def test_run_wait_names_only_the_failed_step_in_argos_chain_of_nodes(
     double.run_scripts.append(RunScript("FAILED", failed_task="evaluate", error="no eval text"))
     assert gptpipe(double, token, "run", *NEEDED, "--wait", "--poll", "0") == 1
     (run,) = double.runs.values()
-    assert kfp_ops.failed_tasks(run) == [kfp_ops.TaskFailure("evaluate", "no eval text")]
+    assert ops.failed_tasks(run) == [ops.TaskFailure("evaluate", "no eval text")]
     assert "FAILED: task evaluate failed: no eval text\n" in capsys.readouterr().err
 
 
@@ -200,7 +205,7 @@ def test_a_retried_task_is_named_once_and_a_retry_that_succeeded_not_at_all():
     ):
         run = types.SimpleNamespace(run_id="0123456789abcdef", error=None)
         run.run_details = types.SimpleNamespace(task_details=kfp_api_double._tasks(run, script))
-        assert [f.task for f in kfp_ops.failed_tasks(run)] == expected, script
+        assert [f.task for f in ops.failed_tasks(run)] == expected, script
 
 
 @pytest.mark.parametrize("outcome", ["SUCCEEDED", "FAILED"])
@@ -307,8 +312,8 @@ def test_params_are_read_as_the_pipeline_declares_them():
             }
         }
     }
-    source = kfp_ops.RunSource("file test.yaml", spec)
-    params = kfp_ops.check_params(source, kfp_ops.parse_params(items))
+    source = ops.RunSource("file test.yaml", spec)
+    params = ops.check_params(source, ops.parse_params(items))
     assert params == {
         **{"a": 1, "b": True, "c": "gs://x", "d": {"k": [1]}, "e": "", "f": "a=b"},
         # A string parameter gets the text typed (worker_cpu=8 is "8", and 1e3 stays 1e3),
@@ -317,7 +322,7 @@ def test_params_are_read_as_the_pipeline_declares_them():
     }
     assert all(type(v) in (int, bool, str, dict) for v in params.values())  # no ParamText left
     with pytest.raises(UserError, match="KEY=VALUE"):
-        kfp_ops.parse_params(["novalue"])
+        ops.parse_params(["novalue"])
 
 
 def test_a_number_typed_for_a_string_parameter_reaches_the_run_as_the_string(

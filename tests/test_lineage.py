@@ -14,7 +14,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 from components import lineage
 from components.lineage import ArtifactRecord
 from contracts.errors import UserError
-from pipelines import lineage_cmd
+from pipelines.cli import lineage as lineage_cmd
 
 PIPELINE = "gptpipe"
 DATASET = "d" * 64

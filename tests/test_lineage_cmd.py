@@ -15,7 +15,8 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 from components import lineage, provenance
 from components.tokenize import executor as tokenize
 from contracts.errors import UserError
-from pipelines import cli, lineage_cmd
+from pipelines.cli import lineage as lineage_cmd
+from pipelines.cli import main as cli
 from trainer.config import config_hash, config_to_dict, resolve_config
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"

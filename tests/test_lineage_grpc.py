@@ -26,7 +26,7 @@ from components import lineage
 from components.lineage import ArtifactRecord
 from components.lineage.store import RPC_TIMEOUT_S
 from contracts.errors import UserError
-from pipelines import lineage_cmd
+from pipelines.cli import lineage as lineage_cmd
 
 KFP_ENV = {
     "METADATA_GRPC_SERVICE_HOST": "metadata-grpc-service",

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from processes import alive
 
+from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.local import LocalLauncher, exit_code_of, exited
 from components.train import executor
-from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
-from components.train.local_launcher import LocalLauncher, exit_code_of, exited
 from contracts.errors import UserError
 from contracts.process import stat_fields
 from trainer.config import resolve_config
@@ -231,7 +231,7 @@ def test_sigterm_or_sighup_stops_every_worker_and_fails(job, tmp_path, mode, nam
 
 
 def test_a_sighup_ignored_by_nohup_stays_ignored(job, tmp_path):
-    from components.train.launcher import cancel_on_sigterm
+    from components.jobs.launcher import cancel_on_sigterm
 
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
@@ -294,8 +294,8 @@ def test_the_executor_picks_the_local_launcher_without_loading_kubernetes(tmp_pa
         [
             "components.train",
             "components.train.executor",
-            "components.train.launcher",
-            "components.train.local_launcher",
+            "components.jobs.launcher",
+            "components.jobs.local",
         ]
     )
 

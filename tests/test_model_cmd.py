@@ -13,7 +13,7 @@ import pytest
 
 from components import serving, storage
 from contracts.errors import UserError
-from pipelines import model_cmd
+from pipelines.cli import model as model_cmd
 
 pytest_plugins = ["local_runs", "gcs_emulator"]
 

@@ -14,8 +14,8 @@ from k8s_double import FakeKube
 from kubernetes import client, watch
 from processes import alive
 
-from components.train import tfjob_manifest
-from components.train.launcher import JobSpec
+from components.jobs.launcher import JobSpec
+from components.jobs.tfjob import manifest as tfjob_manifest
 
 FAKE_WORKER = Path(__file__).parent / "fake_worker.py"
 IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@sha256:" + "cd" * 32

@@ -28,8 +28,8 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 from trainer_fixtures import PIPELINE_SMALL
 
 from components import lineage
-from pipelines import cli
-from pipelines.run_view import STEPS
+from pipelines.cli import main as cli
+from pipelines.runners.local.view import STEPS
 from trainer.config import config_to_dict, resolve_config
 
 pytestmark = pytest.mark.e2e
@@ -182,7 +182,7 @@ def test_second_run_uses_first_as_baseline_and_divergence_is_not_blessed(two_run
 
 def test_lineage_links_the_pushed_model_to_its_data(two_runs):
     root, first, _ = two_runs
-    from pipelines import lineage_cmd
+    from pipelines.cli import lineage as lineage_cmd
 
     store = str(root / "metadata.sqlite")
     chain = lineage_cmd.trace(store, str(root / "serving" / "gpt" / "1"))

@@ -10,7 +10,7 @@ import pytest
 from test_pipeline_e2e import SMALL
 
 from components import serving
-from pipelines import local_runner
+from pipelines.runners.local import runner
 from trainer.config import resolve_config
 
 pytestmark = pytest.mark.e2e
@@ -23,7 +23,7 @@ def test_run_reads_corpus_from_gcs_and_pushes_to_gcs(gcs, tmp_path):
     text = (REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:120_000]
     gcs.bucket.blob("corpus/shakespeare.txt").upload_from_string(text.encode("utf-8"))
     root = gcs.uri("runs")
-    run = local_runner.LocalRun(
+    run = runner.LocalRun(
         root=root,
         corpus=gcs.uri("corpus/"),
         state_dir=tmp_path,
@@ -31,7 +31,7 @@ def test_run_reads_corpus_from_gcs_and_pushes_to_gcs(gcs, tmp_path):
         workers=1,
         max_nats_per_char=5.0,
     )
-    summary = local_runner.run_local(run)
+    summary = runner.run_local(run)
 
     pushed = summary["steps"]["push"]["outputs"]["pushed_model"][0]["properties"]
     assert pushed["pushed"] == 1 and pushed["pushed_destination"] == f"{root}/serving/gpt"

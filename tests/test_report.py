@@ -29,7 +29,7 @@ from components.evaluate import executor, plots, report
 from components.evaluate.executor import EvalResult, Scores
 from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY
 from contracts.errors import UserError
-from pipelines import report_cmd
+from pipelines.cli import report as report_cmd
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = '<script>alert("x")</script> & "quotes"'

@@ -17,8 +17,9 @@ from rich.console import Console
 from components.push import executor as push
 from components.tokenize import executor as tokenize
 from contracts.progress import Progress, read_events
-from pipelines import local_runner, run_view, run_watch
-from pipelines.run_view import RunView
+from pipelines.runners.local import runner, watch
+from pipelines.runners.local import view as run_view
+from pipelines.runners.local.view import RunView
 
 REPO = Path(__file__).resolve().parent.parent
 NOW = 1_800_000_000.0  # a fixed "now", so frames and durations do not depend on the clock
@@ -188,7 +189,7 @@ def test_plain_lines_say_each_change_of_state_and_each_quarter_of_progress():
 
 
 def test_the_watcher_cuts_kfp_locals_output_into_one_log_per_step(tmp_path):
-    logs = local_runner.RunLogs(tmp_path / "logs" / "local-x", tmp_path / "workers")
+    logs = runner.RunLogs(tmp_path / "logs" / "local-x", tmp_path / "workers")
     logs.folder.mkdir(parents=True)
     logs.kfp_local.write_text(
         kfp(NOW - 9, "Running pipeline: 'gptpipe'")
@@ -202,7 +203,7 @@ def test_the_watcher_cuts_kfp_locals_output_into_one_log_per_step(tmp_path):
     )
     Progress(str(logs.events), "train").update(2, 30, "steps", final=True, loss=5.5)
     shown = []
-    watcher = run_watch.Watcher(
+    watcher = watch.Watcher(
         RunView.new("local-x", NOW - 10),
         logs,
         str(tmp_path / "metadata.sqlite"),
@@ -227,7 +228,7 @@ def test_captured_output_keeps_everything_but_the_view_off_the_terminal(tmp_path
     script = (
         "import logging, os, subprocess, sys\n"
         "from pathlib import Path\n"
-        "from pipelines.local_runner import captured_output\n"
+        "from pipelines.runners.local.runner import captured_output\n"
         "with captured_output(Path(sys.argv[1])) as terminal:\n"
         "    print('print to sys.stdout')\n"
         "    print('print to sys.stderr', file=sys.stderr)\n"
@@ -257,18 +258,16 @@ def test_captured_output_keeps_everything_but_the_view_off_the_terminal(tmp_path
 
 
 def test_json_outcome_of_a_failed_run_names_the_step_its_error_and_its_log(tmp_path):
-    logs = local_runner.RunLogs(tmp_path / "logs" / "local-x", tmp_path / "workers")
+    logs = runner.RunLogs(tmp_path / "logs" / "local-x", tmp_path / "workers")
     logs.folder.mkdir(parents=True)
     logs.step("tokenize").write_text("its output\n")
     view = RunView.new("local-x", NOW - 10)
     started_and_ended(view, "tokenize", NOW - 9, NOW - 2, ok=False)
     run_view.finish(view, succeeded=False, now=NOW)
-    failure = local_runner.PipelineFailed(
+    failure = runner.PipelineFailed(
         "step 'tokenize' failed: corpus 'x' is empty", "tokenize", "corpus 'x' is empty"
     )
-    found = json.loads(
-        json.dumps(run_watch.outcome_json(run_watch.Outcome(view, logs, None, failure)))
-    )
+    found = json.loads(json.dumps(watch.outcome_json(watch.Outcome(view, logs, None, failure))))
     assert found["state"] == "failed" and found["run_id"] == "local-x"
     assert found["error"] == {
         "step": "tokenize",
@@ -288,15 +287,15 @@ def test_json_outcome_of_a_failed_run_names_the_step_its_error_and_its_log(tmp_p
 
 def test_a_failure_with_a_log_tail_is_told_by_its_summary(tmp_path):
     # A launcher's error: its summary, then the failing worker's last lines (format_failure).
-    logs = local_runner.RunLogs(tmp_path / "logs" / "local-x", tmp_path / "workers")
+    logs = runner.RunLogs(tmp_path / "logs" / "local-x", tmp_path / "workers")
     view = RunView.new("local-x", NOW - 10)
     error = (
         "job train-x did not finish within the launcher's timeout; deleted it\n"
         "last lines of worker-0's log:\n"
         "  | step 275 loss 2.31"
     )
-    failure = local_runner.PipelineFailed(f"step 'train' failed: {error}", "train", error)
-    outcome = run_watch.Outcome(view, logs, None, failure)
+    failure = runner.PipelineFailed(f"step 'train' failed: {error}", "train", error)
+    outcome = watch.Outcome(view, logs, None, failure)
     assert outcome.error == "job train-x did not finish within the launcher's timeout; deleted it"
 
 

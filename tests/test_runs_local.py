@@ -12,7 +12,7 @@ import pytest
 
 from components import lineage
 from contracts.errors import UserError
-from pipelines import runs_cmd
+from pipelines.cli import runs as runs_cmd
 
 pytest_plugins = ["local_runs"]
 
@@ -189,7 +189,7 @@ def test_a_root_without_a_store_is_named_and_no_store_is_made(tmp_path):
 @pytest.mark.parametrize("ending", ["killed", "interrupted"])
 def test_a_local_run_closes_the_step_a_kill_left_running(tmp_path, monkeypatch, ending):
     """The step reads FAILED with why, not RUNNING forever: no exit handler runs locally."""
-    from pipelines import local_runner
+    from pipelines.runners.local import runner as local_runner
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("some text\n" * 100, encoding="utf-8")
@@ -219,7 +219,7 @@ def test_a_local_run_closes_the_step_a_kill_left_running(tmp_path, monkeypatch, 
 def test_a_step_that_died_before_recording_reads_failed_not_complete(tmp_path, monkeypatch):
     """Evaluate's process killed while importing TensorFlow records nothing: the run would
     read COMPLETE from tokenize and train alone; kfp.local's error names the task."""
-    from pipelines import local_runner
+    from pipelines.runners.local import runner as local_runner
 
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("some text\n" * 100, encoding="utf-8")
@@ -250,7 +250,7 @@ def test_a_local_run_takes_only_the_signals_that_would_end_it_and_gives_them_bac
     shell's background job) stays ignored, and every handler is as it was afterwards."""
     import signal
 
-    from pipelines import local_runner
+    from pipelines.runners.local import runner as local_runner
 
     monkeypatch.setattr(local_runner, "_steps", list)  # no step runs: signal nothing of ours
 
@@ -276,7 +276,7 @@ def test_a_local_run_takes_only_the_signals_that_would_end_it_and_gives_them_bac
 
 def test_a_local_corpus_glob_is_recorded_absolute(tmp_path, monkeypatch):
     """Lineage keeps the corpus for `gptpipe reproduce`, which may list it from elsewhere."""
-    from pipelines import local_runner
+    from pipelines.runners.local import runner as local_runner
 
     monkeypatch.chdir(tmp_path)
     assert local_runner._absolute("data/*.txt") == str(tmp_path / "data" / "*.txt")

@@ -29,14 +29,14 @@ import yaml
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components import lineage
-from components.train import tfjob_manifest
+from components.jobs.launcher import JobSpec
+from components.jobs.local import LocalLauncher
+from components.jobs.tfjob import manifest
 from components.train.executor import trainer_command
-from components.train.launcher import JobSpec
-from components.train.local_launcher import LocalLauncher
 from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY, TRAIN_METRICS
 from contracts.errors import UserError
 from contracts.progress import PROGRESS_ENV, read_events
-from pipelines import tensorboard_cmd
+from pipelines.cli import tensorboard as tensorboard_cmd
 from trainer.config import resolve_config
 from trainer.metrics_server import GpuCollector, MetricsServer
 from trainer.task import metrics_port
@@ -294,12 +294,12 @@ def test_tensorboard_serves_the_runs_logs(job: Job) -> None:
 def test_the_pod_monitor_scrapes_what_the_tfjob_chief_serves():
     monitor = yaml.safe_load((REPO / "deploy" / "podmonitor.yaml").read_text())
     assert monitor["spec"]["selector"]["matchLabels"] == {
-        tfjob_manifest.LABEL_MANAGED_BY: "gptpipe",  # every gptpipe worker pod
+        manifest.LABEL_MANAGED_BY: "gptpipe",  # every gptpipe worker pod
         "training.kubeflow.org/job-role": "master",  # the operator's mark on worker 0
     }
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
-    assert endpoint["port"] == tfjob_manifest.METRICS_PORT_NAME
-    assert endpoint["path"] == tfjob_manifest.METRICS_PATH
+    assert endpoint["port"] == manifest.METRICS_PORT_NAME
+    assert endpoint["path"] == manifest.METRICS_PATH
 
 
 class FakeNvml(types.SimpleNamespace):

@@ -16,9 +16,12 @@ from k8s_store import Cluster
 from kubernetes import client as kubernetes_client
 from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
-from components.train import tfjob, tfjob_cleanup, tfjob_logs, tfjob_manifest, tfjob_status
-from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
-from components.train.tfjob_restarts import RestartLedger
+from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.tfjob import cleanup, manifest
+from components.jobs.tfjob import launcher as tfjob
+from components.jobs.tfjob import logs as tfjob_logs
+from components.jobs.tfjob import status as tfjob_status
+from components.jobs.tfjob.restarts import RestartLedger
 from contracts.errors import UserError
 
 JOB_PATH = "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-run-1"
@@ -128,7 +131,7 @@ def follow_stopped_worker0(
     spec = make_spec()
     cluster = kube.cluster
     with cluster.cond:
-        cluster.add_job(tfjob_manifest.build_manifest(spec))
+        cluster.add_job(manifest.build_manifest(spec))
     worker0 = Script(cluster)
     worker0.create_pods()
     worker0.exit(0, 1)
@@ -602,7 +605,7 @@ def test_exits_come_from_events_newest_first_and_the_pod_listings_reason_wins():
     ]
     script = Script(Cluster())
     with script.cluster.cond:
-        script.cluster.add_job(tfjob_manifest.build_manifest(make_spec()))
+        script.cluster.add_job(manifest.build_manifest(make_spec()))
     script.create_pods()
     script.exit(1, 1, "Error")
     state = tfjob_status.JobState(RestartLedger.from_annotations(2, {}))
@@ -723,7 +726,7 @@ def test_sigterm_deletes_the_job_and_fails():
 
 def test_retried_launcher_reattaches_on_409_instead_of_creating_a_second_job():
     spec = make_spec()
-    existing = tfjob_manifest.build_manifest(spec)
+    existing = manifest.build_manifest(spec)
     with FakeKube(scenarios.success(), existing=existing) as kube:
         result = tfjob.TFJobLauncher(kube.api_client(), out=io.StringIO()).run(spec)
         assert result.reattached
@@ -733,7 +736,7 @@ def test_retried_launcher_reattaches_on_409_instead_of_creating_a_second_job():
 
 
 def test_an_existing_job_of_another_run_is_not_adopted():
-    existing = tfjob_manifest.build_manifest(make_spec(run_id="some-other-run"))
+    existing = manifest.build_manifest(make_spec(run_id="some-other-run"))
     with FakeKube(scenarios.hang(), existing=existing) as kube, pytest.raises(UserError):
         run_tfjob(kube)
     assert not kube.calls("DELETE")
@@ -782,12 +785,12 @@ def test_delete_run_jobs_leaves_finished_jobs_to_their_ttl():
         with kube.cluster.cond:
             for name in ("train-done", "train-failed", "train-running"):
                 job = kube.cluster.add_job(
-                    tfjob_manifest.build_manifest(make_spec(name=name, run_id=run))
+                    manifest.build_manifest(make_spec(name=name, run_id=run))
                 )
                 kind = {"train-done": "Succeeded", "train-failed": "Failed"}.get(name)
                 if kind:
                     job["status"] = {"conditions": [{"type": kind, "status": "True"}]}
-        assert tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run) == ["train-running"]
+        assert cleanup.delete_run_jobs(kube.api_client(), "ml", run) == ["train-running"]
         assert sorted(n for _, n in kube.cluster.tfjobs) == ["train-done", "train-failed"]
 
 
@@ -796,16 +799,14 @@ def test_delete_run_jobs_deletes_only_the_runs_jobs():
     with FakeKube() as kube:
         with kube.cluster.cond:
             for name, run_id in (("train-a", run), ("train-b", run), ("train-c", "other-run")):
-                kube.cluster.add_job(
-                    tfjob_manifest.build_manifest(make_spec(name=name, run_id=run_id))
-                )
-        deleted = tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run)
+                kube.cluster.add_job(manifest.build_manifest(make_spec(name=name, run_id=run_id)))
+        deleted = cleanup.delete_run_jobs(kube.api_client(), "ml", run)
         assert sorted(deleted) == ["train-a", "train-b"]
         assert list(kube.cluster.tfjobs) == [("ml", "train-c")]
         assert all(r.query["propagationPolicy"] == "Foreground" for r in kube.calls("DELETE"))
-        assert tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run) == []
+        assert cleanup.delete_run_jobs(kube.api_client(), "ml", run) == []
         with pytest.raises(UserError, match="run id"):
-            tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", "")
+            cleanup.delete_run_jobs(kube.api_client(), "ml", "")
 
 
 @pytest.mark.fault("the apiserver answers 503 to the exit handler")
@@ -817,15 +818,15 @@ def test_delete_run_jobs_waits_out_a_transient_apiserver_outage():
     slept: list[float] = []
     with FakeKube() as kube:
         with kube.cluster.cond:
-            kube.cluster.add_job(tfjob_manifest.build_manifest(make_spec(run_id=run)))
+            kube.cluster.add_job(manifest.build_manifest(make_spec(run_id=run)))
         kube.unavailable, kube.unavailable_deletes = 2, 1
-        deleted = tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run, slept.append)
+        deleted = cleanup.delete_run_jobs(kube.api_client(), "ml", run, slept.append)
         assert deleted == ["train-run-1"] and kube.cluster.tfjobs == {}
         assert slept == [1.0, 2.0, 1.0]  # the list twice, the delete once
         kube.unavailable = 100  # an outage that lasts: the error is real
         with pytest.raises(ApiException) as err:
-            tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", run, slept.append)
-    assert err.value.status == 503 and len(slept) == 3 + tfjob_cleanup.ATTEMPTS - 1
+            cleanup.delete_run_jobs(kube.api_client(), "ml", run, slept.append)
+    assert err.value.status == 503 and len(slept) == 3 + cleanup.ATTEMPTS - 1
 
 
 # -- counting restarts from the pods --
@@ -966,7 +967,8 @@ def test_a_pull_that_recovers_within_the_grace_and_a_pod_waiting_for_a_node_do_n
 def test_the_exit_handler_closes_lineage_even_when_it_cannot_delete_the_jobs(tmp_path, monkeypatch):
     from kubernetes.client.exceptions import ApiException
 
-    from components import kube, lineage
+    from components import lineage
+    from components.jobs import kube
     from components.train import release
 
     store = str(tmp_path / "metadata.sqlite")
@@ -985,7 +987,7 @@ def test_the_exit_handler_closes_lineage_even_when_it_cannot_delete_the_jobs(tmp
     def forbidden(*args: Any, **kwargs: Any) -> list[str]:
         raise ApiException(status=403, reason="Forbidden")
 
-    monkeypatch.setattr(tfjob_cleanup, "delete_run_jobs", forbidden)
+    monkeypatch.setattr(cleanup, "delete_run_jobs", forbidden)
     monkeypatch.setattr(kube, "default_api_client", lambda: None)
     monkeypatch.setenv("KFP_RUN_ID", run)
     monkeypatch.setenv(kube.POD_NAMESPACE_ENV, "ml")

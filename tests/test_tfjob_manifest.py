@@ -9,8 +9,8 @@ import yaml
 from pod_security import restricted_violations
 from tfjob_fixtures import IMAGE, SCHEMA, make_spec, schema_errors, worker_template
 
-from components.train import tfjob_manifest
-from components.train.launcher import METRICS_PORT, job_name, run_label
+from components.jobs.launcher import METRICS_PORT, job_name, run_label
+from components.jobs.tfjob import manifest as tfjob_manifest
 from contracts.errors import UserError
 
 # -- the manifest --

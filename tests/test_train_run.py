@@ -7,9 +7,9 @@ import pytest
 from k8s_double import FakeKube
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
-from components import kube
+from components.jobs import kube
+from components.jobs.launcher import JobSpec, job_name
 from components.train import component, executor
-from components.train.launcher import JobSpec, job_name
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, TRAIN_METRICS
 from contracts.errors import UserError
 from trainer.config import config_from_dict, config_hash, resolve_config
@@ -130,7 +130,7 @@ def test_the_component_takes_the_pipelines_names_and_jobspecs_defaults():
 def test_a_pipeline_compiled_with_allow_unpinned_may_start_workers_from_its_tags():
     """`gptpipe compile --allow-unpinned` makes a pipeline whose train step starts its workers
     from the unpinned trainer tag; one compiled from the lock refuses a tag."""
-    from components.train import tfjob_manifest
+    from components.jobs.tfjob import manifest
     from pipelines import compiler
 
     unpinned = compiler.UNPINNED_IMAGES
@@ -147,5 +147,5 @@ def test_a_pipeline_compiled_with_allow_unpinned_may_start_workers_from_its_tags
         image=unpinned.trainer,
         allow_unpinned=executor.allows_unpinned("tfjob", unpinned.pipeline),
     )
-    pod = tfjob_manifest.build_manifest(spec)["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    pod = manifest.build_manifest(spec)["spec"]["tfReplicaSpecs"]["Worker"]["template"]
     assert pod["spec"]["containers"][0]["image"] == unpinned.trainer

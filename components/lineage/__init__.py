@@ -21,7 +21,7 @@ without touching a step. Steps and tools use this package's names
 - `runs`: past runs as one `RunRow` each (times, dataset version, nats/char, blessing, push),
   newest first: `list_runs`, for `gptpipe runs`.
 
-Walking a pushed model back to its data (`gptpipe lineage`) is `pipelines.lineage_cmd.trace`,
+Walking a pushed model back to its data (`gptpipe lineage`) is `pipelines.cli.lineage.trace`,
 built on `query`.
 """
 

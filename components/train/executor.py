@@ -12,8 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from components import kube, storage
-from components.train.launcher import (
+from components import storage
+from components.jobs import kube
+from components.jobs.launcher import (
     METRICS_FLAG,
     METRICS_PORT,
     JobSpec,
@@ -96,12 +97,12 @@ def make_launcher(kind: str, work_dir: str) -> Launcher:
     logs.
     """
     if kind == "local":
-        from components.train.local_launcher import LocalLauncher
+        from components.jobs.local import LocalLauncher
 
         on_disk = not storage.is_gcs(work_dir)
         return LocalLauncher(log_dir=storage.join(work_dir, WORKER_LOGS_DIR) if on_disk else None)
     if kind == "tfjob":
-        from components.train.tfjob import TFJobLauncher
+        from components.jobs.tfjob.launcher import TFJobLauncher
 
         return TFJobLauncher()
     raise UserError(f"launcher {kind!r} is unknown: use one of {LAUNCHERS}")

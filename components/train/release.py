@@ -21,7 +21,8 @@ def release(launcher: str, metadata: str) -> int:
     """
     import os
 
-    from components import kube, lineage, provenance
+    from components import lineage, provenance
+    from components.jobs import kube
     from contracts.errors import one_line_errors
 
     with one_line_errors("gptpipe release"):
@@ -29,7 +30,7 @@ def release(launcher: str, metadata: str) -> int:
     deleted: list[str] = []
     not_deleted: Exception | None = None
     if launcher == "tfjob":
-        from components.train import tfjob_cleanup
+        from components.jobs.tfjob import cleanup as tfjob_cleanup
 
         try:
             namespace = kube.pod_identity(os.environ).namespace

@@ -1,5 +1,5 @@
 """Make the README's pictures from a finished local run: the live view's final frame (SVG, from
-the run's own logs replayed through pipelines/run_view.py) and evaluate's report (PNG, rendered
+the run's own logs replayed through the run view) and evaluate's report (PNG, rendered
 by headless Chromium).
 
     .venv/bin/gptpipe run --local --root /tmp/shots
@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from contracts.progress import read_events
-from pipelines import run_view
+from pipelines.runners.local import view as run_view
 
 HERE = Path(__file__).resolve().parent
 
@@ -50,7 +50,7 @@ def run_view_svg(root: Path) -> None:
 def report_png(root: Path) -> None:
     reports = root / "reports"
     if not reports.is_dir() or not any(reports.iterdir()):
-        from pipelines import cli
+        from pipelines.cli import main as cli
 
         cli.main(["report", "--root", str(root)])  # copies the newest report to reports/
     report = max(reports.iterdir(), key=lambda p: p.stat().st_mtime)

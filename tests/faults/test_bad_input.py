@@ -22,8 +22,11 @@ from components.storage import gcs
 from components.tokenize import bpe, executor
 from components.tokenize.corpus import split_corpus
 from contracts.errors import UserError
-from pipelines import cli, compiler, kfp_auth, kfp_client
+from pipelines import compiler
+from pipelines.cli import main as cli
 from pipelines.pipeline import Target
+from pipelines.runners.kfp import auth as kfp_auth
+from pipelines.runners.kfp import client as kfp_client
 from tests.kfp_api_double import KfpApiDouble
 from trainer.config import config_to_dict, resolve_config
 

@@ -20,7 +20,7 @@ SMALL = (*PIPELINE_SMALL, "train.train_steps=20", "train.checkpoint_every=10")
 
 RUN = """
 import json
-from pipelines import local_runner
+from pipelines.runners.local import runner as local_runner
 from trainer.config import resolve_config
 config = resolve_config("tiny", {small!r})
 run = local_runner.LocalRun(

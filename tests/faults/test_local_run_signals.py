@@ -1,6 +1,6 @@
 """A whole local run stopped by SIGTERM while it trains: `kill`, a cancelled CI job or a closed
 terminal (SIGHUP) end it as Ctrl-C does, leaving no worker running and no step RUNNING in
-lineage (pipelines/local_runner.py, `_stopped_as_by_ctrl_c`)."""
+lineage (pipelines/runner.py, `_stopped_as_by_ctrl_c`)."""
 
 import os
 import signal
@@ -20,12 +20,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 RUN = """
 import sys
-from pipelines import local_runner
+from pipelines.runners.local import runner
 from trainer.config import resolve_config
 config = resolve_config("tiny", {small!r})
-run = local_runner.LocalRun(root={root!r}, corpus={corpus!r}, workers=2, config=config)
+run = runner.LocalRun(root={root!r}, corpus={corpus!r}, workers=2, config=config)
 try:
-    local_runner.run_local(run, run_id={run_id!r})
+    runner.run_local(run, run_id={run_id!r})
 except KeyboardInterrupt as err:
     print(f"interrupted by {{err}}", flush=True)
     sys.exit(130)

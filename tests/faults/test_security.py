@@ -50,12 +50,18 @@ from pod_security import restricted_violations
 from tfjob_fixtures import make_spec, worker_template
 from trainer_fixtures import PIPELINE_SMALL
 
-from components import kube as kube_api
 from components import provenance
-from components.train import executor, tfjob, tfjob_cleanup, tfjob_manifest
-from components.train.launcher import LaunchCancelled, LaunchError, LaunchTimeout
-from pipelines import cli, compiler, kfp_auth, kfp_client
+from components.jobs import kube as kube_api
+from components.jobs.launcher import LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.tfjob import cleanup
+from components.jobs.tfjob import launcher as tfjob
+from components.jobs.tfjob import manifest as tfjob_manifest
+from components.train import executor
+from pipelines import compiler
+from pipelines.cli import main as cli
 from pipelines.pipeline import Target
+from pipelines.runners.kfp import auth as kfp_auth
+from pipelines.runners.kfp import client as kfp_client
 from tests import kfp_api_double
 from tests.kfp_api_double import KfpApiDouble
 from trainer.config import resolve_config
@@ -1011,7 +1017,7 @@ def _the_step_reads_its_own_pod(kube: FakeKube) -> None:
 def _release_deletes_the_runs_jobs(kube: FakeKube) -> None:
     with kube.cluster.cond:
         kube.cluster.add_job(tfjob_manifest.build_manifest(make_spec(name="train-running")))
-    assert tfjob_cleanup.delete_run_jobs(kube.api_client(), "ml", RUN) == ["train-running"]
+    assert cleanup.delete_run_jobs(kube.api_client(), "ml", RUN) == ["train-running"]
 
 
 def _each_launcher_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, FakeKube, Any]]:

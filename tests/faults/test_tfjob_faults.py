@@ -23,9 +23,11 @@ from k8s_double import FakeKube
 from processes import alive
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
-from components import kube as kube_api
-from components.train import executor, tfjob, tfjob_manifest
-from components.train.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs import kube as kube_api
+from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.tfjob import launcher as tfjob
+from components.jobs.tfjob import manifest
+from components.train import executor
 from trainer.config import resolve_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -115,7 +117,7 @@ def test_a_lost_worker_is_one_restart_however_many_pods_failed(tmp_path, records
 
 @pytest.mark.fault("the launcher re-attaches to a restarting job")
 def test_a_reattached_launcher_counts_on_from_the_annotation(tmp_path, records):
-    existing = tfjob_manifest.build_manifest(fake_spec(records, "lose-peer"))
+    existing = manifest.build_manifest(fake_spec(records, "lose-peer"))
     existing["metadata"]["annotations"] = {"gptpipe.dev/restarts": "2"}  # an earlier launcher's
     with running(tmp_path, existing=existing) as kube:
         result, out = launch(kube, fake_spec(records, "lose-peer", backoff_limit=3))
@@ -126,7 +128,7 @@ def test_a_reattached_launcher_counts_on_from_the_annotation(tmp_path, records):
 
 @pytest.mark.fault("a job keeps failing past its backoff limit")
 def test_restarts_past_the_backoff_limit_delete_the_job(tmp_path, records):
-    existing = tfjob_manifest.build_manifest(fake_spec(records, "lose-peer"))
+    existing = manifest.build_manifest(fake_spec(records, "lose-peer"))
     existing["metadata"]["annotations"] = {"gptpipe.dev/restarts": "2"}
     with running(tmp_path, existing=existing) as kube:
         with pytest.raises(LaunchError) as err:
@@ -308,8 +310,8 @@ def test_a_chief_that_dies_during_export_restarts_the_whole_job(tmp_path, exampl
 LAUNCHER = """
 import json, sys
 from kubernetes import client
-from components.train import tfjob
-from components.train.launcher import JobSpec
+from components.jobs.tfjob import launcher as tfjob
+from components.jobs.launcher import JobSpec
 spec = JobSpec(**json.loads(sys.argv[2]))
 api = client.ApiClient(client.Configuration(host=sys.argv[1]))
 tfjob.TFJobLauncher(api, poll_seconds=2).run(spec)

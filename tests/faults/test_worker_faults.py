@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
+from components.jobs.launcher import JobSpec, LaunchResult
+from components.jobs.local import LocalLauncher
 from components.train.executor import trainer_command
-from components.train.launcher import JobSpec, LaunchResult
-from components.train.local_launcher import LocalLauncher
 from contracts.artifacts import TRAIN_HISTORY
 from trainer.config import resolve_config
 from trainer.preemption import backed_up_step

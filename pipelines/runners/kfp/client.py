@@ -26,7 +26,7 @@ from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from contracts.errors import UserError
-from pipelines import kfp_auth
+from pipelines.runners.kfp import auth
 
 T = TypeVar("T")
 
@@ -52,7 +52,7 @@ class Endpoint:
     """Where and as whom to call KFP; resolved once from the options and the environment."""
 
     host: str  # the API server's URL, e.g. http://localhost:8888 or https://kubeflow.example
-    credential: kfp_auth.Credential  # the bearer token's source
+    credential: auth.Credential  # the bearer token's source
     namespace: str = ""  # the profile namespace on a multi-user KFP; "" on a single-user one
     retries: int = DEFAULT_RETRIES  # extra attempts after a 5xx or a lost connection
 
@@ -79,7 +79,7 @@ def endpoint(
     retries = DEFAULT_RETRIES if retries is None else retries
     if retries < 0:
         raise UserError(f"--retries {retries} is negative: pass 0 or more")
-    credential = kfp_auth.choose(token_file, env.get(kfp_auth.TOKEN_PATH_ENV, ""))
+    credential = auth.choose(token_file, env.get(auth.TOKEN_PATH_ENV, ""))
     return Endpoint(address.rstrip("/"), credential, namespace, retries)
 
 
@@ -174,7 +174,7 @@ class Api:
                     " or the RoleBinding, and --namespace"
                 )
             elif self.where.credential.path is None:
-                hint = f"pass --token-file, or set ${kfp_auth.TOKEN_PATH_ENV}"
+                hint = f"pass --token-file, or set ${auth.TOKEN_PATH_ENV}"
             else:
                 hint = "check the token's audience (pipelines.kubeflow.org) and its expiry"
             return KfpError(

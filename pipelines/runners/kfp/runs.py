@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from contracts.errors import UserError
-from pipelines import kfp_ops
-from pipelines.kfp_client import Api
+from pipelines.runners.kfp import ops
+from pipelines.runners.kfp.client import Api
 
 NOT_KNOWN = "-"
 
@@ -56,7 +56,7 @@ def recent(api: Api, limit: int, mlmd: str | None = None) -> list[RunRow]:
 
 
 def _version_names(api: Api) -> dict[str, str]:
-    pipeline_id = kfp_ops.find_pipeline(api)
+    pipeline_id = ops.find_pipeline(api)
     if pipeline_id is None:
         return {}
     found = api.call(

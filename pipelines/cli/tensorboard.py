@@ -50,7 +50,7 @@ def add_parser(subparsers: Any) -> None:
 
 def cmd_tensorboard(args: argparse.Namespace) -> int:
     """Print the run's TensorBoard folder, or serve it until interrupted."""
-    from pipelines.lineage_cmd import store_address
+    from pipelines.cli.lineage import store_address
 
     store = store_address(args.root, args.mlmd)
     logdir = train_logdir(store, args.run)

@@ -5,7 +5,7 @@
 
 It runs in the trainer image of the digest lock, on the nodes and under the scheduling the train
 step's TFJobs get (nodeSelector, tolerations, service account, pull secrets), through the same
-TFJob launcher (components/train/tfjob.py), so what it measures is what training there will
+TFJob launcher (components/jobs/tfjob/launcher.py), so what it measures is what training there will
 see: the image's CUDA libraries against the node's driver, the GPUs the pod is given, NCCL
 between them (MirroredStrategy over 2+ GPUs), and the trainer's own step at gpt2-small's shape.
 Worker 0's log streams to stderr; the benchmark's one JSON line, read back from the finished
@@ -29,10 +29,10 @@ from pathlib import Path
 from secrets import token_hex
 from typing import Any, TextIO, cast
 
+from components.jobs.launcher import JobSpec, LaunchError, LaunchTimeout, job_name, run_label
 from components.train.executor import CONTAINER_PYTHON
-from components.train.launcher import JobSpec, LaunchError, LaunchTimeout, job_name, run_label
 from contracts.errors import UserError
-from pipelines.cli_options import image_pull_secret_option
+from pipelines.cli.options import image_pull_secret_option
 
 BENCH_ROOT = "/opt/gptpipe"  # images/Dockerfile's WORKDIR for the sources, bench/ included
 # bench/gpu_bench.py's configurations (its RUNS; tests/test_gpu_bench_job.py holds them equal):
@@ -142,7 +142,7 @@ def run(spec: JobSpec, api_client: Any = None, out: TextIO | None = None) -> dic
     """Run the benchmark's TFJob to the end; its JSON result. A failed job, a pod whose
     TensorFlow saw no GPU (the benchmark skipped), and a cluster that cannot be reached or
     refuses the job are errors naming why."""
-    from components.train.tfjob import TFJobLauncher
+    from components.jobs.tfjob.launcher import TFJobLauncher
 
     tee = _Tee(out if out is not None else sys.stderr)
     with _cluster_errors(spec):
@@ -265,7 +265,7 @@ def add_parser(subparsers: Any) -> None:
 def cmd_gpu_bench(args: argparse.Namespace) -> int:
     """Print the manifest, or run the benchmark and print its JSON line; 1 if a configuration
     failed."""
-    from components.train import tfjob_manifest
+    from components.jobs.tfjob import manifest as tfjob_manifest
 
     if args.output is not None:
         _check_output(args.output, args.manifest)

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
-from components import kube
-from components.train.launcher import (
+from components.jobs import kube
+from components.jobs.launcher import (
     JobSpec,
     LaunchCancelled,
     LaunchError,
@@ -38,8 +38,8 @@ from components.train.launcher import (
     format_failure,
     is_retryable_exit_code,
 )
-from components.train.tfjob_logs import LogFollower
-from components.train.tfjob_manifest import (
+from components.jobs.tfjob.logs import LogFollower
+from components.jobs.tfjob.manifest import (
     CONTAINER,
     GROUP,
     LABEL_JOB_NAME,
@@ -49,9 +49,9 @@ from components.train.tfjob_manifest import (
     build_manifest,
     worker0_selector,
 )
-from components.train.tfjob_restarts import RestartLedger
-from components.train.tfjob_start import START_GRACE_SECONDS, cannot_start_error, not_starting
-from components.train.tfjob_status import (
+from components.jobs.tfjob.restarts import RestartLedger
+from components.jobs.tfjob.start import START_GRACE_SECONDS, cannot_start_error, not_starting
+from components.jobs.tfjob.status import (
     BACKOFF_MESSAGE,
     EXITED_REASON,
     JobState,

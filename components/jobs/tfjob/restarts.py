@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from components.train.tfjob_manifest import LABEL_REPLICA_INDEX
+from components.jobs.tfjob.manifest import LABEL_REPLICA_INDEX
 
 RESTARTS_ANNOTATION = "gptpipe.dev/restarts"
 PODS_ANNOTATION = "gptpipe.dev/worker-pods"

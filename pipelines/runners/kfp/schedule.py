@@ -20,8 +20,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from contracts.errors import UserError
-from pipelines import kfp_ops
-from pipelines.kfp_client import Api, KfpError
+from pipelines.runners.kfp import ops
+from pipelines.runners.kfp.client import Api, KfpError
 
 # robfig/cron v1.2.0 spec.go: each field's bounds and names; parser.go: the descriptors.
 _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
@@ -97,7 +97,7 @@ def find(api: Api, name: str, pipeline_id: str | None) -> list[Any]:
     found = api.call(
         f"list recurring runs named {name}",
         lambda: api.client.list_recurring_runs(
-            filter=kfp_ops.name_filter(name), namespace=api.namespace or None, page_size=100
+            filter=ops.name_filter(name), namespace=api.namespace or None, page_size=100
         ),
     )
     return [each for each in found.recurring_runs or [] if _ours(each, pipeline_id)]
@@ -144,10 +144,10 @@ def schedule(
     cron = check_cron(cron)
     if max_concurrency < 1:
         raise UserError(f"--max-concurrency {max_concurrency}: pass 1 or more")
-    source = kfp_ops.source_from_server(api, None)
-    params = kfp_ops.check_params(source, params)
-    root = kfp_ops.pipeline_root(source, root)
-    exp_id = kfp_ops.experiment_id(api, experiment)
+    source = ops.source_from_server(api, None)
+    params = ops.check_params(source, params)
+    root = ops.pipeline_root(source, root)
+    exp_id = ops.experiment_id(api, experiment)
     # Create first, then delete the old ones: a failed create leaves the old schedule in place
     # (two schedules of one name for a moment is better than none after an error).
     old = find(api, name, source.pipeline_id)
@@ -181,7 +181,7 @@ def schedule(
 
 def unschedule(api: Api, name: str, *, disable: bool = False) -> int:
     """Delete (or, with `disable`, pause) gptpipe's recurring runs called `name`; how many."""
-    found = find(api, name, kfp_ops.find_pipeline(api))
+    found = find(api, name, ops.find_pipeline(api))
     for each in found:
         if disable:
             _disable(api, str(each.recurring_run_id))

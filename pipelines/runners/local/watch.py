@@ -1,7 +1,7 @@
 """Watching a local run: its output into log files, its view on the terminal, how it ended.
 
-`watch` runs the pipeline (`local_runner.run_local`) with everything it prints sent to
-`<state>/logs/<run id>/kfp-local.log` (`local_runner.captured_output`), while a `Watcher`
+`watch` runs the pipeline (`runner.run_local`) with everything it prints sent to
+`<state>/logs/<run id>/kfp-local.log` (`runner.captured_output`), while a `Watcher`
 thread polls that log, the steps' progress events and ML Metadata (read-only) into a
 `run_view.RunView`, cuts the log into one file per step, and shows the view: live on a
 terminal (`rich.live.Live`), as plain lines elsewhere, as kfp.local's whole output
@@ -29,8 +29,8 @@ from rich.live import Live
 
 from components import lineage
 from contracts import progress
-from pipelines import local_runner
-from pipelines.run_view import (
+from pipelines.runners.local import runner
+from pipelines.runners.local.view import (
     FAILED,
     PlainLines,
     RunView,
@@ -62,7 +62,7 @@ class Watcher:
     def __init__(
         self,
         view: RunView,
-        logs: local_runner.RunLogs,
+        logs: runner.RunLogs,
         metadata: str,
         show: Callable[[RunView, float], None],
         echo: TextIO | None = None,
@@ -175,9 +175,9 @@ class Outcome:
     """How a watched run ended."""
 
     view: RunView  # every step's final state and duration
-    logs: local_runner.RunLogs
+    logs: runner.RunLogs
     summary: dict[str, Any] | None  # lineage's run summary (a failed run's may be partial)
-    failure: local_runner.PipelineFailed | None  # None when the run succeeded
+    failure: runner.PipelineFailed | None  # None when the run succeeded
 
     @property
     def failed_step(self) -> str | None:
@@ -207,31 +207,31 @@ class Outcome:
         return path if path is not None and path.is_file() else self.logs.kfp_local
 
 
-def watch(run: local_runner.LocalRun, mode: str = AUTO) -> Outcome:
+def watch(run: runner.LocalRun, mode: str = AUTO) -> Outcome:
     """Run the pipeline locally with its output in log files, showing it in `mode`.
 
-    Nothing is created before the run's inputs are checked (`local_runner.preflight`).
+    Nothing is created before the run's inputs are checked (`runner.preflight`).
     """
-    local_runner.preflight(run)
-    run_id = local_runner.new_run_id()
-    logs = local_runner.run_logs(run, run_id)
+    runner.preflight(run)
+    run_id = runner.new_run_id()
+    logs = runner.run_logs(run, run_id)
     logs.folder.mkdir(parents=True, exist_ok=True)
     view = RunView.new(run_id, time.time())
     summary: dict[str, Any] | None = None
-    failure: local_runner.PipelineFailed | None = None
-    with local_runner.captured_output(logs.kfp_local) as terminal, _shown(mode, terminal) as show:
+    failure: runner.PipelineFailed | None = None
+    with runner.captured_output(logs.kfp_local) as terminal, _shown(mode, terminal) as show:
         watcher = Watcher(view, logs, run.metadata, show, terminal if mode == VERBOSE else None)
         watcher.start()
         succeeded = False
         try:
-            summary = local_runner.run_local(run, run_id=run_id, progress_file=logs.events)
+            summary = runner.run_local(run, run_id=run_id, progress_file=logs.events)
             succeeded = True
-        except local_runner.PipelineFailed as err:
+        except runner.PipelineFailed as err:
             failure = err
         except KeyboardInterrupt as err:  # the step got the Ctrl-C too (or run_local's
             # SIGTERM), and has stopped
             how = str(err) or "Ctrl-C"
-            failure = local_runner.PipelineFailed(INTERRUPTED, None, f"interrupted ({how})")
+            failure = runner.PipelineFailed(INTERRUPTED, None, f"interrupted ({how})")
         finally:
             watcher.stop(succeeded, failure.step if failure else None)
         if failure is not None:

@@ -12,14 +12,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from contracts.errors import UserError
-from pipelines import gpu_bench_cmd, model_cmd, report_cmd, runs_cmd, tensorboard_cmd
-from pipelines.cli_options import config_options, image_pull_secret_option, resolved_config
+from pipelines.cli import gpu_bench
+from pipelines.cli import model as model_cmd
+from pipelines.cli import report as report_cmd
+from pipelines.cli import runs as runs_cmd
+from pipelines.cli import tensorboard as tensorboard_cmd
+from pipelines.cli.kfp import add_kfp
+from pipelines.cli.options import config_options, image_pull_secret_option, resolved_config
 from pipelines.config import DEFAULT_ROOT, RunConfig
-from pipelines.kfp_cli import add_kfp
 
 if TYPE_CHECKING:  # imported where used: most commands need neither kfp nor rich
-    from pipelines.local_runner import LocalRun
-    from pipelines.run_watch import Outcome
+    from pipelines.runners.local.runner import LocalRun
+    from pipelines.runners.local.watch import Outcome
 
 DEFAULT_CORPUS = Path("data") / "tinyshakespeare.txt"
 
@@ -59,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
         runs_cmd.add_parser,  # runs
         report_cmd.add_parser,  # report
         tensorboard_cmd.add_parser,  # tensorboard
-        gpu_bench_cmd.add_parser,  # gpu-bench
+        gpu_bench.add_parser,  # gpu-bench
     ):
         add(sub)
     return parser
@@ -190,7 +194,7 @@ def _store_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _cmd_lineage(args: argparse.Namespace) -> int:
-    from pipelines import lineage_cmd
+    from pipelines.cli import lineage as lineage_cmd
 
     store = lineage_cmd.store_address(args.root, args.mlmd)
     found = lineage_cmd.report(store, lineage_cmd.resolve_model(store, args.model_uri, args.latest))
@@ -202,7 +206,7 @@ def _cmd_lineage(args: argparse.Namespace) -> int:
 
 
 def _cmd_reproduce(args: argparse.Namespace) -> int:
-    from pipelines import lineage_cmd
+    from pipelines.cli import lineage as lineage_cmd
 
     store = lineage_cmd.store_address(args.root, args.mlmd)
     model = lineage_cmd.resolve_model(store, args.model_uri, latest=False)
@@ -218,12 +222,13 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from pipelines import local_runner, run_watch
+    from pipelines.runners.local import runner
+    from pipelines.runners.local import watch as run_watch
 
     if not args.local:
         raise UserError("only local runs exist so far: use `gptpipe run --local`")
-    defaults = local_runner.LocalRun(root=args.root, corpus=args.corpus)
-    run = local_runner.LocalRun(
+    defaults = runner.LocalRun(root=args.root, corpus=args.corpus)
+    run = runner.LocalRun(
         root=args.root,
         corpus=args.corpus,
         state_dir=args.state_dir,
@@ -245,7 +250,7 @@ def run_and_report(run: "LocalRun", mode: str) -> int:
 
     A failure ends with the failed step, its one-line error and its log, never a traceback.
     """
-    from pipelines import run_watch
+    from pipelines.runners.local import watch as run_watch
 
     outcome = run_watch.watch(run, mode)
     failed = outcome.failure is not None
@@ -295,7 +300,8 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
-    from components.train import executor, tfjob_manifest
+    from components.jobs.tfjob import manifest as tfjob_manifest
+    from components.train import executor
     from pipelines import compiler
 
     image = args.image or compiler.load_images(allow_unpinned=args.allow_unpinned).trainer
@@ -361,7 +367,7 @@ def _print_summary(summary: dict) -> None:
 
 def summary_rows(summary: dict) -> list[tuple[str, str]]:
     """The run summary as (label, value) rows: data, losses, baseline, blessing, push."""
-    from pipelines.run_watch import step_output
+    from pipelines.runners.local.watch import step_output
 
     numbers = step_output(summary, "evaluate", "evaluation")
     blessing = step_output(summary, "evaluate", "blessing")

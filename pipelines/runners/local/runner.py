@@ -2,7 +2,7 @@
 
 What a run prints (kfp.local's own lines, every step's streamed output) can be sent to a file
 under the state folder while it runs (`captured_output`, `RunLogs`), so that the terminal shows
-only the run view (pipelines/run_view.py).
+only the run view (pipelines/runners/local/view.py).
 """
 
 import contextlib
@@ -192,7 +192,7 @@ DIED_UNRECORDED = (
 )
 # A step a Ctrl-C did not reach (`kill -INT` to this process alone, an IDE's stop button) is
 # sent SIGTERM once this long has passed: later than the train step's grace for its workers
-# (components/train/local_launcher.py's kill_grace_seconds, 10 s), which a SIGTERM during it
+# (components/jobs/local.py's kill_grace_seconds, 10 s), which a SIGTERM during it
 # would cut short, so a Ctrl-C that did reach the step lets the workers back up first.
 CTRL_C_REACH_S = 12.0
 # How long an interrupted run waits for its step to stop: a step told late stops its workers
@@ -214,7 +214,7 @@ def _steps() -> list[int]:
 def _stopped_as_by_ctrl_c() -> Iterator[None]:
     """End the run on SIGTERM or SIGHUP (`kill`, a cancelled CI job, a closed terminal) as on
     Ctrl-C: the step's processes get SIGTERM, which the train step's launcher passes on to its
-    workers (components/train/launcher.py; kfp.local's `sh` wrapper would not), and
+    workers (components/jobs/launcher.py; kfp.local's `sh` wrapper would not), and
     KeyboardInterrupt is raised here. Ctrl-C at a terminal reaches the steps by itself (the
     whole foreground process group gets it); either way the step's processes are noted, for
     the run to wait for them (`_wait_for_steps`). Only the main thread takes signals;
@@ -265,7 +265,7 @@ def _record_unrecorded_failure(run: LocalRun, run_id: str, error: str) -> str | 
     """The step kfp.local says failed, recorded FAILED in lineage when the step recorded
     nothing itself (its process died before it could: killed while importing TensorFlow), so
     `gptpipe runs` does not show the run COMPLETE; None when kfp.local names no step."""
-    from pipelines.run_view import without_colours
+    from pipelines.runners.local.view import without_colours
 
     found = _FAILED_TASK.search(without_colours(error))
     if found is None:

@@ -3,11 +3,11 @@
 Every `Launcher` runs the same `JobSpec` with the same semantics and returns the same
 `LaunchResult`. This module imports no implementation; each imports it, and the train executor
 (`executor.make_launcher`) is the one place that picks one for training (`gptpipe gpu-bench`,
-pipelines/gpu_bench_cmd.py, runs only as a TFJob):
+pipelines/cli/gpu_bench.py, runs only as a TFJob):
 
-- `local` (components/train/local_launcher.py): worker processes on this machine, with TF_CONFIG
+- `local` (components/jobs/local.py): worker processes on this machine, with TF_CONFIG
   written as the Training Operator writes it. For tests, laptops and `kfp.local`.
-- `tfjob` (components/train/tfjob.py): a Kubeflow Training Operator v1 TFJob on the cluster.
+- `tfjob` (components/jobs/tfjob/launcher.py): a Kubeflow Training Operator v1 TFJob on the cluster.
 
 Restart semantics (the operator's `restartPolicy: ExitCode`): a worker exit code of 1-127 is a
 permanent error; 128-255 (a signal: 137 = SIGKILL/OOM, 143 = SIGTERM/preemption) is retryable.

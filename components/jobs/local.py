@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
-from components.train.launcher import (
+from components.jobs.launcher import (
     JobSpec,
     LaunchError,
     LaunchResult,

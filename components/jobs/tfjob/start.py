@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from components.train.launcher import JobSpec, LaunchError
+from components.jobs.launcher import JobSpec, LaunchError
 
 # Waiting reasons of a container the kubelet cannot create, and what a user checks for each.
 _IMAGE = (

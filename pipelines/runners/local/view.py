@@ -1,7 +1,7 @@
 """The run view: what `gptpipe run --local` shows of a run while it runs.
 
 Each step's state (waiting, running, done, cached, failed, skipped), duration and progress are
-put together from what the run leaves behind (pipelines/run_watch.py reads it):
+put together from what the run leaves behind (pipelines/runners/local/watch.py reads it):
 
 - kfp.local's own lines ("Executing task 'train'", "Task 'train' finished with status
   SUCCESS"): `parse_kfp_line`, `apply_kfp_line`;

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import UserError
-from pipelines.cli_options import config_options, image_pull_secret_option, resolved_config
+from pipelines.cli.options import config_options, image_pull_secret_option, resolved_config
 
 
 def _connection_options() -> argparse.ArgumentParser:
@@ -116,20 +116,21 @@ def add_kfp(sub: Any) -> None:
 
 def _cmd_kfp_api(args: argparse.Namespace) -> Any:
     """The connected API for a `gptpipe kfp` command; the environment is read here, once."""
-    from pipelines import kfp_client
+    from pipelines.runners.kfp import client
 
-    where = kfp_client.endpoint(
+    where = client.endpoint(
         args.host, args.token_file, args.namespace, args.retries, dict(os.environ)
     )
-    return kfp_client.Api(where)
+    return client.Api(where)
 
 
 def _cmd_kfp_upload(args: argparse.Namespace) -> int:
     import tempfile
 
     from components import provenance
-    from pipelines import compiler, kfp_ops
+    from pipelines import compiler
     from pipelines.pipeline import Target
+    from pipelines.runners.kfp import ops as kfp_ops
 
     if args.file is not None:
         _refuse_compile_options_with_file(args)
@@ -154,7 +155,7 @@ def _cmd_kfp_upload(args: argparse.Namespace) -> int:
 
 
 def _cmd_kfp_run(args: argparse.Namespace) -> int:
-    from pipelines import kfp_ops
+    from pipelines.runners.kfp import ops as kfp_ops
 
     if not 0 <= args.poll < math.inf:  # NaN too: refused before the run starts
         raise UserError(f"--poll {args.poll}: pass a number of seconds, 0 or more")
@@ -247,14 +248,15 @@ def _config_param(args: argparse.Namespace) -> dict[str, Any]:
 def _cmd_kfp_lineage_failure(store: str, run_id: str) -> list[Any]:
     """The failed step and its one-line error as the step recorded it in ML Metadata."""
     from components import lineage
-    from pipelines import kfp_ops
+    from pipelines.runners.kfp import ops as kfp_ops
 
     found = lineage.failure_of(store, run_id)
     return [kfp_ops.TaskFailure(*found)] if found else []
 
 
 def _cmd_kfp_schedule(args: argparse.Namespace) -> int:
-    from pipelines import kfp_ops, kfp_schedule
+    from pipelines.runners.kfp import ops as kfp_ops
+    from pipelines.runners.kfp import schedule as kfp_schedule
 
     kfp_schedule.check_cron(args.cron)  # before any call: a bad schedule never half-replaces
     params = {**kfp_ops.parse_params(args.params), **_config_param(args)}
@@ -277,7 +279,7 @@ def _cmd_kfp_schedule(args: argparse.Namespace) -> int:
 
 
 def _cmd_kfp_unschedule(args: argparse.Namespace) -> int:
-    from pipelines import kfp_schedule
+    from pipelines.runners.kfp import schedule as kfp_schedule
 
     count = kfp_schedule.unschedule(_cmd_kfp_api(args), args.name, disable=args.disable)
     if not count:
@@ -290,7 +292,7 @@ def _cmd_kfp_unschedule(args: argparse.Namespace) -> int:
 
 
 def _cmd_kfp_runs(args: argparse.Namespace) -> int:
-    from pipelines import kfp_runs
+    from pipelines.runners.kfp import runs as kfp_runs
 
     _check_mlmd(args.mlmd)
     rows = kfp_runs.recent(_cmd_kfp_api(args), args.limit, args.mlmd)

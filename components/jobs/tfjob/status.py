@@ -24,16 +24,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from components.train.launcher import (
+from components.jobs.launcher import (
     JobSpec,
     LaunchError,
     LaunchTimeout,
     format_failure,
     input_error,
 )
-from components.train.tfjob_manifest import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
-from components.train.tfjob_restarts import RestartLedger
-from components.train.tfjob_start import StartWatch
+from components.jobs.tfjob.manifest import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
+from components.jobs.tfjob.restarts import RestartLedger
+from components.jobs.tfjob.start import StartWatch
 
 DEADLINE_MESSAGE = "active longer than specified deadline"  # runPolicy.activeDeadlineSeconds
 BACKOFF_MESSAGE = "reached the specified backoff limit"  # runPolicy.backoffLimit

@@ -17,12 +17,12 @@ from typing import Any
 import yaml
 
 from components.evaluate.thresholds import check_thresholds
-from components.train.launcher import run_label
-from components.train.tfjob_manifest import LABEL_RUN_ID
+from components.jobs.launcher import run_label
+from components.jobs.tfjob.manifest import LABEL_RUN_ID
 from contracts.errors import UserError
 from pipelines.compiler import check_pipeline_root
-from pipelines.kfp_client import Api, KfpError
 from pipelines.pipeline import PIPELINE_NAME
+from pipelines.runners.kfp.client import Api, KfpError
 from trainer.config import ConfigError, config_from_dict
 
 DEFAULT_EXPERIMENT = "gptpipe"
@@ -276,8 +276,8 @@ def check_values(params: Mapping[str, Any]) -> None:
     over 1 is a percentage typed as a fraction), a `config` given whole, which no `--config`
     resolved and checked, and the train step's launcher and job settings (workers, resources,
     node selector, tolerations), which would fail only after tokenize."""
+    from components.jobs.launcher import check_job_parameters
     from components.train.executor import LAUNCHERS
-    from components.train.launcher import check_job_parameters
 
     check_thresholds(params.get("max_nats_per_char"), params.get("tolerance"), "--param ")
     if "launcher" in params and params["launcher"] not in LAUNCHERS:

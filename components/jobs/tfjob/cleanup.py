@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from components import kube
-from components.train.launcher import run_label
-from components.train.tfjob_manifest import GROUP, LABEL_RUN_ID, PLURAL, VERSION
-from components.train.tfjob_status import condition_true
+from components.jobs import kube
+from components.jobs.launcher import run_label
+from components.jobs.tfjob.manifest import GROUP, LABEL_RUN_ID, PLURAL, VERSION
+from components.jobs.tfjob.status import condition_true
 from contracts.errors import UserError
 
 T = TypeVar("T")

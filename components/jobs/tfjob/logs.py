@@ -47,9 +47,9 @@ import threading
 from collections.abc import Iterator
 from typing import Any, TextIO
 
-from components import kube
-from components.train.launcher import JobSpec
-from components.train.tfjob_manifest import CONTAINER, worker0_selector
+from components.jobs import kube
+from components.jobs.launcher import JobSpec
+from components.jobs.tfjob.manifest import CONTAINER, worker0_selector
 
 log = logging.getLogger(__name__)
 
