@@ -110,7 +110,7 @@ def _typed(name: str, hint: Any, value: Any) -> Any:  # noqa: PLR0911 -- one bra
                 continue
         raise _wrong(name, value, " or ".join(_hint_name(o) for o in options))
     if dataclasses.is_dataclass(hint):
-        return from_dict(hint, value, name)  # type: ignore[type-var]
+        return from_dict(hint, value, name)  # type: ignore[arg-type]
     if origin in (dict, Mapping) or hint is dict:
         if not isinstance(value, Mapping):
             raise _wrong(name, value, "an object")
@@ -120,8 +120,8 @@ def _typed(name: str, hint: Any, value: Any) -> Any:  # noqa: PLR0911 -- one bra
     if origin in (list, tuple, Sequence) or hint in (list, tuple):
         if not isinstance(value, list | tuple):
             raise _wrong(name, value, "a list")
-        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
-        inner = args[0] if args else Any
+        kinds = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        inner = kinds[0] if kinds else Any
         items = [_typed(f"{name}[{i}]", inner, v) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple or hint is tuple else items
     return _scalar(name, hint, value)
