@@ -160,4 +160,5 @@ def _hint_name(hint: Any) -> str:
 
 
 def _wrong(name: str, value: Any, wanted: str) -> UserError:
-    return UserError(f"{name}={json.dumps(value, default=str)}: takes {wanted}")
+    shown = str(value) if isinstance(value, float) else json.dumps(value, default=str)
+    return UserError(f"{name}={shown}: takes {wanted}")

@@ -11,6 +11,7 @@ from components.push import component as push_component
 from components.tokenize import component as tokenize_component
 from components.train import component as train_component
 from components.train import release as release_component
+from contracts.params import EvalPolicy, TokenizeParams, TrainJob
 from pipelines.config import STEP_RESOURCES, RunConfig
 from trainer.config import Config, config_to_dict
 
@@ -88,69 +89,47 @@ def build(target: Target, config: Config) -> dsl.graph_component.GraphComponent:
         serving_dir: str,
         artifact_root: str = target.pipeline_root,  # datasets/ and work/ live here (gs://)
         config: dict = config_to_dict(config),  # noqa: B008 -- KFP reads the default here
-        eval_fraction: float = _DEFAULTS.eval_fraction,
-        tokenizer: str = "",  # a SentencePiece model to reuse; "" trains one on the corpus
-        max_nats_per_char: float = _DEFAULTS.max_nats_per_char,
-        tolerance: float = _DEFAULTS.tolerance,
-        launcher: str = _DEFAULTS.launcher,
-        workers: int = _DEFAULTS.workers,
-        gpus_per_worker: int = _DEFAULTS.gpus_per_worker,
-        worker_cpu: str = _DEFAULTS.worker_cpu,
-        worker_memory: str = _DEFAULTS.worker_memory,
-        service_account: str = _DEFAULTS.service_account,
-        backoff_limit: int = _DEFAULTS.backoff_limit,
-        deadline_seconds: int = _DEFAULTS.deadline_seconds,
-        node_selector: dict = {},  # noqa: B006 -- TFJob worker nodeSelector
-        tolerations: list = [],  # noqa: B006 -- TFJob worker tolerations
+        tokenize: dict = TokenizeParams().to_dict(),  # noqa: B008 -- contracts.params
+        train_job: dict = TrainJob().to_dict(),  # noqa: B008 -- contracts.params
+        eval_policy: dict = EvalPolicy().to_dict(),  # noqa: B008 -- contracts.params
         metadata: str = _DEFAULTS.metadata,
     ):
         run = {"metadata": metadata, "pipeline_name": PIPELINE_NAME, "image": images.pipeline}
 
         def steps() -> None:
             # Only train is cached, on what determines its output (data version, config,
-            # images). Tokenize always runs: KFP would key it on the corpus URI, not its bytes,
-            # and it is cheap when the data is unchanged (content-addressed reuse). Evaluate
-            # and push read and change the serving folder. docs/lineage.md.
+            # job, images). Tokenize always runs: KFP would key it on the corpus URI, not its
+            # bytes, and it is cheap when the data is unchanged (content-addressed reuse).
+            # Evaluate and push read and change the serving folder. docs/lineage.md.
             tokenized = tokenize_op(
                 corpus=corpus,
                 config=config,
-                eval_fraction=eval_fraction,
-                tokenizer=tokenizer,
+                tokenize=tokenize,
                 artifact_root=artifact_root,
                 **run,
             )
             on_cluster(tokenized, "tokenize").set_caching_options(enable_caching=False)
             trained = train_op(
                 examples_uri=tokenized.outputs["examples_uri"],
+                dataset_version=tokenized.outputs["dataset_version"],
                 config=config,
-                launcher=launcher,
-                workers=workers,
-                gpus_per_worker=gpus_per_worker,
-                worker_cpu=worker_cpu,
-                worker_memory=worker_memory,
-                service_account=service_account,
-                backoff_limit=backoff_limit,
-                deadline_seconds=deadline_seconds,
-                node_selector=node_selector,
-                tolerations=tolerations,
+                train_job=train_job,
                 trainer_image=images.trainer,
                 artifact_root=artifact_root,
-                dataset_version=tokenized.outputs["dataset_version"],
                 **run,
             )
             on_cluster(trained, "train").set_caching_options(enable_caching=True)
             # A retried train step re-attaches to its TFJob (a deterministic name) or resumes
-            # from the work folder's backup; the TFJob's own restarts are under backoff_limit.
-            # KFP before 2.14 ignores a retry policy inside an exit handler's group
-            # (argocompiler/container.go); the exit handler still cleans up.
+            # from the work folder's backup; the TFJob's own restarts are under
+            # train_job.backoff_limit. KFP before 2.14 ignores a retry policy inside an exit
+            # handler's group (argocompiler/container.go); the exit handler still cleans up.
             trained.set_retry(num_retries=TRAIN_RETRIES, backoff_duration="60s")
             evaluated = evaluate_op(
                 examples_uri=tokenized.outputs["examples_uri"],
                 dataset_version=tokenized.outputs["dataset_version"],
                 model=trained.outputs["model"],
                 serving_dir=serving_dir,
-                max_nats_per_char=max_nats_per_char,
-                tolerance=tolerance,
+                eval_policy=eval_policy,
                 **run,
             )
             on_cluster(evaluated, "evaluate").set_caching_options(enable_caching=False)
@@ -163,7 +142,7 @@ def build(target: Target, config: Config) -> dsl.graph_component.GraphComponent:
             on_cluster(pushed, "push").set_caching_options(enable_caching=False)
 
         if target.release_on_exit:
-            release = release_op(launcher=launcher, metadata=metadata)
+            release = release_op(train_job=train_job, metadata=metadata)
             on_cluster(release, "release")
             release.set_caching_options(enable_caching=False)
             with dsl.ExitHandler(release):

@@ -48,6 +48,7 @@ from tf_gcs_stand_in import TfGcsStandIn
 
 from components.jobs.launcher import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
+from contracts.params import EvalPolicy, TrainJob
 from pipelines.cli import main as cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,12 +90,9 @@ class LocalCluster:
             "corpus": self.uri("corpus/"),
             "serving_dir": self.uri("serving", "gpt"),
             "artifact_root": self.uri("root"),
-            "launcher": "tfjob",
-            "workers": 2,
-            "gpus_per_worker": 0,
-            "worker_cpu": "1",
-            "worker_memory": "2Gi",
-            "max_nats_per_char": 5.0,  # a model trained for seconds must still be blessed
+            "train_job": TrainJob(workers=2, gpus_per_worker=0, cpu="1", memory="2Gi").to_dict(),
+            # a model trained for seconds must still be blessed
+            "eval_policy": EvalPolicy(max_nats_per_char=5.0).to_dict(),
             "metadata": "",  # the MLMD service KFP names in the steps' environment
             **overrides,
         }

@@ -26,6 +26,7 @@ import pytest
 from trainer_fixtures import PIPELINE_SMALL as SMALL
 
 from contracts.artifacts import EVAL_TEXT
+from contracts.params import EvalPolicy, TrainJob
 from pipelines.runners.local import runner
 from trainer.config import resolve_config
 
@@ -96,9 +97,8 @@ def local_runs(tmp_path_factory: pytest.TempPathFactory) -> LocalRuns:
             root=root,
             corpus=str(corpus),
             config=config,
-            workers=WORKERS,
-            max_nats_per_char=MAX_NATS_PER_CHAR,
-            tolerance=TOLERANCE,
+            train_job=TrainJob(launcher="local", gpus_per_worker=0, workers=WORKERS),
+            eval_policy=EvalPolicy(max_nats_per_char=MAX_NATS_PER_CHAR, tolerance=TOLERANCE),
         )
         summaries.append(runner.run_local(run))
     runs = LocalRuns(root, (summaries[0], summaries[1]))

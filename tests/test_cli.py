@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.cli import main as cli
+from pipelines.cli import run as run_cmd
 
 SHAKESPEARE = (Path(__file__).resolve().parent.parent / "data" / "tinyshakespeare.txt").read_bytes()
 
@@ -115,7 +116,7 @@ def test_the_summary_prints_a_non_finite_metric_as_lineage_stored_it():
             }
         },
     }
-    rows = dict(cli.summary_rows(summary))
+    rows = dict(run_cmd.summary_rows(summary))
     assert rows["eval loss"] == "nan nats/token, nan nats/char (perplexity inf)"
     assert "(1.5000 nats/char)" in rows["baseline"]
 
@@ -145,17 +146,19 @@ def test_google_api_cores_python_end_of_life_notice_is_hidden_and_no_other_warni
         (["rollback", "--destination", "serving", "--to", "1"], "gptpipe: interrupted\n"),
         (["kfp", "runs"], "gptpipe: interrupted\n"),
         (["kfp", "run"], "gptpipe: interrupted; a KFP run it started goes on"),
+        (["run", "--kfp", "http://kfp"], "gptpipe: interrupted; a KFP run it started goes on"),
     ],
 )
 def test_an_interrupted_command_prints_one_line_and_exits_130(monkeypatch, capsys, argv, says):
     from pipelines.cli import kfp as kfp_cli
+    from pipelines.cli import rollback
 
     def ctrl_c(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_cmd_rollback", ctrl_c)
+    monkeypatch.setattr(rollback, "_cmd_rollback", ctrl_c)
     monkeypatch.setattr(kfp_cli, "_cmd_kfp_runs", ctrl_c)
-    monkeypatch.setattr(kfp_cli, "_cmd_kfp_run", ctrl_c)
+    monkeypatch.setattr(kfp_cli, "cmd_run", ctrl_c)
     assert cli.main(argv) == 130
     err = capsys.readouterr().err
     assert err.startswith(says) and err.count("\n") == 1 and "Traceback" not in err

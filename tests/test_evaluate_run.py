@@ -8,6 +8,7 @@ from trainer_fixtures import make_examples_dir, make_model_dir
 
 from components import overlap
 from components.evaluate import executor
+from contracts.params import EvalPolicy
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +21,7 @@ def trained(tmp_path_factory):
 
 
 def run(tmp_path, examples, model, serving, **kwargs):
-    options = {"max_nats_per_char": 10.0, "tolerance": 0.01, "num_samples": 2, "sample_tokens": 4}
+    options = {"policy": EvalPolicy(max_nats_per_char=10.0), "num_samples": 2, "sample_tokens": 4}
     return executor.run(
         str(model),
         str(examples),
@@ -58,7 +59,9 @@ def test_same_model_in_service_is_the_baseline_and_scores_the_same(tmp_path, tra
 
 def test_threshold_failure_writes_not_blessed(tmp_path, trained):
     examples, model = trained
-    result = run(tmp_path, examples, model, tmp_path / "serving", max_nats_per_char=0.01)
+    result = run(
+        tmp_path, examples, model, tmp_path / "serving", policy=EvalPolicy(max_nats_per_char=0.01)
+    )
     assert not result.blessed and "above the threshold" in result.reason
     assert (tmp_path / "blessing" / "NOT_BLESSED").is_file()
 

@@ -13,6 +13,7 @@ import kfp_server_api
 import pytest
 
 from contracts.errors import UserError
+from contracts.params import EvalPolicy, TrainJob
 from pipelines import compiler
 from pipelines.cli import main as cli
 from pipelines.pipeline import Target
@@ -144,15 +145,15 @@ def test_default_version_is_the_commit_and_refuses_a_dirty_checkout():
 
 def test_run_wait_follows_a_run_to_success(double, token, compiled, capsys):
     upload(double, token, compiled)
-    extra = ["--param", "workers=4", "--param", 'node_selector={"pool": "gpu"}']
+    extra = ["--param", "train_job.workers=4", "--param", 'train_job.node_selector={"pool": "gpu"}']
     assert gptpipe(double, token, "run", *NEEDED, *extra, "--wait", "--poll", "0") == 0
     out = capsys.readouterr().out
     assert out.index(": RUNNING") < out.index(": SUCCEEDED")
     (run,) = double.runs.values()
     # KFP 2.5 ignores the YAML's defaultPipelineRoot: the compiled root travels with the run.
     assert run.runtime_config.pipeline_root == ROOT
-    assert run.runtime_config.parameters["workers"] == 4
-    assert run.runtime_config.parameters["node_selector"] == {"pool": "gpu"}
+    job = TrainJob.from_dict(run.runtime_config.parameters["train_job"])
+    assert job == TrainJob(workers=4, node_selector={"pool": "gpu"})  # the rest: the defaults
     assert run.runtime_config.parameters["corpus"] == "gs://bucket/corpus/"
     (version,) = double.versions.values()
     assert run.pipeline_version_reference.pipeline_version_id == version.pipeline_version_id
@@ -329,11 +330,28 @@ def test_a_number_typed_for_a_string_parameter_reaches_the_run_as_the_string(
     double, token, compiled
 ):
     upload(double, token, compiled)
-    extra = ["--param", "worker_cpu=8", "--param", "workers=4"]
+    extra = ["--param", "train_job.cpu=8", "--param", "train_job.workers=4"]
     assert gptpipe(double, token, "run", *NEEDED, *extra) == 0
     (run,) = double.runs.values()
-    assert run.runtime_config.parameters["worker_cpu"] == "8"  # a str parameter
-    assert run.runtime_config.parameters["workers"] == 4  # an int one
+    assert run.runtime_config.parameters["train_job"]["cpu"] == "8"  # a str field
+    assert run.runtime_config.parameters["train_job"]["workers"] == 4  # an int one
+
+
+def test_a_step_object_given_whole_and_a_field_of_it_fold_into_one(double, token, compiled):
+    upload(double, token, compiled)
+    whole = json.dumps({"max_nats_per_char": 3.0})
+    extra = ["--param", f"eval_policy={whole}", "--param", "eval_policy.tolerance=0.2"]
+    assert gptpipe(double, token, "run", *NEEDED, *extra) == 0
+    (run,) = double.runs.values()
+    policy = EvalPolicy.from_dict(run.runtime_config.parameters["eval_policy"])
+    assert policy == EvalPolicy(max_nats_per_char=3.0, tolerance=0.2)
+
+
+def test_a_field_given_by_its_old_flat_name_says_where_it_lives(double, token, compiled, capsys):
+    upload(double, token, compiled)
+    assert gptpipe(double, token, "run", *NEEDED, "--param", "workers=4") == 2
+    assert "no parameter workers (did you mean train_job.workers?)" in capsys.readouterr().err
+    assert double.runs == {}
 
 
 # ---- schedule ------------------------------------------------------------------------------
@@ -523,13 +541,14 @@ def test_a_reset_while_creating_a_run_is_not_retried(double, token, compiled, ca
 @pytest.mark.parametrize(
     "param, says",
     [
-        ("workers=0", "--param workers=0: use at least 1"),
-        ("gpus_per_worker=-1", "--param gpus_per_worker=-1: use 0 or more"),
-        ("worker_memory=lots", "--param worker_memory='lots' is not a Kubernetes quantity"),
-        ("deadline_seconds=-5", "--param deadline_seconds=-5: use a positive number"),
-        ("launcher=slurm", "--param launcher='slurm': use one of"),
-        ('tolerations=["gpu"]', "--param toleration 'gpu': use objects with the fields"),
-        ('node_selector={"pool": 1}', "--param node_selector {'pool': 1}: use an object of"),
+        ("train_job.workers=0", "--param train_job.workers=0: use 1 or more"),
+        ("train_job.gpus_per_worker=-1", "--param train_job.gpus_per_worker=-1: use 0 or more"),
+        ("train_job.memory=lots", "--param train_job.memory='lots': use a Kubernetes quantity"),
+        ("train_job.deadline_seconds=-5", "--param train_job.deadline_seconds=-5: use 0 or more"),
+        ("train_job.launcher=slurm", "--param train_job.launcher='slurm': use one of"),
+        ('train_job.tolerations=["gpu"]', '--param train_job.tolerations[0]="gpu": takes an'),
+        ('train_job.node_selector={"pool": 1}', "--param train_job.node_selector.pool=1: takes"),
+        ('train_job={"workers": 0}', "--param train_job.workers=0: use 1 or more"),
     ],
 )
 def test_a_job_setting_the_train_step_would_refuse_is_refused_before_the_run(

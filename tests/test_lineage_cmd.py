@@ -15,6 +15,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 from components import lineage, provenance
 from components.tokenize import executor as tokenize
 from contracts.errors import UserError
+from contracts.params import EvalPolicy, TokenizeParams, TrainJob
 from pipelines.cli import lineage as lineage_cmd
 from pipelines.cli import main as cli
 from trainer.config import config_hash, config_to_dict, resolve_config
@@ -25,6 +26,7 @@ TRAINER_IMAGE = "ghcr.io/gptpipe/gptpipe-trainer@sha256:" + "2" * 64
 WORKER_DIGEST = "sha256:" + "ab" * 32
 CONFIG = config_to_dict(resolve_config("tiny", ["model.vocab_size=340", "model.seq_len=32"]))
 CONFIG_HASH = config_hash(resolve_config("tiny", ["model.vocab_size=340", "model.seq_len=32"]))
+JOB = TrainJob(deadline_seconds=0, node_selector={"pool": "a100"})  # what the run trained with
 
 
 def write_corpus(folder: Path, extra: str = "") -> Path:
@@ -42,7 +44,7 @@ def record_tokenize(
     params = {
         "corpus": str(corpus),
         "config": CONFIG,
-        "eval_fraction": 0.1,
+        "tokenize": TokenizeParams().to_dict(),
         "vocab_size": 340,
         "seq_len": 32,
     }
@@ -62,13 +64,7 @@ def record_rest(
     model, pushed = str(root / run_id / "model"), str(root / "serving" / "gpt" / "1")
     train_params = {
         "config": CONFIG,
-        "launcher": "tfjob",
-        "workers": 2,
-        "gpus_per_worker": 1,
-        "backoff_limit": 3,
-        "deadline_seconds": 0,
-        "node_selector": {"pool": "a100"},
-        "tolerations": [],
+        "train_job": JOB.to_dict(),
         "trainer_image": TRAINER_IMAGE,
         "config_hash": CONFIG_HASH,
     }
@@ -83,8 +79,7 @@ def record_rest(
         rec.dataset_version = version
     eval_params = {
         "serving_dir": str(root / "serving" / "gpt"),
-        "max_nats_per_char": 2.2,
-        "tolerance": 0.01,
+        "eval_policy": EvalPolicy().to_dict(),
     }
     with lineage.step(store, "evaluate", "gptpipe", run_id, eval_params, found) as rec:
         rec.input("examples", "Examples", examples, upstream=True)
@@ -162,7 +157,7 @@ def test_lineage_json_field_by_field(recorded, capsys):
     assert train["trainer_image"] == TRAINER_IMAGE
     assert train["worker_image_digests"] == {"gptpipe-train-abc-worker-0": WORKER_DIGEST}
     assert (train["gpu_hours"], train["job_name"]) == (1.25, "gptpipe-train-abc")
-    assert train["parameters"]["node_selector"] == {"pool": "a100"}
+    assert TrainJob.from_dict(train["parameters"]["train_job"]) == JOB
     assert train["parameters"]["config"] == CONFIG
     assert train["start_time_ms"] <= train["end_time_ms"]
     examples = out["examples"]
@@ -253,21 +248,21 @@ def test_reproduce_writes_pipeline_and_parameters(recorded, tmp_path, capsys):
     assert params["arguments"] == {
         "corpus": str(recorded["corpus"]),
         "config": CONFIG,
-        "eval_fraction": 0.1,
-        "launcher": "tfjob",
-        "workers": 2,
-        "gpus_per_worker": 1,
-        "backoff_limit": 3,
-        "deadline_seconds": 0,
-        "node_selector": {"pool": "a100"},
-        "tolerations": [],
+        "tokenize": TokenizeParams().to_dict(),
+        "train_job": JOB.to_dict(),
         "serving_dir": str(tmp_path / "serving" / "gpt"),
-        "max_nats_per_char": 2.2,
-        "tolerance": 0.01,
+        "eval_policy": EvalPolicy().to_dict(),
     }
     assert set(params["arguments"]) < set(spec["root"]["inputDefinitions"]["parameters"])
     assert params["reproduces"]["dataset_version"] == recorded["manifest"]["dataset_version"]
     assert params["reproduces"]["code_version"] == "c0ffee"
+
+
+def test_reproduce_refuses_a_run_recorded_before_step_parameter_objects():
+    """A record of flat parameters (workers=2, ...) cannot name every setting again."""
+    flat = {"tokenize": {"corpus": "c", "config": CONFIG, "eval_fraction": 0.1}, "train": {}}
+    with pytest.raises(UserError, match="recorded no tokenize parameters: it predates one"):
+        lineage_cmd.recorded_arguments(flat)
 
 
 @pytest.mark.parametrize("change", ["one byte", "new file", "gone"])

@@ -28,6 +28,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 from trainer_fixtures import PIPELINE_SMALL
 
 from components import lineage
+from contracts.params import EvalPolicy, TrainJob
 from pipelines.cli import main as cli
 from pipelines.runners.local.view import STEPS
 from trainer.config import config_to_dict, resolve_config
@@ -50,12 +51,14 @@ def corpus(tmp_path_factory):
 # tests (the CLI has no option for it), so that the first model is pushed.
 ON_A_TERMINAL = (
     "import sys\n"
-    "from pipelines import cli, local_runner\n"
+    "from contracts.params import EvalPolicy\n"
+    "from pipelines.cli import run as run_cmd\n"
+    "from pipelines.runners.local import runner\n"
     "from trainer.config import resolve_config\n"
     "root, corpus, *overrides = sys.argv[1:]\n"
-    "run = local_runner.LocalRun(root=root, corpus=corpus, workers=2, max_nats_per_char=5.0,\n"
-    "                            config=resolve_config('tiny', overrides))\n"
-    "sys.exit(cli.run_and_report(run, 'auto'))\n"
+    "run = runner.LocalRun(root=root, corpus=corpus, eval_policy=EvalPolicy(5.0),\n"
+    "                      config=resolve_config('tiny', overrides))\n"
+    "sys.exit(run_cmd.run_and_report(run, 'auto'))\n"
 )
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 ERASE_LINE = "\x1b[2K"  # rich's Live erases its last frame line by line before drawing the next
@@ -295,8 +298,10 @@ def test_lineage_json_and_reproduce_from_a_local_run(two_runs, tmp_path, capsys)
     )
     arguments = json.loads(target.with_suffix(".params.json").read_text())["arguments"]
     assert arguments["config"] == config_to_dict(resolve_config("tiny", SMALL))
-    assert arguments["workers"] == 2 and "overrides" not in arguments
-    assert arguments["max_nats_per_char"] == 5.0 and arguments["launcher"] == "local"
+    assert "overrides" not in arguments
+    job, policy = TrainJob.from_dict(arguments["train_job"]), arguments["eval_policy"]
+    assert (job.workers, job.launcher, job.gpus_per_worker) == (2, "local", 0)
+    assert EvalPolicy.from_dict(policy).max_nats_per_char == 5.0
 
 
 def test_second_run_reuses_the_content_addressed_examples(two_runs):

@@ -10,6 +10,7 @@ import pytest
 from test_pipeline_e2e import SMALL
 
 from components import serving
+from contracts.params import EvalPolicy, TrainJob
 from pipelines.runners.local import runner
 from trainer.config import resolve_config
 
@@ -28,8 +29,8 @@ def test_run_reads_corpus_from_gcs_and_pushes_to_gcs(gcs, tmp_path):
         corpus=gcs.uri("corpus/"),
         state_dir=tmp_path,
         config=resolve_config("tiny", SMALL),
-        workers=1,
-        max_nats_per_char=5.0,
+        train_job=TrainJob(launcher="local", gpus_per_worker=0, workers=1),
+        eval_policy=EvalPolicy(max_nats_per_char=5.0),
     )
     summary = runner.run_local(run)
 

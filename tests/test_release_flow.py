@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
+from contracts.params import TrainJob
 from tests.kfp_api_double import KfpApiDouble, RunScript
 from trainer.config import config_to_dict, resolve_config
 
@@ -189,8 +190,7 @@ def test_the_release_uploads_smoke_runs_and_schedules_and_a_rerun_changes_nothin
             "config": config_to_dict(resolve_config("tiny")),
             "corpus": VARS["SMOKE_CORPUS"],
             "serving_dir": VARS["SMOKE_SERVING_DIR"],
-            "workers": 1,
-            "gpus_per_worker": 0,
+            "train_job": TrainJob(workers=1, gpus_per_worker=0).to_dict(),
         }
 
     # schedule: one recurring run on the pipeline (each firing takes the newest version)

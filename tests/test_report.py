@@ -29,11 +29,13 @@ from components.evaluate import executor, plots, report
 from components.evaluate.executor import EvalResult, Scores
 from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY
 from contracts.errors import UserError
+from contracts.params import EvalPolicy, TrainJob
 from pipelines.cli import report as report_cmd
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = '<script>alert("x")</script> & "quotes"'
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "area", "base", "source", "wbr"}
+JOB_2X4 = TrainJob(workers=2, gpus_per_worker=4).to_dict()
 PROVENANCE = {"image": provenance.LOCAL_IMAGE, "unpinned": 1, "code_version": "c0ffee"}
 
 
@@ -68,8 +70,7 @@ def page(histories: dict, *, baseline: bool = True, steps: tuple = ()) -> report
     ]
     return report.Report(
         result=result,
-        max_nats_per_char=2.2,
-        tolerance=0.01,
+        policy=EvalPolicy(max_nats_per_char=2.2, tolerance=0.01),
         histories=histories,
         comparisons=comparisons,
         max_new_tokens=64,
@@ -184,7 +185,7 @@ def test_step_records_time_and_gpu_hours_from_lineage_views():
 
     views = [
         view("tokenize", "COMPLETE", 0, 90_000, {"corpus": "c"}),
-        view("train", "COMPLETE", 0, hour_ms, {"workers": 2, "gpus_per_worker": 4}),
+        view("train", "COMPLETE", 0, hour_ms, {"train_job": JOB_2X4}),
         view("evaluate", "RUNNING", hour_ms, hour_ms, {}),
     ]
     records = report.step_records(views, now_ms=hour_ms + 30_000)
@@ -192,11 +193,9 @@ def test_step_records_time_and_gpu_hours_from_lineage_views():
     assert (tokenize.wall_s, tokenize.gpus, tokenize.gpu_hours) == (90.0, 0, 0.0)
     assert (train.wall_s, train.gpus, train.gpu_hours) == (3600.0, 8, 8.0)
     assert evaluate.wall_s == 30.0  # running: until now
-    recorded = view(
-        "train", "COMPLETE", 0, hour_ms, {"workers": 2, "gpus_per_worker": 4}, gpu_hours=7.5
-    )
+    recorded = view("train", "COMPLETE", 0, hour_ms, {"train_job": JOB_2X4}, gpu_hours=7.5)
     assert report.step_records([recorded], 0)[0].gpu_hours == 7.5  # the launcher's own figure
-    cached = view("train", "CACHED", 5, 5, {"workers": 2, "gpus_per_worker": 4}, gpu_hours=7.5)
+    cached = view("train", "CACHED", 5, 5, {"train_job": JOB_2X4}, gpu_hours=7.5)
     cached["properties"]["cached_from_run_id"] = "run-0"
     assert report.step_records([cached], 0)[0].gpu_hours == 0.0
     numbers = report.key_numbers(history(), records)
@@ -360,7 +359,12 @@ def test_evaluate_writes_the_html_report_and_metrics(trained, tmp_path, monkeypa
     monkeypatch.setenv(provenance.RUN_ID_ENV, "run-1")
     monkeypatch.setenv(provenance.CODE_VERSION_ENV, "c0ffee")
     with lineage.step(
-        store, "train", "gptpipe", "run-1", {"workers": 2, "gpus_per_worker": 0}, PROVENANCE
+        store,
+        "train",
+        "gptpipe",
+        "run-1",
+        {"train_job": TrainJob(workers=2, gpus_per_worker=0).to_dict()},
+        PROVENANCE,
     ):
         pass
     out = root / "pipeline_root" / "run-1" / "evaluate"
@@ -371,8 +375,7 @@ def test_evaluate_writes_the_html_report_and_metrics(trained, tmp_path, monkeypa
         dataset_version="d" * 64,
         model=dsl.Model(uri=str(model)),
         serving_dir=str(serving),
-        max_nats_per_char=10.0,
-        tolerance=0.01,
+        eval_policy=EvalPolicy(max_nats_per_char=10.0, tolerance=0.01).to_dict(),
         metadata=store,
         pipeline_name="gptpipe",
         image=provenance.LOCAL_IMAGE,

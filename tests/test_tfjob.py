@@ -23,6 +23,7 @@ from components.jobs.tfjob import logs as tfjob_logs
 from components.jobs.tfjob import status as tfjob_status
 from components.jobs.tfjob.restarts import RestartLedger
 from contracts.errors import UserError
+from contracts.params import TrainJob
 
 JOB_PATH = "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-run-1"
 
@@ -992,5 +993,5 @@ def test_the_exit_handler_closes_lineage_even_when_it_cannot_delete_the_jobs(tmp
     monkeypatch.setenv("KFP_RUN_ID", run)
     monkeypatch.setenv(kube.POD_NAMESPACE_ENV, "ml")
     with pytest.raises(ApiException):  # the exit task fails: its log says why
-        release.release("tfjob", store)
+        release.release(TrainJob().to_dict(), store)
     assert lineage.failure_of(store, run)[0] == "train"  # ... once lineage is closed

@@ -8,7 +8,7 @@ from k8s_double import FakeKube
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.jobs import kube
-from components.jobs.launcher import JobSpec, job_name
+from components.jobs.launcher import job_name
 from components.train import component, executor
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, TRAIN_METRICS
 from contracts.errors import UserError
@@ -118,13 +118,13 @@ def test_a_step_pod_that_cannot_be_read_is_a_clear_error():
         executor.cluster_placement(pod, api_client=cluster.api_client())
 
 
-def test_the_component_takes_the_pipelines_names_and_jobspecs_defaults():
+def test_the_component_takes_its_job_as_one_object_and_copies_no_default():
+    """The train job's knobs live in contracts.params.TrainJob alone: the component takes the
+    object whole, by the pipeline's name for it, and repeats none of its defaults."""
     params = inspect.signature(component.train).parameters
-    assert "artifact_root" in params and "work_root" not in params
-    assert params["worker_cpu"].default == JobSpec.cpu
-    assert params["worker_memory"].default == JobSpec.memory
-    assert params["service_account"].default == ""  # the step's own
-    assert {"examples_uri", "config", "launcher", "workers", "gpus_per_worker"} <= set(params)
+    assert {"examples_uri", "config", "train_job", "artifact_root"} <= set(params)
+    assert not {"workers", "worker_cpu", "launcher"} & set(params)
+    assert all(p.default is inspect.Parameter.empty for p in params.values())
 
 
 def test_a_pipeline_compiled_with_allow_unpinned_may_start_workers_from_its_tags():

@@ -15,12 +15,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components import overlap, serving, storage
 from components.evaluate import report
 from components.evaluate.results import SEEN_MEANS, EvalResult, RunFacts, Scores
-from components.evaluate.thresholds import check_thresholds
 from contracts.artifacts import (
     EVAL_TEXT,
     MODEL_TEXT_SKETCH,
@@ -32,6 +31,10 @@ from contracts.artifacts import (
     write_blessing,
 )
 from contracts.errors import UserError
+from contracts.params import EvalPolicy
+
+if TYPE_CHECKING:
+    from components.step import Step
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +53,64 @@ _RESERVE = "run evaluate again; if it stays so, serve a healthy version (gptpipe
 SEEN_NOTE = 0.01
 
 
+def execute(
+    step: Step,
+    *,
+    examples_uri: str,
+    dataset_version: str,
+    model: Any,
+    serving_dir: str,
+    eval_policy: dict,
+    metrics: Any,
+    report: Any,
+    blessing: Any,
+    html_report: Any,
+) -> None:
+    """The evaluate step: `run` on the candidate, then its numbers, report and blessing as
+    KFP artifacts and lineage. The Examples arrive as their content-addressed URI, as train's
+    do: evaluate reads only their eval text. The HTML report also tells this run's steps so
+    far, read back from lineage."""
+    from components import kfp_metadata, lineage
+
+    policy = EvalPolicy.from_dict(eval_policy)
+    # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
+    step.check_shared(serving_dir, "serving_dir")
+    step.rec.input("examples", "Examples", examples_uri, upstream=True)
+    step.rec.input("model", "Model", model.uri, upstream=True)
+    facts = RunFacts(
+        dataset_version=dataset_version,
+        code_version=str(step.edge.provenance.get("code_version", "")),
+        executions=list(lineage.run_summary(step.edge.store, step.edge.run_id)["steps"].values()),
+    )
+    result = run(
+        model.path,
+        examples_uri,
+        serving_dir,
+        blessing.path,
+        report.path,
+        policy=policy,
+        html_report_path=html_report.path,
+        run_facts=facts,
+    )
+    numbers = metrics(result)
+    for name, value in kfp_metadata.recordable(numbers).items():
+        metrics.log_metric(name, value)
+    blessing.metadata.update(
+        kfp_metadata.recordable(
+            {
+                "blessed": int(result.blessed),
+                "reason": result.reason,
+                "current_model": model.uri,
+                "baseline_model": result.baseline_model,
+            }
+        )
+    )
+    step.rec.output("evaluation", "ModelEvaluation", metrics.uri, numbers)
+    step.rec.output("blessing", "ModelBlessing", blessing.uri, dict(blessing.metadata))
+    step.rec.output("html_report", "ModelEvaluation", html_report.uri, {"media_type": "text/html"})
+    step.rec.dataset_version = dataset_version
+
+
 def run(
     model_dir: str,
     examples_uri: str,
@@ -57,8 +118,7 @@ def run(
     blessing_dir: str,
     report_path: str,
     *,
-    max_nats_per_char: float,
-    tolerance: float,
+    policy: EvalPolicy,
     num_samples: int = 3,
     sample_tokens: int = 48,
     html_report_path: str = "",
@@ -70,9 +130,9 @@ def run(
     `examples_uri` is the content-addressed Examples folder (local or gs://); only its eval text
     is read, so nothing else of the dataset is downloaded.
 
-    The candidate is blessed when its nats/char is at most `max_nats_per_char` and, if a model
-    is in service at `serving_dir`, at most the baseline's times `1 + tolerance`. A model whose
-    training diverged (a NaN or infinite loss) never is.
+    The candidate is blessed when its nats/char is at most `policy.max_nats_per_char` and, if
+    a model is in service at `serving_dir`, at most the baseline's times `1 + policy.tolerance`.
+    A model whose training diverged (a NaN or infinite loss) never is.
 
     The blessing is written last, whole or not at all: a failure before it (a damaged
     SavedModel, a baseline removed meanwhile) raises a UserError naming the model and leaves no
@@ -81,7 +141,6 @@ def run(
     With `html_report_path`, the HTML report is written there too: both models' training
     curves, `COMPARE_PROMPTS` continued by each, and this run's steps from `run_facts`.
     """
-    check_thresholds(max_nats_per_char, tolerance)
     eval_text = _read_eval_text(examples_uri)
     candidate_model = _load(Path(model_dir) / SERVING_DIR, "the candidate model", _RETRAIN)
     candidate = score_text(candidate_model, eval_text)
@@ -93,7 +152,7 @@ def run(
         else (None, None)
     )
     diverged = _diverged(model_dir)
-    blessed, reason = decide(candidate, baseline, max_nats_per_char, tolerance, diverged)
+    blessed, reason = decide(candidate, baseline, policy, diverged)
     eval_bytes = eval_text.encode("utf-8")
     candidate_seen = _seen(storage.join(model_dir, SERVING_DIR), eval_bytes)
     baseline_seen = _seen(baseline_uri, eval_bytes) if baseline_uri else None
@@ -125,8 +184,7 @@ def run(
         )
         page = report.Report(
             result=result,
-            max_nats_per_char=max_nats_per_char,
-            tolerance=tolerance,
+            policy=policy,
             histories=histories,
             comparisons=_comparisons(prompts, candidate_says, baseline_says),
             max_new_tokens=compare_tokens,
@@ -143,18 +201,18 @@ def run(
 def decide(
     candidate: Scores,
     baseline: Scores | None,
-    max_nats_per_char: float,
-    tolerance: float,
+    policy: EvalPolicy,
     diverged: str = "",
 ) -> tuple[bool, str]:
     """Return (blessed, reason) from the scores: absolute threshold, then change vs baseline."""
     ours = candidate.nats_per_char
+    threshold, tolerance = policy.max_nats_per_char, policy.tolerance
     if diverged:
         return False, f"training diverged: {diverged}"
     if not math.isfinite(ours):
         return False, f"eval loss is not finite ({ours})"
-    if ours > max_nats_per_char:
-        return False, f"eval {ours:.4f} nats/char is above the threshold {max_nats_per_char:.4f}"
+    if ours > threshold:
+        return False, f"eval {ours:.4f} nats/char is above the threshold {threshold:.4f}"
     if baseline is None:
         return True, f"eval {ours:.4f} nats/char meets the threshold; no baseline in service"
     limit = baseline.nats_per_char * (1.0 + tolerance)

@@ -25,6 +25,7 @@ from components import lineage
 from components.evaluate import plots
 from components.evaluate.plots import History, is_number
 from components.evaluate.results import SEEN_MEANS, EvalResult, Scores
+from contracts.params import EvalPolicy, TrainJob
 
 NO_CURVE = "no training curve recorded"
 
@@ -63,8 +64,7 @@ class Report:
     """Everything the HTML report shows."""
 
     result: EvalResult  # the scores and the blessing
-    max_nats_per_char: float  # the blessing's absolute threshold
-    tolerance: float  # the blessing's allowed regression against the baseline
+    policy: EvalPolicy  # the blessing's threshold and allowed regression
     histories: Mapping[str, History | None]  # "candidate", "baseline": train_history.json
     comparisons: Sequence[Comparison]  # prompts with both models' continuations
     max_new_tokens: int  # the length of those continuations, in tokens
@@ -88,7 +88,8 @@ def _step_record(view: lineage.ExecutionView, now_ms: int) -> StepRecord:
     end = now_ms if view["state"] == "RUNNING" else _int(props.get("end_time_ms"), start)
     cached = view["state"] == "CACHED"
     wall_s = 0.0 if cached else max(end - start, 0) / 1000
-    gpus = _int(params.get("workers"), 0) * _int(params.get("gpus_per_worker"), 0)
+    job = TrainJob.from_dict(params[TrainJob.NAME]) if TrainJob.NAME in params else None
+    gpus = job.workers * job.gpus_per_worker if job else 0
     recorded = props.get("gpu_hours")
     gpu_hours = recorded if is_number(recorded) else wall_s * gpus / 3600
     digests = props.get("worker_image_digests") or "{}"
@@ -189,11 +190,11 @@ def _scores_section(report: Report) -> Markup:
     table = _table([*header, "eval text trained on"], rows)
     rules = [
         f"max_nats_per_char: the candidate's nats/char is at most "
-        f"{_num(report.max_nats_per_char, '.4f')}",
-        f"tolerance: it is at most the baseline's times 1 + {_num(report.tolerance, '.2%')}",
+        f"{_num(report.policy.max_nats_per_char, '.4f')}",
+        f"tolerance: it is at most the baseline's times 1 + {_num(report.policy.tolerance, '.2%')}",
     ]
     if result.baseline is not None:
-        limit = result.baseline.nats_per_char * (1 + report.tolerance)
+        limit = result.baseline.nats_per_char * (1 + report.policy.tolerance)
         rules[1] += f" = {_num(limit, '.4f')}"
     else:
         rules[1] += ": skipped, no model is in service yet"

@@ -126,36 +126,6 @@ class JobSpec:
 
 
 _TOLERATION_FIELDS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
-# The train step's pipeline parameters that become JobSpec fields (components/train/component.py)
-JOB_PARAMETERS = {
-    "workers": "workers",
-    "gpus_per_worker": "gpus_per_worker",
-    "worker_cpu": "cpu",
-    "worker_memory": "memory",
-    "backoff_limit": "backoff_limit",
-    "deadline_seconds": "active_deadline_seconds",
-    "node_selector": "node_selector",
-    "tolerations": "tolerations",
-    "service_account": "service_account",
-}
-
-
-def check_job_parameters(params: Mapping[str, Any]) -> None:
-    """Refuse, before a run starts, the train step's parameters its JobSpec would refuse once
-    tokenize has run: each named as the parameter it came from (`--param workers=0`)."""
-    fields = {JOB_PARAMETERS[name]: v for name, v in params.items() if name in JOB_PARAMETERS}
-    if "active_deadline_seconds" in fields:
-        fields["active_deadline_seconds"] = fields["active_deadline_seconds"] or None  # 0: none
-    try:
-        JobSpec(name="check", command=("check",), **fields)
-    except UserError as err:
-        said = str(err).removeprefix("JobSpec ")
-        for name, field_name in JOB_PARAMETERS.items():
-            if said.startswith(f"{field_name}="):
-                said = f"{name}={said.removeprefix(f'{field_name}=')}"
-        raise UserError(f"--param {said}") from None
-    except TypeError as err:  # a value of another JSON type than the field's
-        raise UserError(f"--param: {err}") from None
 
 
 def _validate(spec: JobSpec) -> None:

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from components import serving, storage
 from contracts import progress as events
@@ -33,6 +34,9 @@ from contracts.artifacts import (
 )
 from contracts.errors import UserError
 
+if TYPE_CHECKING:
+    from components.step import Step
+
 log = logging.getLogger(__name__)
 
 
@@ -44,6 +48,30 @@ class PushResult:
     pushed_destination: str  # the serving destination folder
     pushed_version: str  # the integer version as a string, "" when not pushed
     reason: str  # why it was or was not pushed
+
+
+def execute(step: Step, *, model: Any, blessing: Any, serving_dir: str, pushed_model: Any) -> None:
+    """The push step: `run`, with lineage telling which models were pushed before."""
+    from components import kfp_metadata, lineage
+
+    # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
+    step.check_shared(serving_dir, "serving_dir")
+    step.rec.input("model", "Model", model.uri, upstream=True)
+    step.rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
+    result = run(
+        model.path,
+        blessing.path,
+        serving_dir,
+        pushed_model.path,
+        already_pushed=lambda uri: (
+            lineage.find_artifact(step.edge.store, uri, "PushedModel") is not None
+        ),
+        reporter=step.progress,
+    )
+    props = asdict(result)
+    pushed_model.metadata.update(kfp_metadata.recordable(props))
+    step.rec.output("pushed_model", "PushedModel", pushed_uri(result), props)
+    step.rec.dataset_version = model.metadata.get("dataset_version")
 
 
 def run(

@@ -16,7 +16,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components import overlap, storage
 from components.tokenize import bpe
@@ -39,6 +39,7 @@ from components.tokenize.progress import Report
 from components.tokenize.shards import SplitWriter
 from contracts import progress as events
 from contracts.artifacts import (
+    DATASETS_DIR,
     EVAL_TEXT,
     EXAMPLES_MANIFEST,
     EXAMPLES_REF,
@@ -47,6 +48,10 @@ from contracts.artifacts import (
     TRAIN_TEXT_SKETCH,
 )
 from contracts.errors import UserError
+from contracts.params import TokenizeParams
+
+if TYPE_CHECKING:
+    from components.step import Step
 
 DEFAULT_SHARD_WINDOWS = 4096  # about 0.25 MB of GZIP per shard at seq_len 64, vocab 512
 # A worker process costs about as much to start as encoding 2 MB, so a corpus gets one for
@@ -179,6 +184,43 @@ class Dataset:
     uri: str  # the Examples folder
     manifest: dict[str, Any]  # its manifest.json, with `sources` as listed by this run
     reused: bool  # True when the folder already existed and nothing was tokenized
+
+
+def execute(
+    step: Step, *, corpus: str, config: dict, tokenize: dict, artifact_root: str, examples: Any
+) -> tuple[str, str]:
+    """The tokenize step: the Examples of `corpus` in `<artifact_root>/datasets/`, reused when
+    that version exists; returns their URI and dataset version (components/step.py runs it).
+
+    The KFP artifact `examples` stays in the run's folder (KFP 2.5.0's launcher fails a task
+    whose output URI leaves it) and points at the content-addressed Examples, which lineage
+    records as the Examples.
+    """
+    from components import kfp_metadata
+    from trainer.config import config_from_dict
+
+    cfg = config_from_dict(config)
+    params = TokenizeParams.from_dict(tokenize)
+    step.check_shared(artifact_root, "artifact_root")
+    step.check_shared(examples.uri, "the pipeline root")
+    step.rec.set(vocab_size=cfg.model.vocab_size, seq_len=cfg.model.seq_len)
+    dataset = run_content_addressed(
+        corpus,
+        storage.join(artifact_root, DATASETS_DIR),
+        vocab_size=cfg.model.vocab_size,
+        seq_len=cfg.model.seq_len,
+        eval_fraction=params.eval_fraction,
+        tokenizer=params.tokenizer or None,
+        reporter=step.progress,
+    )
+    manifest = dataset.manifest
+    step.rec.set(reused=int(dataset.reused))
+    props = artifact_properties(manifest)
+    write_reference(examples.path, dataset)
+    examples.metadata.update(kfp_metadata.recordable({**props, "examples_uri": dataset.uri}))
+    step.rec.output("examples", "Examples", dataset.uri, props)
+    step.rec.dataset_version = manifest["dataset_version"]
+    return dataset.uri, manifest["dataset_version"]
 
 
 def dataset_version_of(

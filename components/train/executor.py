@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from components import storage
 from components.jobs import kube
@@ -31,12 +31,16 @@ from contracts.artifacts import (
     WORKER_CHECKPOINT_SCRATCH_PREFIX,
     WORKER_LOGS_DIR,
     WORKER_MODEL_SCRATCH_PREFIX,
+    step_work_dir,
 )
 from contracts.errors import UserError
-from trainer.config import Config, config_hash, config_to_dict
+from contracts.params import LAUNCHERS, TrainJob
+from trainer.config import Config, config_from_dict, config_hash, config_to_dict
+
+if TYPE_CHECKING:
+    from components.step import Step
 
 CONTAINER_PYTHON = "python"  # the interpreter on the trainer image's PATH
-LAUNCHERS = ("local", "tfjob")  # the kinds make_launcher knows
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,55 @@ class TrainResult:
 
     model_properties: dict  # on the Model artifact: steps, loss, config hash...
     execution_properties: dict  # on the train execution: job name, GPU-hours, restarts...
+
+
+def execute(
+    step: Step,
+    *,
+    examples_uri: str,
+    dataset_version: str,
+    config: dict,
+    train_job: dict,
+    trainer_image: str,
+    artifact_root: str,
+    model: Any,
+) -> None:
+    """The train step: run `train_job` on the Examples, record the Model the chief wrote.
+
+    The workers write the Model and the work folder themselves: both must be on gs:// in a
+    cluster (a minio:// pipeline root is refused here, before any GPU starts).
+    """
+    from components import kfp_metadata
+
+    step.rec.input("examples", "Examples", examples_uri, upstream=True)
+    cfg = config_from_dict(config)  # a hand-edited config fails here, on the record
+    job = TrainJob.from_dict(train_job)
+    step.rec.parameters["config_hash"] = config_hash(cfg)
+    check_cache_inputs(examples_uri, dataset_version)
+    step.check_shared(artifact_root, "artifact_root")
+    step.check_shared(model.uri, "the pipeline root")
+    placement = (
+        cluster_placement(step.edge.pod, job.service_account) if job.launcher == "tfjob" else {}
+    )
+    work_dir = storage.join(artifact_root, step_work_dir(step.edge.run_id, "train"))
+    spec = job_spec(
+        examples_uri,
+        model.uri,
+        work_dir,
+        cfg,
+        launcher=job.launcher,
+        run_id=step.edge.run_id,
+        image=trainer_image,
+        allow_unpinned=allows_unpinned(job.launcher, step.image),
+        **job.job_fields(),
+        **placement,
+    )
+    result = run(spec, cfg, model.uri, work_dir, make_launcher(job.launcher, work_dir))
+    properties = {**result.model_properties, "dataset_version": dataset_version}
+    model.metadata.update(kfp_metadata.recordable(properties))
+    step.rec.set(**result.execution_properties)
+    step.rec.output("model", "Model", model.uri, properties)
+    step.rec.dataset_version = dataset_version
 
 
 def job_spec(

@@ -11,10 +11,11 @@ steps in `dsl.ExitHandler(release)`, which runs however the steps end.
 from kfp import dsl
 
 
-def release(launcher: str, metadata: str) -> int:
+def release(train_job: dict, metadata: str) -> int:
     """Delete this run's unfinished TFJobs in this namespace; return how many.
 
-    The local launcher leaves no TFJob (its workers are the train step's own children).
+    `train_job` is the train step's `contracts.params.TrainJob`, as a JSON object. The local
+    launcher leaves no TFJob (its workers are the train step's own children).
     Steps whose execution is still RUNNING were killed: lineage records them FAILED. The jobs
     go first: GPUs matter more than the record, which a lineage outage must not block; a
     failure to delete them (RBAC, the API server) fails the exit task once lineage is closed.
@@ -24,9 +25,11 @@ def release(launcher: str, metadata: str) -> int:
     from components import lineage, provenance
     from components.jobs import kube
     from contracts.errors import one_line_errors
+    from contracts.params import TrainJob
 
     with one_line_errors("gptpipe release"):
         run_id = provenance.run_id(os.environ)
+        launcher = TrainJob.from_dict(train_job).launcher
     deleted: list[str] = []
     not_deleted: Exception | None = None
     if launcher == "tfjob":

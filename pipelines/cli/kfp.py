@@ -13,13 +13,37 @@ from pathlib import Path
 from typing import Any
 
 from contracts.errors import UserError
-from pipelines.cli.options import config_options, image_pull_secret_option, resolved_config
+from pipelines.cli.options import (
+    config_options,
+    image_pull_secret_option,
+    param_option,
+    resolved_config,
+)
+
+# The options of `kfp run` that `gptpipe run --kfp` takes too and `run --local` refuses, by dest.
+RUN_ONLY = (
+    "token_file",
+    "namespace",
+    "retries",
+    "experiment",
+    "pipeline_root",
+    "version",
+    "file",
+    "run_name",
+    "wait",
+    "poll",
+    "mlmd",
+)
 
 
-def _connection_options() -> argparse.ArgumentParser:
-    """--host, --token-file, --namespace, --retries: how every subcommand reaches KFP."""
+def _connection_options(with_host: bool = True) -> argparse.ArgumentParser:
+    """--host, --token-file, --namespace, --retries: how every subcommand reaches KFP
+    (`gptpipe run --kfp HOST` names the host its own way)."""
     conn = argparse.ArgumentParser(add_help=False)
-    conn.add_argument("--host", default=None, help="KFP API URL (default $KF_PIPELINES_ENDPOINT)")
+    if with_host:
+        conn.add_argument(
+            "--host", default=None, help="KFP API URL (default $KF_PIPELINES_ENDPOINT)"
+        )
     conn.add_argument(
         "--token-file",
         type=Path,
@@ -36,13 +60,10 @@ def _connection_options() -> argparse.ArgumentParser:
 def _run_options() -> argparse.ArgumentParser:
     """--param, --experiment, --pipeline-root, --config, --set: what a run or schedule runs."""
     params = argparse.ArgumentParser(add_help=False)
-    params.add_argument(
-        "--param",
-        dest="params",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="pipeline parameter (JSON when it parses, else a string), repeatable",
+    param_option(
+        params,
+        "a pipeline parameter (JSON when it parses, else a string), or one field of a step's "
+        "parameters: tokenize.FIELD, train_job.FIELD, eval_policy.FIELD (contracts.params)",
     )
     params.add_argument("--experiment", default="gptpipe", help="KFP experiment (default gptpipe)")
     params.add_argument(
@@ -65,7 +86,25 @@ def _run_options() -> argparse.ArgumentParser:
     return params
 
 
-def add_kfp(sub: Any) -> None:
+def _run_only_options() -> argparse.ArgumentParser:
+    """What `kfp run` alone takes: which version, the run's name, and waiting for it."""
+    run = argparse.ArgumentParser(add_help=False)
+    which = run.add_mutually_exclusive_group()
+    which.add_argument("--version", default=None, help="uploaded version (default the newest)")
+    which.add_argument("--file", type=Path, default=None, help="run a compiled YAML as it is")
+    run.add_argument("--run-name", default=None, help="run name (default gptpipe <version>)")
+    run.add_argument("--wait", action="store_true", help="follow the run; fail when it fails")
+    run.add_argument("--poll", type=float, default=15.0, help="seconds between checks (--wait)")
+    run.add_argument("--mlmd", default=None, help="ML Metadata host:port: the failed step's error")
+    return run
+
+
+def run_parents() -> list[argparse.ArgumentParser]:
+    """The options of a KFP run but --host, for `gptpipe run`, whose --kfp names the host."""
+    return [_connection_options(with_host=False), _run_options(), _run_only_options()]
+
+
+def add_parser(sub: Any) -> None:
     """Add `gptpipe kfp` and its subcommands to the CLI's subparsers."""
     kfp = sub.add_parser("kfp", help="upload, run and schedule gptpipe on a KFP cluster")
     ops = kfp.add_subparsers(dest="kfp_command", required=True)
@@ -83,15 +122,12 @@ def add_kfp(sub: Any) -> None:
     config_options(upload)
     upload.set_defaults(func=_cmd_kfp_upload)
 
-    run = ops.add_parser("run", parents=[conn, params], help="start a run")
-    which = run.add_mutually_exclusive_group()
-    which.add_argument("--version", default=None, help="uploaded version (default the newest)")
-    which.add_argument("--file", type=Path, default=None, help="run a compiled YAML as it is")
-    run.add_argument("--run-name", default=None, help="run name (default gptpipe <version>)")
-    run.add_argument("--wait", action="store_true", help="follow the run; fail when it fails")
-    run.add_argument("--poll", type=float, default=15.0, help="seconds between checks (--wait)")
-    run.add_argument("--mlmd", default=None, help="ML Metadata host:port: the failed step's error")
-    run.set_defaults(func=_cmd_kfp_run)
+    run = ops.add_parser(
+        "run",
+        parents=[conn, params, _run_only_options()],
+        help="start a run (also `gptpipe run --kfp HOST`)",
+    )
+    run.set_defaults(func=cmd_run)
 
     sched = ops.add_parser("schedule", parents=[conn, params], help="create or replace a schedule")
     sched.add_argument("--name", required=True, help="recurring run name")
@@ -154,7 +190,8 @@ def _cmd_kfp_upload(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_kfp_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace) -> int:
+    """`gptpipe kfp run` and `gptpipe run --kfp`: start a run on KFP, and follow it with --wait."""
     from pipelines.runners.kfp import ops as kfp_ops
 
     if not 0 <= args.poll < math.inf:  # NaN too: refused before the run starts

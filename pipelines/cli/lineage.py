@@ -7,6 +7,7 @@ evaluation that blessed the model and the baseline it was compared with.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 from pathlib import Path
@@ -14,27 +15,12 @@ from typing import Any
 
 from components import lineage, provenance, serving, storage
 from contracts.errors import UserError
+from contracts.params import STEP_PARAMS
+from pipelines.cli.options import image_pull_secret_option
 from pipelines.config import DEFAULT_ROOT
-from pipelines.pipeline import Images, Target
+from pipelines.pipeline import Images, Target, build
 from trainer.config import Config
 
-# Pipeline parameters, by the step whose recorded parameters hold them (see pipelines/pipeline.py).
-PIPELINE_PARAMETERS = {
-    "tokenize": ("corpus", "config", "eval_fraction", "tokenizer", "artifact_root"),
-    "train": (
-        "launcher",
-        "workers",
-        "gpus_per_worker",
-        "backoff_limit",
-        "deadline_seconds",
-        "node_selector",
-        "tolerations",
-        "worker_cpu",
-        "worker_memory",
-        "service_account",
-    ),
-    "evaluate": ("serving_dir", "max_nats_per_char", "tolerance"),
-}
 MAX_ROLLBACKS = 100  # rollbacks of rollbacks `trace` follows back to the push that trained
 # Execution properties the lineage report shows for every execution.
 _PROVENANCE = (
@@ -329,12 +315,9 @@ def reproduce(
             f"the lineage of {pushed_model_uri} lacks {lacks} (a partial record): "
             "reproduce the model that the original push published"
         )
-    arguments = {
-        name: steps[step]["parameters"][name]  # type: ignore[index]
-        for step, names in PIPELINE_PARAMETERS.items()
-        for name in names
-        if name in steps[step]["parameters"]  # type: ignore[index]  # older records lack some
-    }
+    arguments = recorded_arguments(
+        {step: execution["parameters"] for step, execution in steps.items()}  # type: ignore[index]
+    )
     # No `metadata` argument: the address read from (--mlmd, often a port-forward to
     # localhost) is seldom one the steps' pods can reach; they record where the pipeline's
     # default says, the cluster's own store (docs/lineage.md).
@@ -372,6 +355,30 @@ def reproduce(
         + "\n"
     )
     return pipeline, params
+
+
+def recorded_arguments(recorded: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The pipeline's arguments of a run, from the parameters its steps recorded (by step).
+
+    Each step records its inputs by their names in the pipeline; those that are the pipeline's
+    own parameters are its arguments. Each step parameter object (`contracts.params`) must be
+    there and read back; a run recorded before they existed is refused in one line.
+    """
+    declared = build(Target(Images("", "")), Config()).component_spec.inputs or {}
+    arguments = {
+        name: value
+        for parameters in recorded.values()
+        for name, value in parameters.items()
+        if name in declared and name != "metadata"
+    }
+    for cls in STEP_PARAMS:
+        if cls.NAME not in arguments:
+            raise UserError(
+                f"the run recorded no {cls.NAME} parameters: it predates one parameter object "
+                "per step, so it cannot be redone from its record; rerun it with `gptpipe run`"
+            )
+        cls.from_dict(arguments[cls.NAME])
+    return arguments
 
 
 def check_config(config: Any, train_parameters: dict[str, Any]) -> Config:
@@ -458,3 +465,80 @@ def _fingerprint_change(recorded: dict[str, Any], now: storage.FileInfo) -> str:
         if recorded.get(k) != getattr(now, k)
     ]
     return "; ".join(diffs)
+
+
+# ---- the commands ------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    """Add `lineage` and `reproduce` to the `gptpipe` command's subparsers."""
+    _add_lineage(sub)
+    _add_reproduce(sub)
+
+
+def _add_lineage(sub: Any) -> None:
+    lin = sub.add_parser("lineage", help="what produced a pushed model, back to its data")
+    lin.add_argument(
+        "model_uri",
+        nargs="?",
+        metavar="MODEL_URI",
+        help="a pushed model version (e.g. runs/serving/gpt/1)",
+    )
+    lin.add_argument("--latest", action="store_true", help="the most recently pushed model")
+    _store_options(lin)
+    lin.add_argument("--json", action="store_true", help="print the chain as JSON")
+    lin.set_defaults(func=_cmd_lineage)
+
+
+def _add_reproduce(sub: Any) -> None:
+    rep = sub.add_parser("reproduce", help="write a pipeline + arguments that redo a model's run")
+    rep.add_argument("model_uri", metavar="MODEL_URI", help="a pushed model version")
+    rep.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        help="pipeline YAML to write; its arguments go to OUTPUT.params.json",
+    )
+    _store_options(rep)
+    rep.add_argument(
+        "--allow-unpinned",
+        action="store_true",
+        help="reuse recorded image references that carry no digest",
+    )
+    image_pull_secret_option(rep)  # lineage does not record the original run's
+    rep.set_defaults(func=_cmd_reproduce)
+
+
+def _store_options(parser: argparse.ArgumentParser) -> None:
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--root", default=None, help="local run root (default ./runs)")
+    store.add_argument(
+        "--mlmd",
+        default=None,
+        metavar="HOST:PORT",
+        help="an ML Metadata gRPC service, e.g. metadata-grpc-service.kubeflow:8080",
+    )
+
+
+def _cmd_lineage(args: argparse.Namespace) -> int:
+    store = store_address(args.root, args.mlmd)
+    found = report(store, resolve_model(store, args.model_uri, args.latest))
+    if args.json:
+        print(json.dumps(found, indent=2, sort_keys=True, default=str))
+    else:
+        print_report(found)
+    return 0
+
+
+def _cmd_reproduce(args: argparse.Namespace) -> int:
+    store = store_address(args.root, args.mlmd)
+    model = resolve_model(store, args.model_uri, latest=False)
+    pipeline, params = reproduce(
+        store,
+        model,
+        args.output,
+        allow_unpinned=args.allow_unpinned,
+        image_pull_secrets=tuple(args.image_pull_secrets),
+    )
+    print(f"wrote {pipeline} and {params}")
+    return 0

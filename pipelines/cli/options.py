@@ -1,4 +1,4 @@
-"""Command-line options several `gptpipe` commands share: the trainer config, pull secrets."""
+"""Command-line options several `gptpipe` commands share: the config, parameters, secrets."""
 
 import argparse
 
@@ -24,8 +24,9 @@ def config_options(parser: argparse.ArgumentParser) -> None:
 
 
 def resolved_config(args: argparse.Namespace) -> Config:
-    """The one place a command resolves the trainer config from its --config and --set."""
-    return resolve_config(args.config, args.overrides)
+    """The one place a command resolves the trainer config from its --config and --set
+    (no --config: the default preset)."""
+    return resolve_config(args.config or RunConfig().config, args.overrides)
 
 
 def image_pull_secret_option(parser: argparse.ArgumentParser) -> None:
@@ -37,4 +38,16 @@ def image_pull_secret_option(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME",
         help="a Secret the step pods pull their image with, repeatable",
+    )
+
+
+def param_option(parser: argparse.ArgumentParser, what: str) -> None:
+    """--param KEY=VALUE, repeatable: `what` says which keys the command takes."""
+    parser.add_argument(
+        "--param",
+        dest="params",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"{what}; repeatable",
     )

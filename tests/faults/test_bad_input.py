@@ -614,33 +614,35 @@ def test_kfp_host_answering_500(double, token, capsys):
     "param, expected",
     [
         pytest.param(
-            "max_nats_per_char=-1",
-            "--param max_nats_per_char=-1: the blessing threshold is a positive, finite loss",
+            "eval_policy.max_nats_per_char=-1",
+            "--param eval_policy.max_nats_per_char=-1.0: the blessing threshold is a positive, "
+            "finite loss",
             marks=pytest.mark.bad_input("a negative blessing threshold"),
             id="threshold-negative",
         ),
         pytest.param(
-            "max_nats_per_char=NaN",
-            "--param max_nats_per_char=nan: the blessing threshold is a positive, finite loss",
+            "eval_policy.max_nats_per_char=NaN",
+            "--param eval_policy.max_nats_per_char=nan: takes a finite number",
             marks=pytest.mark.bad_input("a NaN blessing threshold"),
             id="threshold-nan",
         ),
         pytest.param(
-            "max_nats_per_char=low",
-            '--param max_nats_per_char="low": max_nats_per_char takes a number',
+            "eval_policy.max_nats_per_char=low",
+            '--param eval_policy.max_nats_per_char="low": takes a number',
             marks=pytest.mark.bad_input("a blessing threshold that is not a number"),
             id="threshold-not-a-number",
         ),
         pytest.param(
-            "tolerance=5",
-            "--param tolerance=5: the regression allowed against the baseline is a fraction in "
+            "eval_policy.tolerance=5",
+            "--param eval_policy.tolerance=5.0: the regression allowed against the baseline is a "
+            "fraction in "
             "[0, 1]; pass one such as 0.01 (1%)",
             marks=pytest.mark.bad_input("a blessing tolerance of 5 (500%)"),
             id="tolerance-too-big",
         ),
         pytest.param(
-            "tolerance=-0.5",
-            "--param tolerance=-0.5: the regression allowed against the baseline is a fraction",
+            "eval_policy.tolerance=-0.5",
+            "--param eval_policy.tolerance=-0.5: the regression allowed against the baseline",
             marks=pytest.mark.bad_input("a negative blessing tolerance"),
             id="tolerance-negative",
         ),

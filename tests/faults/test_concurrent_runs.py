@@ -21,10 +21,12 @@ SMALL = (*PIPELINE_SMALL, "train.train_steps=20", "train.checkpoint_every=10")
 RUN = """
 import json
 from pipelines.runners.local import runner as local_runner
+from contracts.params import EvalPolicy, TrainJob
 from trainer.config import resolve_config
 config = resolve_config("tiny", {small!r})
 run = local_runner.LocalRun(
-    root={root!r}, corpus={corpus!r}, workers=1, max_nats_per_char=5.0, config=config
+    root={root!r}, corpus={corpus!r}, config=config, eval_policy=EvalPolicy(5.0),
+    train_job=TrainJob(launcher="local", gpus_per_worker=0, workers=1),
 )
 WAIT()
 summary = local_runner.run_local(run)

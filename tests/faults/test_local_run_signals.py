@@ -23,7 +23,7 @@ import sys
 from pipelines.runners.local import runner
 from trainer.config import resolve_config
 config = resolve_config("tiny", {small!r})
-run = runner.LocalRun(root={root!r}, corpus={corpus!r}, workers=2, config=config)
+run = runner.LocalRun(root={root!r}, corpus={corpus!r}, config=config)
 try:
     runner.run_local(run, run_id={run_id!r})
 except KeyboardInterrupt as err:

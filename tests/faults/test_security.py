@@ -320,8 +320,23 @@ def test_gptpipe_kfp_sends_the_token_only_as_its_bearer_header(
         commands = [
             ["upload", *conn, "--pipeline-root", "gs://bucket/gptpipe", "--lock", str(LOCK)]
             + ["--version", "v1", "--image-pull-secret", "regcred", "--config", "tiny"],
-            ["run", *conn, "--version", "v1", *NEEDED, "--param", "service_account=trainer"]
-            + ["--param", "workers=1", "--config", "tiny", "--set", "train.train_steps=120"]
+            [
+                "run",
+                *conn,
+                "--version",
+                "v1",
+                *NEEDED,
+                "--param",
+                "train_job.service_account=trainer",
+            ]
+            + [
+                "--param",
+                "train_job.workers=1",
+                "--config",
+                "tiny",
+                "--set",
+                "train.train_steps=120",
+            ]
             + ["--run-name", "smoke", "--wait", "--poll", "0"],
             ["schedule", *conn, "--name", "weekly", "--cron", "0 0 2 * * 0", *NEEDED],
             ["runs", *conn, "--json"],
@@ -395,12 +410,13 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
     # `reproduce` have a pushed model to start from.
     script = (
         "import json, sys\n"
-        "from pipelines import local_runner\n"
+        "from contracts.params import EvalPolicy\n"
+        "from pipelines.runners.local import runner\n"
         "from trainer.config import resolve_config\n"
         "root, corpus, *overrides = sys.argv[1:]\n"
-        "run = local_runner.LocalRun(root=root, corpus=corpus, workers=2, max_nats_per_char=5.0,\n"
-        "                            config=resolve_config('tiny', overrides))\n"
-        "print(json.dumps(local_runner.run_local(run), indent=2, default=str))\n"
+        "run = runner.LocalRun(root=root, corpus=corpus, eval_policy=EvalPolicy(5.0),\n"
+        "                      config=resolve_config('tiny', overrides))\n"
+        "print(json.dumps(runner.run_local(run), indent=2, default=str))\n"
     )
     command = [sys.executable, "-c", script, str(root), str(corpus), *SMALL]
     done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, timeout=1200)

@@ -46,6 +46,7 @@ from contracts.artifacts import (
     TRAIN_METRICS,
 )
 from contracts.errors import UserError
+from contracts.params import EvalPolicy
 from trainer import data, shard_check
 from trainer.config import config_to_dict, resolve_config
 from trainer.task import main as trainer_main
@@ -208,8 +209,7 @@ def _evaluate(model: Path, examples: str, tmp_path: Path) -> evaluate.EvalResult
         str(tmp_path / "serving"),
         str(tmp_path / "blessing"),
         str(tmp_path / "report.md"),
-        max_nats_per_char=10.0,
-        tolerance=0.01,
+        policy=EvalPolicy(max_nats_per_char=10.0, tolerance=0.01),
         num_samples=2,
         sample_tokens=4,
     )

@@ -6,6 +6,7 @@ Every call goes through `kfp_client.Api.call` (retries, one-line errors). Recurr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -16,10 +17,10 @@ from typing import Any
 
 import yaml
 
-from components.evaluate.thresholds import check_thresholds
 from components.jobs.launcher import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
 from contracts.errors import UserError
+from contracts.params import STEP_PARAMS, field_value, override, params_class
 from pipelines.compiler import check_pipeline_root
 from pipelines.pipeline import PIPELINE_NAME
 from pipelines.runners.kfp.client import Api, KfpError
@@ -244,10 +245,11 @@ def check_params(source: RunSource, params: Mapping[str, Any]) -> dict[str, Any]
     the pipeline lacks, missing ones that have no default, and values of the wrong JSON type
     or out of range: KFP would take them, and the run would fail hours in."""
     declared = source.spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    params = fold_fields(params, declared)
     unknown = sorted(set(params) - set(declared))
     if unknown:
         raise UserError(
-            f"{source.label} has no parameter {', '.join(unknown)}: "
+            f"{source.label} has no parameter {', '.join(unknown)}{_field_hint(unknown[0])}: "
             f"its parameters are {', '.join(sorted(declared))}"
         )
     missing = [
@@ -270,19 +272,49 @@ def check_params(source: RunSource, params: Mapping[str, Any]) -> dict[str, Any]
     return typed
 
 
-def check_values(params: Mapping[str, Any]) -> None:
-    """Refuse values a run would fail on late, or misuse silently: the blessing thresholds
-    (evaluate compares with them: a NaN threshold would bless every model, and a tolerance
-    over 1 is a percentage typed as a fraction), a `config` given whole, which no `--config`
-    resolved and checked, and the train step's launcher and job settings (workers, resources,
-    node selector, tolerations), which would fail only after tokenize."""
-    from components.jobs.launcher import check_job_parameters
-    from components.train.executor import LAUNCHERS
+def fold_fields(params: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` with each `<object>.<field>=VALUE` (a step parameter object's field, e.g.
+    `train_job.workers=8`) folded into its object: the one given whole, else the pipeline's
+    default of it, with that field set. A field of type str takes the text as typed."""
+    folded = {key: value for key, value in params.items() if "." not in key}
+    for key, given in params.items():
+        name, _, field_name = key.partition(".")
+        cls = params_class(name) if field_name else None
+        if cls is None:
+            if field_name:
+                folded[key] = given  # named as unknown by the caller
+            continue
+        base = folded.get(name, declared.get(name, {}).get("defaultValue", {}))
+        value = field_value(cls, field_name, given) if isinstance(given, ParamText) else given
+        try:
+            obj = cls.from_dict(typed_value("STRUCT", base))
+            folded[name] = override(obj, field_name, value).to_dict()
+        except UserError as err:
+            raise UserError(f"--param {err}") from None
+    return folded
 
-    check_thresholds(params.get("max_nats_per_char"), params.get("tolerance"), "--param ")
-    if "launcher" in params and params["launcher"] not in LAUNCHERS:
-        raise UserError(f"--param launcher={params['launcher']!r}: use one of {LAUNCHERS}")
-    check_job_parameters(params)
+
+def _field_hint(name: str) -> str:
+    """' (did you mean train_job.workers?)' for a step parameter object's field given alone."""
+    for cls in STEP_PARAMS:
+        if name in {f.name for f in dataclasses.fields(cls)}:  # type: ignore[arg-type]
+            return f" (did you mean {cls.NAME}.{name}?)"
+    return ""
+
+
+def check_values(params: Mapping[str, Any]) -> None:
+    """Refuse values a run would fail on late, or misuse silently: each step parameter object
+    (`contracts.params`: the blessing thresholds, where a NaN would bless every model; the
+    train job's launcher, workers, resources, node selector and tolerations, which would fail
+    only after tokenize), and a `config` given whole, which no `--config` resolved and
+    checked."""
+    for name, value in params.items():
+        cls = params_class(name)
+        if cls is not None:
+            try:
+                cls.from_dict(value)
+            except UserError as err:
+                raise UserError(f"--param {err}") from None
     if isinstance(params.get("config"), dict):
         try:
             config_from_dict(params["config"])

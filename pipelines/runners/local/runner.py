@@ -6,6 +6,7 @@ only the run view (pipelines/runners/local/view.py).
 """
 
 import contextlib
+import dataclasses
 import io
 import os
 import re
@@ -21,10 +22,10 @@ from typing import TextIO
 from kfp import local
 
 from components import lineage, provenance, storage
-from components.evaluate.thresholds import check_thresholds
 from components.provenance import LOCAL_IMAGE
 from contracts.artifacts import WORKER_LOGS_DIR, step_work_dir
 from contracts.errors import UserError
+from contracts.params import EvalPolicy, TokenizeParams, TrainJob
 from contracts.process import descendants, ignored, running, signal_handlers
 from contracts.progress import PROGRESS_ENV
 from pipelines.config import RunConfig
@@ -35,6 +36,7 @@ from trainer.config import Config
 # lineage records each execution as `unpinned`.
 LOCAL_IMAGES = Images(pipeline=LOCAL_IMAGE, trainer=LOCAL_IMAGE)
 LOCAL_TARGET = Target(LOCAL_IMAGES, release_on_exit=False)
+LOCAL_JOB = TrainJob(launcher="local", gpus_per_worker=0)  # a local run's default train job
 _DEFAULTS = RunConfig()
 
 
@@ -45,14 +47,11 @@ class LocalRun:
     root: str | Path  # run root: serving/ lives here; a local root also holds the state below
     corpus: str  # text file, folder or glob
     config: Config = field(default_factory=Config)  # the resolved trainer config (the CLI's)
-    workers: int = _DEFAULTS.workers  # local trainer worker processes
-    eval_fraction: float = _DEFAULTS.eval_fraction  # held-out share of the corpus
-    tokenizer: str = ""  # a SentencePiece model to reuse; "" trains one on the corpus
-    max_nats_per_char: float = _DEFAULTS.max_nats_per_char  # blessing threshold
-    tolerance: float = _DEFAULTS.tolerance  # allowed relative regression vs the baseline
+    tokenize: TokenizeParams = TokenizeParams()  # the tokenize step's parameters
+    train_job: TrainJob = LOCAL_JOB  # the train step's: worker processes on this machine
+    eval_policy: EvalPolicy = EvalPolicy()  # when evaluate blesses
     model_name: str = _DEFAULTS.model_name  # pushed to <root>/serving/<model_name>/
     state_dir: Path | None = None  # kfp.local artifacts + metadata.sqlite; default: local root
-    extra: dict = field(default_factory=dict)  # further pipeline arguments, by name
 
     @property
     def state(self) -> Path:
@@ -121,9 +120,11 @@ def preflight(run: LocalRun) -> None:
     """Check what can be checked before any step starts, so mistakes fail fast and clearly."""
     if not storage.list_files(run.corpus):
         raise UserError(f"corpus {run.corpus!r} has no files (give a text file, folder or glob)")
-    check_thresholds(run.max_nats_per_char, run.tolerance)
-    if run.workers < 1:
-        raise UserError(f"--workers must be at least 1, got {run.workers}")
+    if run.train_job.launcher != "local":
+        raise UserError(
+            f"train_job.launcher={run.train_job.launcher!r}: a local run's train step runs its "
+            "workers on this machine; use local"
+        )
 
 
 def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = None) -> dict:
@@ -152,15 +153,10 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
                 corpus=corpus,
                 serving_dir=run.serving_dir,
                 artifact_root=pipeline_root,
-                eval_fraction=run.eval_fraction,
-                tokenizer=_absolute(run.tokenizer) if run.tokenizer else "",
-                max_nats_per_char=run.max_nats_per_char,
-                tolerance=run.tolerance,
-                launcher="local",
-                workers=run.workers,
-                gpus_per_worker=0,
+                tokenize=_absolute_tokenizer(run.tokenize).to_dict(),
+                train_job=run.train_job.to_dict(),
+                eval_policy=run.eval_policy.to_dict(),
                 metadata=run.metadata,
-                **run.extra,
             )
     except RuntimeError as err:
         _close_unfinished(run, run_id, KILLED)
@@ -315,6 +311,13 @@ def _absolute(uri: str) -> str:
         return str(Path(uri).resolve())
     fixed = Path(storage.glob_root(uri))
     return str(fixed.resolve().joinpath(*Path(uri).parts[len(fixed.parts) :]))
+
+
+def _absolute_tokenizer(params: TokenizeParams) -> TokenizeParams:
+    """`params` with a given tokenizer's path made absolute, as the corpus's is."""
+    if not params.tokenizer:
+        return params
+    return dataclasses.replace(params, tokenizer=_absolute(params.tokenizer))
 
 
 @contextlib.contextmanager

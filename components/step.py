@@ -1,0 +1,61 @@
+"""What every step does around its executor, once: TFX's driver and publisher for our steps.
+
+A component is its KFP signature plus one call, `step.run(NAME, executor.execute, locals())`.
+`run` reads the step's edge (run id, provenance, the ML Metadata address, the pod), records the
+execution with the step's parameters (every input that is not an artifact, but the edge's own),
+and calls the executor's `execute(step, **inputs)` inside that record: COMPLETE when it
+returns, FAILED with its error when it raises. Every executor has that entry point shape.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from components import lineage, step_edge, storage
+from components.step_edge import StepEdge
+from contracts.progress import Progress
+
+T = TypeVar("T")
+EDGE_INPUTS = ("image", "metadata", "pipeline_name")  # every component's, read by `run` alone
+
+
+@dataclass(frozen=True)
+class Step:
+    """One running step, as its executor sees it."""
+
+    name: str  # the step's name in the DAG: tokenize, train, evaluate, push
+    image: str  # the image the step's pod runs (the compiled reference)
+    edge: StepEdge  # its pod and run: run id, provenance, store, pod
+    rec: lineage.StepRecorder  # its lineage record: inputs, outputs, properties
+    progress: Progress  # the run view's events, when a local run watches; else silent
+
+    def check_shared(self, uri: str, what: str) -> None:
+        """Refuse `uri` (named `what` in the error) unless later steps and pods can read it:
+        on a cluster, nothing on a pod's local disk outlives the step."""
+        storage.check_shared_root(uri, what, in_cluster=self.edge.in_cluster)
+
+
+def run(name: str, execute: Callable[..., T], arguments: Mapping[str, Any]) -> T:
+    """Run step `name`: `execute(step, **inputs)` inside its lineage record; its result.
+
+    `arguments` is the component's `locals()`: its inputs and outputs by name, with the edge
+    inputs every component takes (`EDGE_INPUTS`). Read once, here, from the process
+    environment.
+    """
+    inputs = dict(arguments)
+    image, metadata, pipeline_name = (inputs.pop(key) for key in EDGE_INPUTS)
+    parameters = {key: value for key, value in inputs.items() if not _is_artifact(value)}
+    edge = step_edge.read(name, image, metadata, os.environ)
+    progress = Progress.from_env(os.environ, name)
+    with lineage.step(
+        edge.store, name, pipeline_name, edge.run_id, parameters, edge.provenance
+    ) as rec:
+        return execute(Step(name, image, edge, rec, progress), **inputs)
+
+
+def _is_artifact(value: object) -> bool:
+    """A KFP input or output artifact (it has a URI and metadata), not a parameter."""
+    return hasattr(value, "uri") and hasattr(value, "metadata")
