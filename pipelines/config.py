@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from components.jobs.launcher import JobSpec
+from components.jobs.spec import JobSpec
 from trainer.config import DEFAULT_PRESET
 
 DEFAULT_ROOT = Path("runs")  # local run root: serving/, metadata.sqlite, pipeline_root/

@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 from processes import alive
 
-from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
 from components.jobs.local import LocalLauncher, exit_code_of, exited
+from components.jobs.spec import JobSpec
 from components.train import executor
 from contracts.errors import UserError
 from contracts.process import stat_fields
@@ -231,7 +232,7 @@ def test_sigterm_or_sighup_stops_every_worker_and_fails(job, tmp_path, mode, nam
 
 
 def test_a_sighup_ignored_by_nohup_stays_ignored(job, tmp_path):
-    from components.jobs.launcher import cancel_on_sigterm
+    from components.jobs.cancel import cancel_on_sigterm
 
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
@@ -278,7 +279,8 @@ def test_the_executor_picks_the_local_launcher_without_loading_kubernetes(tmp_pa
         "import sys; from components.train import executor; "
         f"launcher = executor.make_launcher('local', {str(tmp_path / 'work')!r}); "
         "print(type(launcher).__name__, launcher.log_dir); "
-        "print(sorted(m for m in sys.modules if m.startswith(('kubernetes', 'components.train'))))"
+        "loaded = ('kubernetes', 'components.train', 'components.jobs'); "
+        "print(sorted(m for m in sys.modules if m.startswith(loaded)))"
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
@@ -292,10 +294,16 @@ def test_the_executor_picks_the_local_launcher_without_loading_kubernetes(tmp_pa
     assert kind == f"LocalLauncher {tmp_path / 'work' / 'worker-logs'}"
     assert loaded == str(
         [
-            "components.train",
-            "components.train.executor",
+            "components.jobs",
+            "components.jobs.cancel",
+            "components.jobs.errors",
+            "components.jobs.kube",
             "components.jobs.launcher",
             "components.jobs.local",
+            "components.jobs.naming",
+            "components.jobs.spec",
+            "components.train",
+            "components.train.executor",
         ]
     )
 

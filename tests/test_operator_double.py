@@ -14,7 +14,7 @@ from k8s_double import FakeKube
 from kubernetes import client, watch
 from processes import alive
 
-from components.jobs.launcher import JobSpec
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob import manifest as tfjob_manifest
 
 FAKE_WORKER = Path(__file__).parent / "fake_worker.py"

@@ -16,7 +16,8 @@ from k8s_store import Cluster
 from kubernetes import client as kubernetes_client
 from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
-from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob import cleanup, manifest
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import logs as tfjob_logs

@@ -9,7 +9,8 @@ import yaml
 from pod_security import restricted_violations
 from tfjob_fixtures import IMAGE, SCHEMA, make_spec, schema_errors, worker_template
 
-from components.jobs.launcher import METRICS_PORT, job_name, run_label
+from components.jobs.naming import job_name, run_label
+from components.jobs.spec import METRICS_PORT
 from components.jobs.tfjob import manifest as tfjob_manifest
 from contracts.errors import UserError
 

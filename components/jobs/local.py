@@ -33,16 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
-from components.jobs.launcher import (
-    JobSpec,
-    LaunchError,
-    LaunchResult,
-    LaunchTimeout,
-    cancel_on_sigterm,
-    format_failure,
-    input_error,
-    is_retryable_exit_code,
-)
+from components.jobs.cancel import cancel_on_sigterm
+from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.launcher import LaunchResult
+from components.jobs.spec import JobSpec, is_retryable_exit_code
 from contracts.process import running_processes
 
 POLL_SECONDS = 0.05  # how often the workers' exit status is checked

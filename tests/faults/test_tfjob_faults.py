@@ -24,7 +24,8 @@ from processes import alive
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.jobs import kube as kube_api
-from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import manifest
 from components.train import executor
@@ -311,7 +312,7 @@ LAUNCHER = """
 import json, sys
 from kubernetes import client
 from components.jobs.tfjob import launcher as tfjob
-from components.jobs.launcher import JobSpec
+from components.jobs.spec import JobSpec
 spec = JobSpec(**json.loads(sys.argv[2]))
 api = client.ApiClient(client.Configuration(host=sys.argv[1]))
 tfjob.TFJobLauncher(api, poll_seconds=2).run(spec)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from components.jobs import kube
-from components.jobs.launcher import run_label
+from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import GROUP, LABEL_RUN_ID, PLURAL, VERSION
 from components.jobs.tfjob.status import condition_true
 from contracts.errors import UserError

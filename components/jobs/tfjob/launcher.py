@@ -28,16 +28,10 @@ from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from components.jobs import kube
-from components.jobs.launcher import (
-    JobSpec,
-    LaunchCancelled,
-    LaunchError,
-    LaunchResult,
-    LaunchTimeout,
-    cancel_on_sigterm,
-    format_failure,
-    is_retryable_exit_code,
-)
+from components.jobs.cancel import cancel_on_sigterm
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout, format_failure
+from components.jobs.launcher import LaunchResult
+from components.jobs.spec import JobSpec, is_retryable_exit_code
 from components.jobs.tfjob.logs import LogFollower
 from components.jobs.tfjob.manifest import (
     CONTAINER,

@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from components.jobs.launcher import METRICS_FLAG, JobSpec
+from components.jobs.spec import METRICS_FLAG, JobSpec
 from contracts.errors import UserError
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "tfjobs", "TFJob"

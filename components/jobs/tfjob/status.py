@@ -24,13 +24,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from components.jobs.launcher import (
-    JobSpec,
-    LaunchError,
-    LaunchTimeout,
-    format_failure,
-    input_error,
-)
+from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob.manifest import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 from components.jobs.tfjob.restarts import RestartLedger
 from components.jobs.tfjob.start import StartWatch

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from components.evaluate.thresholds import check_thresholds
-from components.jobs.launcher import run_label
+from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
 from contracts.errors import UserError
 from pipelines.compiler import check_pipeline_root
@@ -276,7 +276,7 @@ def check_values(params: Mapping[str, Any]) -> None:
     over 1 is a percentage typed as a fraction), a `config` given whole, which no `--config`
     resolved and checked, and the train step's launcher and job settings (workers, resources,
     node selector, tolerations), which would fail only after tokenize."""
-    from components.jobs.launcher import check_job_parameters
+    from components.jobs.spec import check_job_parameters
     from components.train.executor import LAUNCHERS
 
     check_thresholds(params.get("max_nats_per_char"), params.get("tolerance"), "--param ")
