@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_worker import BAD_SHARD
 from processes import alive
 
 from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
@@ -24,6 +25,7 @@ from contracts.errors import UserError
 from contracts.process import stat_fields
 from trainer.config import resolve_config
 
+FAKE_WORKER = Path(__file__).parent / "fake_worker.py"
 WORKER = r'''
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
@@ -195,6 +197,35 @@ def test_a_permanent_exit_code_fails_with_worker_index_and_log_tail(job, tmp_pat
     assert "worker-1 exited with code 1" in str(e) and "ValueError: bad shard" in str(e)
     assert len(starts(tmp_path, 1)) == 1  # no restart
     assert not any(alive(p) for p in recorded_pids(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("wrote", "input_error"),
+    [("record", True), ("long", True), ("overlong", False), ("text", False), ("nothing", False)],
+)
+def test_a_worker_names_its_bad_input_in_its_own_termination_message_file(
+    tmp_path, wrote, input_error
+):
+    """Each worker writes to its own file in the attempt folder (GPTPIPE_TERMINATION_MESSAGE),
+    read as the kubelet reads it: the trainer's record after exit 2 is a WorkerInputError with
+    its message; anything else is an ordinary failure, though the log says `error: ...`."""
+    records = tmp_path / "rec"
+    records.mkdir()
+    command = [sys.executable, str(FAKE_WORKER), f"wrote-{wrote}", str(records)]
+    with pytest.raises(LaunchError) as err:
+        run_local(JobSpec(name="local-test", command=command, workers=2), tmp_path)
+    e = err.value
+    assert (e.replica, e.exit_code) == ("worker-1", 2)
+    assert (e.reason, isinstance(e, UserError)) == (
+        ("WorkerInputError", True) if input_error else ("WorkerFailed", False)
+    )
+    first = str(e).splitlines()[0]
+    head = "job local-test failed: worker-1 exited with code 2"
+    assert first.startswith(f"{head}: {BAD_SHARD}" if input_error else f"{head}, a permanent")
+    assert e.log_tail[-1] == f"error: {BAD_SHARD}"
+    attempt = tmp_path / "logs" / "attempt-1"
+    assert (attempt / "worker-1.termination-log").exists() == (wrote != "nothing")
+    assert not (attempt / "worker-0.termination-log").exists()
 
 
 @pytest.mark.parametrize("policy, attempts", [("ExitCode", 2), ("Never", 1)])

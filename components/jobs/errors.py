@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from components.jobs.spec import JobSpec
 from contracts.errors import UserError
+from contracts.termination import INPUT_ERROR, INPUT_ERROR_EXIT, TerminationMessage
 
 
 class LaunchError(RuntimeError):
@@ -32,37 +33,28 @@ class LaunchError(RuntimeError):
 
 
 class WorkerInputError(LaunchError, UserError):
-    """A worker stopped on a mistake in its input (a bad config, damaged Examples) and said
-    which in one `error: ...` line (exit code 2): the message is that one line, so the train
-    step prints it as a user error, with no traceback."""
-
-
-# The trainer's exit code for a mistake in its input (docs/training.md), which it explains in
-# one line on stderr starting with USER_ERROR_PREFIX: that line becomes the job's error.
-USER_ERROR_EXIT = 2
-USER_ERROR_PREFIX = "error: "
-
-
-def user_error_line(tail: Sequence[str]) -> str:
-    """The last one-line user error (`error: ...`) in a worker's log tail, without the prefix."""
-    for line in reversed(tail):
-        if line.startswith(USER_ERROR_PREFIX):
-            return line.removeprefix(USER_ERROR_PREFIX).strip()
-    return ""
+    """A worker stopped on a mistake in its input (a bad config, damaged Examples): it exited 2
+    and named the input and the fix in its termination message (contracts/termination.py). The
+    error's message is that one line, so the train step prints it as a user error."""
 
 
 def input_error(
-    spec: JobSpec, what: str, replica: str | None, exit_code: int | None, tail: Sequence[str]
+    spec: JobSpec,
+    what: str,
+    replica: str | None,
+    exit_code: int | None,
+    said: TerminationMessage | None,
+    tail: Sequence[str],
 ) -> WorkerInputError | None:
-    """The error for a worker that exited 2 having named its bad input; None otherwise.
+    """The error for a worker that exited 2 having named its bad input in its termination
+    message (`said`); None otherwise.
 
     `what` names the job as the launcher does ("job <name>", "TFJob <namespace>/<name>").
     """
-    told = user_error_line(tail) if exit_code == USER_ERROR_EXIT else ""
-    if not told:
+    if exit_code != INPUT_ERROR_EXIT or said is None or said.kind != INPUT_ERROR:
         return None
     return WorkerInputError(
-        f"{what} failed: {replica or 'a worker'} exited with code 2: {told}",
+        f"{what} failed: {replica or 'a worker'} exited with code 2: {said.message}",
         reason="WorkerInputError",
         job_name=spec.name,
         replica=replica,
