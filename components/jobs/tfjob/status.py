@@ -1,7 +1,7 @@
 """What a TFJob's status, pods and events say: its phase, which worker failed and how, the error.
 
-Pure functions and a small state object over the JSON the apiserver returns; `tfjob.py` does
-the reading. The messages matched here are the Training Operator v1.9's
+Pure functions and a small state object over the JSON the apiserver returns; the launcher's
+steps do the reading (api.py). The messages matched here are the Training Operator v1.9's
 (pkg/controller.v1/common/job.go): its Failed conditions for a past deadline or backoff limit
 have the same reason, TFJobFailed, as a failed worker's.
 
