@@ -81,7 +81,7 @@ def figures(full: bool) -> list[Figure]:
 
 
 def _xla(steps: int, one: float, inputs: dict) -> list[Figure]:
-    from components.jobs.launcher import LaunchError
+    from components.jobs.errors import LaunchError
 
     xla = _tokens_per_s(1, "on", steps)
     try:

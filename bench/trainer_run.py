@@ -119,8 +119,8 @@ def new_job_dir(prefix: str = "job") -> Path:
 
 def launch(cfg: Any, examples_dir: Path, job: Path, workers: int, threads: int) -> None:
     """Run the trainer on `examples_dir` into `job/model` and `job/work` (the local launcher)."""
-    from components.jobs.launcher import JobSpec
     from components.jobs.local import LocalLauncher
+    from components.jobs.spec import JobSpec
     from components.train.executor import trainer_command
 
     per_worker = str(max(1, threads // workers))

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,14 +21,11 @@ from typing import Any, ClassVar, TypeVar
 
 from contracts import records
 from contracts.errors import UserError
+from contracts.k8s_values import QUANTITY, TOLERATION_FIELDS, is_object_name
 
 P = TypeVar("P", bound="StepParams")
 DAY_SECONDS = 24 * 3600
 LAUNCHERS = ("tfjob", "local")  # how training runs: a TFJob on a cluster, processes here
-# A Kubernetes quantity (resource.Quantity's decimal and binary suffixes), a DNS-1123 object name
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
-DNS1123_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-TOLERATION_FIELDS = frozenset({"key", "operator", "value", "effect", "tolerationSeconds"})
 
 
 class StepParams:
@@ -100,8 +96,7 @@ class TrainJob(StepParams):
         for name in ("cpu", "memory"):
             if not QUANTITY.match(getattr(self, name)):
                 raise self.bad(name, "use a Kubernetes quantity, e.g. '4', '500m', '16Gi'")
-        name_ok = len(self.service_account) <= 253 and DNS1123_NAME.match(self.service_account)
-        if self.service_account and not name_ok:
+        if self.service_account and not is_object_name(self.service_account):
             raise self.bad("service_account", "use a Kubernetes object name (DNS-1123)")
         self._check_placement()
 

@@ -46,7 +46,7 @@ from mlmd_server import MetadataGrpcServer
 from processes import alive
 from tf_gcs_stand_in import TfGcsStandIn
 
-from components.jobs.launcher import run_label
+from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
 from contracts.params import EvalPolicy, TrainJob
 from pipelines.cli import main as cli

@@ -16,7 +16,13 @@ TF_CONFIG, HOSTNAME, GPTPIPE_EXTRA) and prints "worker <index> started". Modes:
   incarnation; a worker whose peer died (the peer started again) exits 143; a group whose
   members all started equally often runs to exit 0.
 - fail-until-<file>: every worker exits 2 while RECORDS_DIR/<file> does not exist (as the
-  trainer does without its examples); then ok.
+  trainer does without its examples, naming them in its termination message); then ok.
+- wrote-<what>: worker 1 writes its termination-message file (the path in
+  GPTPIPE_TERMINATION_MESSAGE, as the trainer does) and exits 2; the others hang. <what> is
+  `record` (the trainer's input-error record), `long` (its record of a 10 000-character
+  message, which `encode` shortens to fit what the kubelet keeps), `overlong` (the record after
+  5000 bytes of text: the kubelet keeps only the file's end), `text` (a line of text, no
+  record) or `nothing`.
 """
 
 from __future__ import annotations
@@ -27,6 +33,27 @@ import signal
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for contracts/
+from contracts import termination  # noqa: E402 -- the trainer's own wire format
+
+BAD_SHARD = "shard train-00001 is not a GZIP TFRecord file: delete the folder and run again"
+
+
+def tell_launcher(what: str) -> None:
+    """Write the termination-message file as `what` says (module docstring)."""
+
+    def record(message: str) -> bytes:
+        return termination.encode(termination.TerminationMessage(termination.INPUT_ERROR, message))
+
+    data = {
+        "record": record(BAD_SHARD),
+        "long": record(BAD_SHARD + " " + "y" * 10_000),
+        "overlong": b"x" * 5000 + record(BAD_SHARD),
+        "text": b"out of cheese\n",
+    }
+    if what in data:
+        Path(os.environ[termination.WORKER_MESSAGE_ENV]).write_bytes(data[what])
 
 
 def starts(records: Path, index: int) -> int:
@@ -88,8 +115,14 @@ def main() -> int:
     if mode.startswith("fail-until-"):
         if not (records / mode.removeprefix("fail-until-")).exists():
             print("error: examples not found", flush=True)
+            record = termination.TerminationMessage(termination.INPUT_ERROR, "examples not found")
+            termination.write(os.environ[termination.WORKER_MESSAGE_ENV], record)
             return 2
         return 0
+    if mode.startswith("wrote-") and index == 1:
+        print(f"error: {BAD_SHARD}", flush=True)  # a line that no longer means anything
+        tell_launcher(mode.removeprefix("wrote-"))
+        return 2
     while True:  # hang, stubborn, and the other workers of exit-<code>
         time.sleep(0.2)
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from event_recorder import EventRecorder
 from k8s_store import Cluster, job_label, now
+from kubelet_double import termination_message
 from operator_double import exited_message
 
 START_TIME = "2025-01-01T00:00:00Z"  # the scripted job's status.startTime
@@ -248,10 +249,14 @@ class Script:
                 log.append(unfinished, partial=True)
             self.cluster.cond.notify_all()
 
-    def exit(self, index: int, code: int, reason: str = "", *, recorded: bool = True) -> None:
+    def exit(
+        self, index: int, code: int, reason: str = "", *, recorded: bool = True, wrote: str = ""
+    ) -> None:
         """End worker `index`'s container with `code` (the pod is Succeeded or Failed), and
         record the operator's ExitedWithCode event, unless not `recorded` (the operator
-        deleted the pod first, or the spam filter dropped it)."""
+        deleted the pod first, or the spam filter dropped it). `wrote` is what the container
+        left in its termination-message file: the kubelet keeps its last 4096 bytes as the
+        terminated state's message (kubelet_double.py)."""
         with self.cluster.cond:
             pod = self.pod(index)
             status = pod["status"]
@@ -266,6 +271,8 @@ class Script:
                     "finishedAt": now(),
                 }
             }
+            if message := termination_message(wrote.encode()):
+                container["state"]["terminated"]["message"] = message
             if recorded:
                 text = exited_message(pod, code)
                 self.recorder.event(self.job, "TFJob", "Normal", "ExitedWithCode", text)

@@ -11,6 +11,15 @@ What it plays, and the Kubernetes source each behaviour follows:
   the containerStatus becomes `terminated` with the exit code (128 + N for a signal, as the
   runtime reports) and reason Completed or Error, and, under restartPolicy Never, the pod phase
   Succeeded (exit 0) or Failed (`getPhase` in pkg/kubelet/kubelet_pods.go);
+- the container's termination message: before it starts, an empty file (mode 0666) is made for
+  its `terminationMessagePath` (defaulted to /dev/termination-log, policy File: pkg/apis/core/v1/
+  defaults.go `SetDefaults_Container`), as `makeMounts` does (pkg/kubelet/kuberuntime/
+  kuberuntime_container.go); once it exited, the file's last 4096 bytes become
+  `state.terminated.message` (`getTerminationMessage`, `tail.ReadAtMost` of
+  `MaxContainerTerminationMessageLength`, pkg/kubelet/container/runtime.go), left out when
+  empty (omitempty). Only under `terminationMessagePolicy: FallbackToLogsOnError`, an empty
+  file of a container that failed gives the log's last 80 lines, at most its last 2048 bytes
+  (`convertToKubeContainerStatus`, `readLastStringFromContainerLogs`);
 - a pod marked for deletion: SIGTERM to the container's main process, SIGKILL to all of it after
   deletionGracePeriodSeconds (pkg/kubelet/kuberuntime/kuberuntime_container.go,
   `killContainer`); the pod then turns terminal and the status manager removes the object
@@ -18,6 +27,11 @@ What it plays, and the Kubernetes source each behaviour follows:
 
 Not played: resource limits, the securityContext (processes run as this user), image pulls,
 and in-place restarts (restartPolicy OnFailure/Always), which the TFJobs here never ask for.
+
+Mounts: the kubelet bind-mounts the termination-message file at its path in the container.
+Here, with no mount namespace, the file is `<pod>-<uid>.termination-log` beside the pod's working
+folder, and any environment value equal to the container's path is rewritten to it when the
+process starts (the pod object keeps the manifest's).
 
 Service addresses: the operator writes TF_CONFIG with the Services' DNS names
 (`<job>-worker-<i>.<ns>.svc:2222`). Here every Service is a free port on 127.0.0.1 (the
@@ -51,6 +65,21 @@ from processes import signal_group, signal_leader, wait_unreaped
 from tf_gcs_stand_in import StagedPod, TfGcsStandIn
 
 POLL_SECONDS = 0.05
+MESSAGE_PATH = "/dev/termination-log"  # the API's default terminationMessagePath
+MAX_MESSAGE_BYTES = 4096  # MaxContainerTerminationMessageLength: the file's end is kept
+MAX_LOG_MESSAGE_LINES, MAX_LOG_MESSAGE_BYTES = 80, 2048  # FallbackToLogsOnError's tail of the log
+
+
+def termination_message(data: bytes) -> str:
+    """What the kubelet keeps of a termination-message file's bytes: the last 4096, as text."""
+    return data[-MAX_MESSAGE_BYTES:].decode("utf-8", "replace")
+
+
+def log_message(lines: list[str]) -> str:
+    """FallbackToLogsOnError's message: the log's last 80 lines, of which the last 2048 bytes
+    (a circular buffer of that size)."""
+    text = "".join(line + "\n" for line in lines[-MAX_LOG_MESSAGE_LINES:]).encode()
+    return termination_message(text[-MAX_LOG_MESSAGE_BYTES:])
 
 
 def exit_code_of(returncode: int) -> int:
@@ -77,6 +106,8 @@ class Kubelet:
         self.services = services  # Service DNS name (without port) -> local port
         self.image_digest = image_digest  # what the runtime reports for an image by tag
         self.procs: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> its main process
+        # pod uid -> its container's termination-message file here, and the message policy
+        self.message_files: dict[str, tuple[Path, str]] = {}
         self.stopping: dict[str, float] = {}  # pod uid -> when to SIGKILL it
         self.all_pids: list[int] = []  # every process started, for tests to check they are gone
         # Stands in for TensorFlow's GCS file system, not for Kubernetes (module docstring).
@@ -131,6 +162,7 @@ class Kubelet:
             if staged is None:
                 return  # still downloading: the pod stays Pending
         workdir.mkdir(parents=True, exist_ok=True)
+        env = self._mount_message_file(pod, container, workdir, env)
         stamp = now()
         image = container["image"]
         status: dict[str, Any] = {
@@ -162,6 +194,19 @@ class Kubelet:
         self.all_pids.append(proc.pid)
         status.update(ready=True, started=True, state={"running": {"startedAt": stamp}})
         threading.Thread(target=self._watch, args=(pod, proc, stamp, staged), daemon=True).start()
+
+    def _mount_message_file(
+        self, pod: dict[str, Any], container: dict[str, Any], workdir: Path, env: dict[str, str]
+    ) -> dict[str, str]:
+        """Make the container's empty termination-message file (`makeMounts`); return `env`
+        with the container's path to it rewritten to the file here (module docstring)."""
+        path = container.get("terminationMessagePath") or MESSAGE_PATH
+        policy = container.get("terminationMessagePolicy") or "File"
+        host = workdir.with_name(workdir.name + ".termination-log")
+        host.write_bytes(b"")
+        host.chmod(0o666)
+        self.message_files[pod["metadata"]["uid"]] = (host, policy)
+        return {k: str(host) if v == path else v for k, v in env.items()}
 
     def _staged_copies(
         self, pod: dict[str, Any], argv: list[str], workdir: Path
@@ -240,18 +285,31 @@ class Kubelet:
         status = pod["status"]
         container = status["containerStatuses"][0]
         container.update(ready=False, started=False)
-        container["state"] = {
-            "terminated": {
-                "exitCode": code,
-                "reason": reason,
-                "startedAt": started,
-                "finishedAt": now(),
-                "containerID": container["containerID"],
-            }
+        terminated = {
+            "exitCode": code,
+            "reason": reason,
+            "startedAt": started,
+            "finishedAt": now(),
+            "containerID": container["containerID"],
         }
+        message = self._message(pod["metadata"]["uid"], code, reason)
+        if message:
+            terminated["message"] = message
+        container["state"] = {"terminated": terminated}
         if pod["spec"].get("restartPolicy", "Always") == "Never":
             status["phase"] = "Succeeded" if code == 0 else "Failed"
         self.cluster.cond.notify_all()
+
+    def _message(self, uid: str, code: int, reason: str) -> str:
+        """The exited container's termination message (`convertToKubeContainerStatus`)."""
+        host, policy = self.message_files.get(uid, (None, "File"))
+        message = ""
+        if host is not None and host.exists():
+            message = termination_message(host.read_bytes())
+        fallback = policy == "FallbackToLogsOnError" and code != 0
+        if not message and fallback and reason != "ContainerCannotRun":
+            message = log_message(list(self.cluster.logs[uid]))
+        return message
 
     # -- deletion --
 

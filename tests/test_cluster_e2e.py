@@ -33,7 +33,7 @@ from test_pipeline_e2e import SMALL
 from tf_gcs_stand_in import TfGcsStandIn
 
 from components import lineage
-from components.jobs.launcher import job_name
+from components.jobs.naming import job_name
 from pipelines.cli import lineage as lineage_cmd
 from trainer.config import config_to_dict, resolve_config
 

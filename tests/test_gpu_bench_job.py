@@ -19,7 +19,7 @@ from k8s_double import IMAGE_DIGEST, FakeKube
 from tfjob_fixtures import SCHEMA, schema_errors
 
 from bench import gpu_bench
-from components.jobs.launcher import LaunchError
+from components.jobs.errors import LaunchError
 from components.jobs.tfjob import logs
 from components.jobs.tfjob import manifest as tfjob_manifest
 from contracts.errors import UserError

@@ -15,15 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_worker import BAD_SHARD
 from processes import alive
 
-from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
 from components.jobs.local import LocalLauncher, exit_code_of, exited
+from components.jobs.spec import JobSpec
 from components.train import executor
 from contracts.errors import UserError
 from contracts.process import stat_fields
 from trainer.config import resolve_config
 
+FAKE_WORKER = Path(__file__).parent / "fake_worker.py"
 WORKER = r'''
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
@@ -197,6 +200,35 @@ def test_a_permanent_exit_code_fails_with_worker_index_and_log_tail(job, tmp_pat
     assert not any(alive(p) for p in recorded_pids(tmp_path))
 
 
+@pytest.mark.parametrize(
+    ("wrote", "input_error"),
+    [("record", True), ("long", True), ("overlong", False), ("text", False), ("nothing", False)],
+)
+def test_a_worker_names_its_bad_input_in_its_own_termination_message_file(
+    tmp_path, wrote, input_error
+):
+    """Each worker writes to its own file in the attempt folder (GPTPIPE_TERMINATION_MESSAGE),
+    read as the kubelet reads it: the trainer's record after exit 2 is a WorkerInputError with
+    its message; anything else is an ordinary failure, though the log says `error: ...`."""
+    records = tmp_path / "rec"
+    records.mkdir()
+    command = [sys.executable, str(FAKE_WORKER), f"wrote-{wrote}", str(records)]
+    with pytest.raises(LaunchError) as err:
+        run_local(JobSpec(name="local-test", command=command, workers=2), tmp_path)
+    e = err.value
+    assert (e.replica, e.exit_code) == ("worker-1", 2)
+    assert (e.reason, isinstance(e, UserError)) == (
+        ("WorkerInputError", True) if input_error else ("WorkerFailed", False)
+    )
+    first = str(e).splitlines()[0]
+    head = "job local-test failed: worker-1 exited with code 2"
+    assert first.startswith(f"{head}: {BAD_SHARD}" if input_error else f"{head}, a permanent")
+    assert e.log_tail[-1] == f"error: {BAD_SHARD}"
+    attempt = tmp_path / "logs" / "attempt-1"
+    assert (attempt / "worker-1.termination-log").exists() == (wrote != "nothing")
+    assert not (attempt / "worker-0.termination-log").exists()
+
+
 @pytest.mark.parametrize("policy, attempts", [("ExitCode", 2), ("Never", 1)])
 def test_retryable_exits_past_the_backoff_limit_fail(job, tmp_path, policy, attempts):
     with pytest.raises(LaunchError) as err:
@@ -232,7 +264,7 @@ def test_sigterm_or_sighup_stops_every_worker_and_fails(job, tmp_path, mode, nam
 
 
 def test_a_sighup_ignored_by_nohup_stays_ignored(job, tmp_path):
-    from components.jobs.launcher import cancel_on_sigterm
+    from components.jobs.cancel import cancel_on_sigterm
 
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:

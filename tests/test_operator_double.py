@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_worker import BAD_SHARD
 from k8s_double import FakeKube
 from kubernetes import client, watch
 from processes import alive
 
-from components.jobs.launcher import JobSpec
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob import manifest as tfjob_manifest
+from contracts import termination
 
 FAKE_WORKER = Path(__file__).parent / "fake_worker.py"
 IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@sha256:" + "cd" * 32
@@ -119,6 +121,45 @@ def test_workers_run_as_the_operator_creates_their_pods(tmp_path, records):
     assert [s["extra"] for s in started] == ["extra", "extra"]
     addresses = json.loads(started[0]["tf_config"])["cluster"]["worker"]
     assert all(a.startswith("127.0.0.1:") for a in addresses) and len(set(addresses)) == 2
+
+
+@pytest.mark.parametrize(
+    ("mode", "policy", "message"),
+    [
+        ("wrote-record", None, "record"),
+        ("wrote-overlong", None, "the file's last 4096 bytes"),
+        ("wrote-text", None, "out of cheese\n"),
+        ("wrote-nothing", None, None),
+        ("wrote-nothing", "FallbackToLogsOnError", "the log's end"),
+        ("wrote-text", "FallbackToLogsOnError", "out of cheese\n"),
+    ],
+)
+def test_the_kubelet_keeps_the_termination_message_file(tmp_path, records, mode, policy, message):
+    """The file at terminationMessagePath (the manifest's, in GPTPIPE_TERMINATION_MESSAGE)
+    becomes the terminated state's message, its last 4096 bytes; the log only under
+    FallbackToLogsOnError, and only when the file is empty."""
+    manifest = tfjob_manifest.build_manifest(spec(records, mode))
+    if policy:
+        template = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+        template["spec"]["containers"][0]["terminationMessagePolicy"] = policy
+    with running(tmp_path) as kube:
+        client.CustomObjectsApi(kube.api_client()).create_namespaced_custom_object(
+            "kubeflow.org", "v1", "ml", "tfjobs", manifest
+        )
+        assert kube.wait_for(lambda c: condition(kube, "Failed"), timeout=30)
+        pod = kube.cluster.pods[("ml", "fake-worker-1")]
+        terminated = pod["status"]["containerStatuses"][0]["state"]["terminated"]
+    assert terminated["exitCode"] == 2
+    record = termination.encode(
+        termination.TerminationMessage(termination.INPUT_ERROR, BAD_SHARD)
+    ).decode()
+    expected = {
+        "record": record,
+        "the file's last 4096 bytes": ("x" * 5000 + record)[-4096:],
+        "the log's end": f"worker 1 started\nerror: {BAD_SHARD}\n",
+    }.get(message, message)
+    assert terminated.get("message") == expected
+    assert starts(records, 1)[0]["files"] == []  # the file is not in the working folder
 
 
 def test_one_worker_gets_no_tf_config(tmp_path, records):

@@ -29,8 +29,8 @@ import yaml
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components import lineage
-from components.jobs.launcher import JobSpec
 from components.jobs.local import LocalLauncher
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob import manifest
 from components.train.executor import trainer_command
 from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY, TRAIN_METRICS

@@ -16,12 +16,15 @@ from k8s_store import Cluster
 from kubernetes import client as kubernetes_client
 from tfjob_fixtures import SCHEMA, make_spec, schema_errors
 
-from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob import cleanup, manifest
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import logs as tfjob_logs
 from components.jobs.tfjob import status as tfjob_status
+from components.jobs.tfjob import watch as tfjob_watch
 from components.jobs.tfjob.restarts import RestartLedger
+from contracts import termination
 from contracts.errors import UserError
 from contracts.params import TrainJob
 
@@ -673,24 +676,32 @@ def test_worker0s_lines_beside_a_recorded_cause_are_said_to_be_worker0s():
     assert "log lines of worker-0:\n  | error: examples not found" in str(e)
 
 
+BAD_SHARD = "shard train-00001 is not a GZIP TFRecord file"
+INPUT_ERROR = termination.encode(
+    termination.TerminationMessage(termination.INPUT_ERROR, BAD_SHARD)
+).decode()
+
+
 @pytest.mark.fault("a worker exits permanently while its TFJob is Restarting")
 @pytest.mark.parametrize(
-    ("last_line", "reason"),
+    ("last_line", "wrote", "reason"),
     [
-        ("ValueError: bad shard", "PermanentWorkerError"),
-        # The trainer's exit 2 naming its bad input (a user error, no traceback), which the
-        # launcher turns into a WorkerInputError: the job must go all the same.
-        ("error: shard train-00001 is not a GZIP TFRecord file", "WorkerInputError"),
+        ("ValueError: bad shard", "", "PermanentWorkerError"),
+        # The trainer's exit 2 naming its bad input in its termination message (a user error,
+        # no traceback), which the launcher turns into a WorkerInputError: the job must go all
+        # the same.
+        (f"error: {BAD_SHARD}", INPUT_ERROR, "WorkerInputError"),
     ],
+    ids=["a traceback", "the trainer's input-error record"],
 )
-def test_permanent_exit_while_restarting_fails_and_deletes_the_job(last_line, reason):
+def test_permanent_exit_while_restarting_fails_and_deletes_the_job(last_line, wrote, reason):
     """The run fails naming the worker's exit, and the job is deleted, freeing its workers.
 
     The operator would keep it Restarting (kubeflow/trainer#2044)."""
     steps = [
         *scenarios.hang(),
         lambda c: c.log(1, last_line),
-        lambda c: c.exit(1, 2),
+        lambda c: c.exit(1, 2, wrote=wrote),
         lambda c: c.condition("Restarting"),
     ]
     with FakeKube(steps) as kube:
@@ -701,7 +712,7 @@ def test_permanent_exit_while_restarting_fails_and_deletes_the_job(last_line, re
             "worker-1",
             2,
         )
-        assert last_line.removeprefix("error: ") in str(err.value)
+        assert (BAD_SHARD if wrote else "ValueError: bad shard") in str(err.value)
         assert kube.calls("DELETE", JOB_PATH)
         assert f"deleted TFJob ml/train-run-1 ({reason})" in kube.output
 
@@ -759,7 +770,7 @@ def test_an_apiserver_that_stays_down_fails_the_launch(monkeypatch):
         kube.unavailable = 10_000
         with pytest.raises(Exception, match="503"):
             run_tfjob(kube)
-    assert kube.output.count("API unavailable") == tfjob.MAX_API_FAULTS - 1
+    assert kube.output.count("API unavailable") == tfjob_watch.MAX_API_FAULTS - 1
 
 
 @pytest.mark.parametrize(
@@ -874,20 +885,75 @@ def test_the_ledger_survives_in_annotations():
 
 
 def test_a_worker_that_names_its_bad_input_is_one_user_error_line():
-    """Exit 2 after one `error: ...` line (the trainer's user error): that line is the error."""
+    """Exit 2 with the trainer's input-error record in its termination message: that message
+    is the error, one line."""
+    said = "corrupt TFRecord shard gs://b/d/train-00001.tfrecord.gz"
+    wrote = termination.encode(termination.TerminationMessage(termination.INPUT_ERROR, said))
     steps = [
         *scenarios.hang(),
-        lambda c: c.log(1, "error: corrupt TFRecord shard gs://b/d/train-00001.tfrecord.gz"),
-        lambda c: c.exit(1, 2),
+        lambda c: c.exit(1, 2, wrote=wrote.decode()),
         lambda c: c.condition("Restarting"),
     ]
     with FakeKube(steps) as kube, pytest.raises(UserError) as err:
         run_tfjob(kube)
     assert isinstance(err.value, LaunchError) and err.value.exit_code == 2
-    assert str(err.value) == (
-        "TFJob ml/train-run-1 failed: worker-1 exited with code 2: corrupt TFRecord shard "
-        "gs://b/d/train-00001.tfrecord.gz"
-    )
+    assert str(err.value) == f"TFJob ml/train-run-1 failed: worker-1 exited with code 2: {said}"
+
+
+@pytest.mark.parametrize(
+    "wrote",
+    [
+        "",  # no message: the trainer died before it could write one
+        "out of cheese\n",  # a user's own image writing text there
+        INPUT_ERROR[:-5],  # cut
+        INPUT_ERROR.replace("input_error", "lunch_break"),  # a kind we do not know
+        '{"kind": "input_error", "message": "x", "extra": 1}',
+    ],
+    ids=["none", "text", "cut", "unknown-kind", "unknown-field"],
+)
+def test_exit_2_without_our_termination_message_is_an_ordinary_failure(wrote):
+    """Neither a message that is not our record nor an `error: ` line in the log makes a
+    user error: the job fails as for any permanent exit, with the worker's log."""
+    steps = [
+        *scenarios.hang(),
+        lambda c: c.log(1, f"error: {BAD_SHARD}"),
+        lambda c: c.exit(1, 2, wrote=wrote),
+        lambda c: c.condition("Restarting"),
+    ]
+    with FakeKube(steps) as kube, pytest.raises(LaunchError) as err:
+        run_tfjob(kube)
+    e = err.value
+    assert not isinstance(e, UserError)
+    assert (e.reason, e.replica, e.exit_code) == ("PermanentWorkerError", "worker-1", 2)
+    assert f"  | error: {BAD_SHARD}" in str(e)
+
+
+@pytest.mark.parametrize(("wrote", "error"), [(INPUT_ERROR, UserError), ("", LaunchError)])
+def test_a_job_the_operator_failed_on_exit_2_reads_the_failed_workers_message(wrote, error):
+    steps = [*scenarios.failure(code=2)]
+    steps[-2] = lambda c: c.exit(1, 2, wrote=wrote)
+    with FakeKube(steps) as kube, pytest.raises(LaunchError) as err:
+        run_tfjob(kube)
+    assert isinstance(err.value, error)
+    assert (BAD_SHARD in str(err.value)) == (error is UserError)
+    assert (err.value.replica, err.value.exit_code) == ("worker-1", 2)
+
+
+def test_the_message_of_a_container_restarted_in_place_is_its_last_states():
+    """restartPolicy OnFailure: the kubelet restarts the container in its pod, and the message
+    of the run that ended is under lastState; a container that ended again without one has
+    none, whatever an earlier run said."""
+    ended = {"terminated": {"exitCode": 2, "message": INPUT_ERROR}}
+    pod: dict[str, Any] = {
+        "status": {
+            "containerStatuses": [
+                {"name": "tensorflow", "state": {"running": {}}, "lastState": ended}
+            ]
+        }
+    }
+    assert tfjob_status.worker_said(pod) == termination.parse(INPUT_ERROR)
+    pod["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 2}}
+    assert tfjob_status.worker_said(pod) is None
 
 
 def _said(out: io.StringIO, text: str) -> None:

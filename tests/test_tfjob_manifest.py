@@ -9,7 +9,8 @@ import yaml
 from pod_security import restricted_violations
 from tfjob_fixtures import IMAGE, SCHEMA, make_spec, schema_errors, worker_template
 
-from components.jobs.launcher import METRICS_PORT, job_name, run_label
+from components.jobs.naming import job_name, run_label
+from components.jobs.spec import METRICS_PORT
 from components.jobs.tfjob import manifest as tfjob_manifest
 from contracts.errors import UserError
 
@@ -48,6 +49,11 @@ def test_manifest_has_the_operator_layout():
     assert pod["securityContext"]["runAsUser"] == 1000  # images/Dockerfile's USER
     assert {"name": "GPTPIPE_LOG_LEVEL", "value": "info"} in container["env"]
     assert not any(e["name"] == "TF_CONFIG" for e in container["env"])  # the operator's job
+    # Where the trainer writes why it stopped, and only that file is its termination message.
+    assert container["terminationMessagePath"] == "/dev/termination-log"
+    assert container["terminationMessagePolicy"] == "File"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["GPTPIPE_TERMINATION_MESSAGE"] == container["terminationMessagePath"]
     assert pod["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
     assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     label = {"gptpipe.dev/run-id": "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"}
@@ -170,6 +176,7 @@ def test_manifest_validates_against_the_tfjob_v1_crd_schema(overrides):
         assert manifest["spec"]["runPolicy"]["activeDeadlineSeconds"] == 7200
         assert {"serviceAccountName", "imagePullSecrets", "volumes", "securityContext"} <= set(pod)
         assert set(pod["containers"][0]["resources"]) == {"requests", "limits"}
+        assert {"terminationMessagePath", "terminationMessagePolicy"} <= set(pod["containers"][0])
 
 
 def test_schema_check_catches_run_policy_at_the_top_of_spec():

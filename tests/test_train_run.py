@@ -8,7 +8,7 @@ from k8s_double import FakeKube
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.jobs import kube
-from components.jobs.launcher import job_name
+from components.jobs.naming import job_name
 from components.train import component, executor
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, TRAIN_METRICS
 from contracts.errors import UserError

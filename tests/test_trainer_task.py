@@ -17,6 +17,7 @@ import tensorflow as tf
 import tf_keras as keras
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
+from contracts import termination
 from contracts.artifacts import BACKUP_DIR, CHECKED_SHARDS_DIR
 from contracts.errors import UserError
 from trainer import data, export, shard_check
@@ -170,6 +171,23 @@ def test_cli_user_errors_exit_2(tmp_path, examples, capsys):
     err = capsys.readouterr().err
     assert "manifest vocab_size=320 but model.vocab_size=999" in err and "Traceback" not in err
     assert not (tmp_path / "m").exists()
+
+
+def test_a_user_error_is_written_to_the_termination_message_file(tmp_path, capsys, monkeypatch):
+    """The launcher's file (GPTPIPE_TERMINATION_MESSAGE) gets the input-error record; stderr
+    still has the one line for people. No variable: no file, the same exit."""
+    dirs = ["--model-dir", str(tmp_path / "m"), "--work-dir", str(tmp_path / "w")]
+    argv = ["--examples", str(tmp_path / "nope"), *dirs, "--config-json", _config_json()]
+    path = tmp_path / "worker-0.termination-log"
+    monkeypatch.setenv(termination.WORKER_MESSAGE_ENV, str(path))
+    assert main(argv) == termination.INPUT_ERROR_EXIT
+    said = termination.read(str(path))
+    err = capsys.readouterr().err
+    assert said is not None and said.kind == termination.INPUT_ERROR
+    assert said.message.startswith("examples: folder ") and err == f"error: {said.message}\n"
+    monkeypatch.setenv(termination.WORKER_MESSAGE_ENV, str(tmp_path / "no" / "such" / "dir"))
+    assert main(argv) == 2  # a file it cannot write is said, and changes nothing else
+    assert "could not write the termination message" in capsys.readouterr().err
 
 
 def test_cli_takes_the_resolved_config_only(tmp_path, capsys):

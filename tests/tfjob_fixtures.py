@@ -8,7 +8,7 @@ from typing import Any
 
 from k8s_double import IMAGE_DIGEST
 
-from components.jobs.launcher import JobSpec, OwnerPod
+from components.jobs.spec import JobSpec, OwnerPod
 
 IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@" + IMAGE_DIGEST
 SCHEMA = json.loads((Path(__file__).parent / "data" / "tfjob_crd_v1_schema.json").read_text())

@@ -23,6 +23,7 @@ from typing import NamedTuple, TypedDict
 import tensorflow as tf
 import tf_keras as keras
 
+from contracts import termination
 from contracts.artifacts import (
     BACKUP_DIR,
     CHECKED_SHARDS_DIR,
@@ -453,6 +454,18 @@ def _run(
     )
 
 
+def _tell_launcher(path: str | None, error: UserError) -> None:
+    """Name the bad input in this worker's termination-message file, where the launcher reads
+    why it stopped (contracts/termination.py), if the launcher gave one."""
+    if not path:
+        return
+    said = termination.TerminationMessage(termination.INPUT_ERROR, str(error))
+    try:
+        termination.write(path, said)
+    except OSError as e:
+        print(f"could not write the termination message to {path}: {e}", file=sys.stderr)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: user errors print one line to stderr and exit 2; retryable failures exit 143."""
     args = parse_args(argv)
@@ -461,13 +474,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     tf_config = os.environ.get("TF_CONFIG")  # the process edge: read the environment once
     progress = Progress.from_env(os.environ, "train")
     port_env = os.environ.get(METRICS_PORT_ENV)
+    message_file = os.environ.get(termination.WORKER_MESSAGE_ENV)  # why we stop, for the launcher
     watch = PreemptionWatch()
     watch.install()
     try:
         _run(args, tf_config, watch, progress, port_env)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        print(f"error: {e}", file=sys.stderr)  # for people reading the log
+        _tell_launcher(message_file, e)
+        return termination.INPUT_ERROR_EXIT
     except Preempted:
         return EXIT_PREEMPTED
     except export.ExportFailed as e:

@@ -10,9 +10,11 @@ recreates only the failed pod, a retryable exit restarts ALL workers: the collec
 MultiWorkerMirroredStrategy cannot take back one worker, and the survivors would hang or fail.
 The whole group is restarted at most `backoff_limit` times; `active_deadline_seconds` bounds the
 whole job. Worker 0's output goes to our stdout with a prefix; every worker's output is kept in
-`<log_dir>/attempt-<n>/worker-<i>.log`. A worker that exits 2 stopped on a mistake in its input
-(a bad config, damaged Examples) and said so in one `error: ...` line: the job's error starts
-with that line, so the train step's first line names the input and the fix.
+`<log_dir>/attempt-<n>/worker-<i>.log`. Each worker's termination-message file is
+`worker-<i>.termination-log` beside it (contracts/termination.py): a worker that exits 2 having
+written there that it stopped on a mistake in its input (a bad config, damaged Examples) fails
+the job with that message as its first line, so the train step's error names the input and the
+fix.
 """
 
 from __future__ import annotations
@@ -33,17 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TextIO
 
-from components.jobs.launcher import (
-    JobSpec,
-    LaunchError,
-    LaunchResult,
-    LaunchTimeout,
-    cancel_on_sigterm,
-    format_failure,
-    input_error,
-    is_retryable_exit_code,
-)
+from components.jobs.cancel import cancel_on_sigterm
+from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.launcher import LaunchResult
+from components.jobs.spec import JobSpec, is_retryable_exit_code
 from contracts.process import running_processes
+from contracts.termination import WORKER_MESSAGE_ENV, read
 
 POLL_SECONDS = 0.05  # how often the workers' exit status is checked
 
@@ -145,6 +142,7 @@ class _WorkerGroup:
                 env = {**base, "PYTHONUNBUFFERED": "1", **spec.env}
                 if spec.workers > 1:
                     env["TF_CONFIG"] = tf_config(ports, index)
+                env[WORKER_MESSAGE_ENV] = str(self.message_path(index))
                 self._start(index, env)
         except BaseException:
             self.stop(grace=0)  # a worker that could not start must not strand the others
@@ -152,6 +150,11 @@ class _WorkerGroup:
 
     def log_path(self, index: int) -> Path:
         return self.dir / f"worker-{index}.log"
+
+    def message_path(self, index: int) -> Path:
+        """Worker `index`'s termination-message file (its TFJob container's
+        terminationMessagePath), which it writes when it stops on a bad input."""
+        return self.dir / f"worker-{index}.termination-log"
 
     def _start(self, index: int, env: Mapping[str, str]) -> None:
         log_file = self.log_path(index).open("wb")
@@ -316,13 +319,14 @@ class LocalLauncher:
         self._show_other_tails(group, skip=ended.index)
         tail = tail_lines(group.log_path(ended.index), self.log_tail_lines)
         replica = f"worker-{ended.index}"
+        said = read(str(group.message_path(ended.index)))  # what it wrote when it stopped
         if retryable:
             reason = "BackoffLimitExceeded"
             head = (
                 f"job {spec.name} failed: worker-{ended.index} exited with retryable code "
                 f"{ended.code} after {restarts} restarts (backoff_limit={spec.backoff_limit})"
             )
-        elif told := input_error(spec, f"job {spec.name}", replica, ended.code, tail):
+        elif told := input_error(spec, f"job {spec.name}", replica, ended.code, said, tail):
             return told
         else:
             reason = "WorkerFailed"

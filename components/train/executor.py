@@ -14,15 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from components import storage
 from components.jobs import kube
-from components.jobs.launcher import (
-    METRICS_FLAG,
-    METRICS_PORT,
-    JobSpec,
-    Launcher,
-    OwnerPod,
-    job_name,
-    run_label,
-)
+from components.jobs.launcher import Launcher
+from components.jobs.naming import job_name, run_label
+from components.jobs.spec import METRICS_FLAG, METRICS_PORT, JobSpec, OwnerPod
 from contracts.artifacts import (
     BACKUP_DIR,
     CHECKPOINT_DIR,

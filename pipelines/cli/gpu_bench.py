@@ -29,7 +29,9 @@ from pathlib import Path
 from secrets import token_hex
 from typing import Any, TextIO, cast
 
-from components.jobs.launcher import JobSpec, LaunchError, LaunchTimeout, job_name, run_label
+from components.jobs.errors import LaunchError, LaunchTimeout
+from components.jobs.naming import job_name, run_label
+from components.jobs.spec import JobSpec
 from components.train.executor import CONTAINER_PYTHON
 from contracts.errors import UserError
 from pipelines.cli.options import image_pull_secret_option

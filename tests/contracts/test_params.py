@@ -89,7 +89,7 @@ def test_an_override_that_names_no_field_is_refused(item, message):
 
 
 def test_the_job_fields_fill_a_job_spec_by_its_own_names():
-    from components.jobs.launcher import JobSpec
+    from components.jobs.spec import JobSpec
 
     job = TrainJob(workers=3, cpu="2", memory="1Gi", deadline_seconds=0)
     spec = JobSpec(name="train-x", command=("python",), **job.job_fields())

@@ -52,7 +52,7 @@ from trainer_fixtures import PIPELINE_SMALL
 
 from components import provenance
 from components.jobs import kube as kube_api
-from components.jobs.launcher import LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
 from components.jobs.tfjob import cleanup
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import manifest as tfjob_manifest

@@ -33,7 +33,7 @@ from trainer_fixtures import SEQ_LEN, TINY_OVERRIDES, VOCAB_SIZE, tiny_corpus
 
 from components import kfp_metadata, serving
 from components.evaluate import executor as evaluate
-from components.jobs.launcher import LaunchError
+from components.jobs.errors import LaunchError
 from components.jobs.local import LocalLauncher
 from components.push import executor as push
 from components.tokenize import executor as tokenize

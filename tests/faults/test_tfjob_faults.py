@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_worker import BAD_SHARD
 from k8s_double import FakeKube
 from processes import alive
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.jobs import kube as kube_api
-from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout, WorkerInputError
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import manifest
 from components.train import executor
@@ -140,6 +142,29 @@ def test_restarts_past_the_backoff_limit_delete_the_job(tmp_path, records):
     assert (err.value.replica, err.value.exit_code) == ("worker-1", 137)
     assert "worker exits: worker-1 exited with code 137" in str(err.value)
     assert "; worker-0 exited with code 143" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("wrote", "input_error"),
+    [("record", True), ("long", True), ("overlong", False), ("text", False), ("nothing", False)],
+)
+def test_a_workers_termination_message_reaches_the_launcher(tmp_path, records, wrote, input_error):
+    """Worker 1 exits 2 having written its termination-message file: the trainer's record
+    (its message shortened to fit) is a WorkerInputError with its message; what the kubelet
+    cut, text, or nothing is an ordinary failure, though the log says `error: ...` each time."""
+    with running(tmp_path) as kube, pytest.raises(LaunchError) as err:
+        launch(kube, fake_spec(records, f"wrote-{wrote}"))
+    e = err.value
+    assert (e.replica, e.exit_code) == ("worker-1", 2)
+    assert isinstance(e, WorkerInputError) == input_error
+    first = str(e).splitlines()[0]
+    if input_error:
+        head = f"TFJob ml/train-faults failed: worker-1 exited with code 2: {BAD_SHARD}"
+        assert first == head if wrote == "record" else first.startswith(head + " yyy"), first
+        assert len(first.encode()) < 4096 and (wrote == "record" or first.endswith("y…"))
+    else:
+        assert first.startswith("TFJob ml/train-faults failed: TFJobFailed: "), first
+        assert f"  | error: {BAD_SHARD}" in str(e)
 
 
 @pytest.mark.fault("a retried launcher finds its job Failed")
@@ -311,7 +336,7 @@ LAUNCHER = """
 import json, sys
 from kubernetes import client
 from components.jobs.tfjob import launcher as tfjob
-from components.jobs.launcher import JobSpec
+from components.jobs.spec import JobSpec
 spec = JobSpec(**json.loads(sys.argv[2]))
 api = client.ApiClient(client.Configuration(host=sys.argv[1]))
 tfjob.TFJobLauncher(api, poll_seconds=2).run(spec)

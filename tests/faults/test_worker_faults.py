@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
-from components.jobs.launcher import JobSpec, LaunchResult
+from components.jobs.launcher import LaunchResult
 from components.jobs.local import LocalLauncher
+from components.jobs.spec import JobSpec
 from components.train.executor import trainer_command
 from contracts.artifacts import TRAIN_HISTORY
 from trainer.config import resolve_config

@@ -1,9 +1,17 @@
-"""Delete a run's unfinished TFJobs: the pipeline's exit handler (components/train/release.py).
+"""Deleting TFJobs nobody else would stop: the launcher's own clean-up step, and the pipeline's
+exit handler (components/train/release.py), which deletes a run's unfinished TFJobs.
 
-It runs however the run ended: a cancelled run, a train step killed by OOM or eviction, or a
-launcher that crashed would otherwise leave workers holding GPUs until activeDeadlineSeconds.
-It also runs after a run that succeeded, so one apiserver hiccup here must not turn that run
-into a failed one: transient API failures (`kube.is_transient`) are waited out, a few times.
+The launcher deletes its job when it stops watching it on SIGTERM (a cancelled run), its own
+timeout, or an error by which it ends a job the operator would go on running (`ENDED_BY_US`).
+A job the operator failed is left to `ttlSecondsAfterFinished` (its pods keep the logs), as is
+one past its deadline, and an API error leaves the job running, for a retried launcher to
+re-attach to.
+
+The exit handler runs however the run ended: a cancelled run, a train step killed by OOM or
+eviction, or a launcher that crashed would otherwise leave workers holding GPUs until
+activeDeadlineSeconds. It also runs after a run that succeeded, so one apiserver hiccup here
+must not turn that run into a failed one: transient API failures (`kube.is_transient`) are
+waited out, a few times.
 """
 
 from __future__ import annotations
@@ -13,12 +21,33 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from components.jobs import kube
-from components.jobs.launcher import run_label
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.naming import run_label
+from components.jobs.tfjob.api import TFJobApi
 from components.jobs.tfjob.manifest import GROUP, LABEL_RUN_ID, PLURAL, VERSION
 from components.jobs.tfjob.status import condition_true
 from contracts.errors import UserError
 
 T = TypeVar("T")
+# The errors by which the launcher ends a job the operator would go on running (restarts past
+# the backoff limit; a worker's permanent exit, or its exit 2 naming its bad input, while the
+# job is Restarting: kubeflow/trainer#2044; a worker that cannot start: start.py): the job is
+# deleted, its workers' GPUs freed.
+ENDED_BY_US = frozenset(
+    {"BackoffLimitExceeded", "PermanentWorkerError", "WorkerInputError", "WorkerCannotStart"}
+)
+
+
+def clean_up(api: TFJobApi, stopped: BaseException) -> None:
+    """The launcher's last step when it stops watching its job on `stopped`: delete the job if
+    nobody else would stop it (module docstring)."""
+    if isinstance(stopped, LaunchTimeout | LaunchCancelled | KeyboardInterrupt):
+        if getattr(stopped, "reason", "") != "DeadlineExceeded":  # that job stays: a record
+            api.delete(why=type(stopped).__name__)
+    elif isinstance(stopped, LaunchError) and stopped.reason in ENDED_BY_US:
+        api.delete(why=stopped.reason)
+
+
 ATTEMPTS = 5  # per API call: about 15 s of backoff in all
 
 

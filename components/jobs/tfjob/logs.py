@@ -48,7 +48,7 @@ from collections.abc import Iterator
 from typing import Any, TextIO
 
 from components.jobs import kube
-from components.jobs.launcher import JobSpec
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob.manifest import CONTAINER, worker0_selector
 
 log = logging.getLogger(__name__)

@@ -8,6 +8,10 @@ TF_CONFIG has no "chief" task. With Worker replicas only, the operator writes TF
 Succeeded when worker 0 exits 0 (the default success policy). A Chief replica would need its own
 replica spec with the same resources and would put a "chief" task in TF_CONFIG for nothing.
 
+A worker that stops on a mistake in its input says which in its termination message: the
+container's `terminationMessagePath` is set, and the trainer finds it in `WORKER_MESSAGE_ENV`
+(contracts/termination.py); the launcher reads it back from the pod's status.
+
 The operator injects TF_CONFIG only into the container named `tensorflow`, and sets none when the
 job has one replica in all; the trainer must treat a missing TF_CONFIG as single-worker.
 
@@ -31,8 +35,9 @@ from typing import Any
 
 import yaml
 
-from components.jobs.launcher import METRICS_FLAG, JobSpec
+from components.jobs.spec import METRICS_FLAG, JobSpec
 from contracts.errors import UserError
+from contracts.termination import TERMINATION_MESSAGE_PATH, WORKER_MESSAGE_ENV
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "tfjobs", "TFJob"
 CONTAINER = "tensorflow"  # the only container the operator injects TF_CONFIG into
@@ -84,7 +89,7 @@ def _labels(spec: JobSpec) -> dict[str, str]:
 
 def _container(spec: JobSpec) -> dict[str, Any]:
     # Unbuffered output so that worker 0's log streams into the step log as it is written.
-    env = {"PYTHONUNBUFFERED": "1", **spec.env}
+    env = {"PYTHONUNBUFFERED": "1", **spec.env, WORKER_MESSAGE_ENV: TERMINATION_MESSAGE_PATH}
     limits = {"cpu": spec.cpu, "memory": spec.memory}
     if spec.gpus_per_worker:
         # Extended resources go in limits; Kubernetes sets the request equal to the limit.
@@ -95,6 +100,10 @@ def _container(spec: JobSpec) -> dict[str, Any]:
         "command": list(spec.command),
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "resources": {"requests": {"cpu": spec.cpu, "memory": spec.memory}, "limits": limits},
+        # Said although both are Kubernetes' defaults: the trainer writes to this path, and only
+        # the file, never the log, may be read as its termination message.
+        "terminationMessagePath": TERMINATION_MESSAGE_PATH,
+        "terminationMessagePolicy": "File",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"]},

@@ -25,7 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
-from components.jobs.launcher import JobSpec, LaunchError
+from components.jobs.errors import LaunchError
+from components.jobs.spec import JobSpec
 
 # Waiting reasons of a container the kubelet cannot create, and what a user checks for each.
 _IMAGE = (

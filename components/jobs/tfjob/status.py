@@ -1,7 +1,7 @@
 """What a TFJob's status, pods and events say: its phase, which worker failed and how, the error.
 
-Pure functions and a small state object over the JSON the apiserver returns; `tfjob.py` does
-the reading. The messages matched here are the Training Operator v1.9's
+Pure functions and a small state object over the JSON the apiserver returns; the launcher's
+steps do the reading (api.py). The messages matched here are the Training Operator v1.9's
 (pkg/controller.v1/common/job.go): its Failed conditions for a past deadline or backoff limit
 have the same reason, TFJobFailed, as a failed worker's.
 
@@ -24,16 +24,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from components.jobs.launcher import (
-    JobSpec,
-    LaunchError,
-    LaunchTimeout,
-    format_failure,
-    input_error,
-)
+from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.spec import JobSpec
 from components.jobs.tfjob.manifest import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 from components.jobs.tfjob.restarts import RestartLedger
 from components.jobs.tfjob.start import StartWatch
+from contracts.termination import TerminationMessage, parse
 
 DEADLINE_MESSAGE = "active longer than specified deadline"  # runPolicy.activeDeadlineSeconds
 BACKOFF_MESSAGE = "reached the specified backoff limit"  # runPolicy.backoffLimit
@@ -70,6 +66,20 @@ def terminated_exit(pod: Mapping[str, Any]) -> tuple[int, str] | None:
     """(exit code, reason) of the `tensorflow` container if it ended with a non-zero code."""
     terminated = _failed_state(pod)
     return (int(terminated["exitCode"]), terminated.get("reason") or "") if terminated else None
+
+
+def worker_said(pod: Mapping[str, Any]) -> TerminationMessage | None:
+    """The record the `tensorflow` container left in its termination message, which the kubelet
+    copies from the file into `state.terminated.message` (or, once the container was restarted
+    in place, `lastState.terminated.message`); None if it left none of ours."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") != CONTAINER:
+            continue
+        for state in ("state", "lastState"):
+            terminated = (status.get(state) or {}).get("terminated")
+            if terminated:
+                return parse(str(terminated.get("message") or ""))
+    return None
 
 
 @dataclass(frozen=True)
@@ -224,7 +234,8 @@ def failure_error(
     elif cause is not None:
         name, exit_code, tail_of = cause.replica, cause.code, "worker-0"
     job = f"TFJob {spec.namespace}/{spec.name}"
-    if tail_of is None and (told := input_error(spec, job, name, exit_code, tail)):
+    said = worker_said(failed_pod) if failed_pod is not None else None
+    if told := input_error(spec, job, name, exit_code, said, tail):
         return told
     reason = condition.get("reason", "Failed")
     message = condition.get("message", "")
@@ -264,7 +275,7 @@ def permanent_error(
 ) -> LaunchError:
     """The error for a worker that exited with a permanent code while the job was Restarting."""
     job = f"TFJob {spec.namespace}/{spec.name}"
-    if told := input_error(spec, job, replica(pod), code, tail):
+    if told := input_error(spec, job, replica(pod), code, worker_said(pod), tail):
         return told
     return LaunchError(
         format_failure(

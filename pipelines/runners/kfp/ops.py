@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from components.jobs.launcher import run_label
+from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
 from contracts.errors import UserError
 from contracts.params import STEP_PARAMS, field_value, override, params_class

@@ -210,7 +210,7 @@ def _steps() -> list[int]:
 def _stopped_as_by_ctrl_c() -> Iterator[None]:
     """End the run on SIGTERM or SIGHUP (`kill`, a cancelled CI job, a closed terminal) as on
     Ctrl-C: the step's processes get SIGTERM, which the train step's launcher passes on to its
-    workers (components/jobs/launcher.py; kfp.local's `sh` wrapper would not), and
+    workers (components/jobs/cancel.py; kfp.local's `sh` wrapper would not), and
     KeyboardInterrupt is raised here. Ctrl-C at a terminal reaches the steps by itself (the
     whole foreground process group gets it); either way the step's processes are noted, for
     the run to wait for them (`_wait_for_steps`). Only the main thread takes signals;
