@@ -29,7 +29,6 @@ from contracts.artifacts import (
     CHECKPOINT_DIR,
     EXAMPLES_MANIFEST,
     MODEL_TEXT_SKETCH,
-    TOKENIZER_FILE,
     TRAIN_METRICS,
     TRAIN_TEXT_SKETCH,
 )
@@ -144,8 +143,7 @@ def train(
         work_dir,
         is_chief,
     )
-    tokenizer_file = manifest.get("tokenizer", {}).get("file", TOKENIZER_FILE)
-    tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
+    tokenizer_path = posixpath.join(examples_dir, manifest.tokenizer.file)
     parts = export.ModelParts(
         gpt, cfg, tokenizer_path, metrics, monitor.history, _extras(examples_dir)
     )

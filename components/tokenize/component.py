@@ -71,8 +71,8 @@ def tokenize(
         executor.write_reference(examples.path, dataset)
         examples.metadata.update(kfp_metadata.recordable({**props, "examples_uri": dataset.uri}))
         rec.output("examples", "Examples", dataset.uri, props)
-        rec.dataset_version = manifest["dataset_version"]
-    return (dataset.uri, manifest["dataset_version"])
+        rec.dataset_version = manifest.dataset_version
+    return (dataset.uri, manifest.dataset_version)
 
 
 def make(image: str) -> dsl.component:

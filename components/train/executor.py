@@ -33,6 +33,7 @@ from contracts.artifacts import (
     WORKER_MODEL_SCRATCH_PREFIX,
 )
 from contracts.errors import UserError
+from contracts.examples import parse_manifest
 from trainer.config import Config, config_hash, config_to_dict
 
 CONTAINER_PYTHON = "python"  # the interpreter on the trainer image's PATH
@@ -170,8 +171,8 @@ def check_cache_inputs(examples_uri: str, dataset_version: str) -> None:
     The pipeline passes both from the tokenize task; a disagreement means a hand-edited
     pipeline, and training on it would file the model under the wrong data.
     """
-    manifest = json.loads(storage.read_bytes(storage.join(examples_uri, EXAMPLES_MANIFEST)))
-    found = manifest.get("dataset_version")
+    manifest_uri = storage.join(examples_uri, EXAMPLES_MANIFEST)
+    found = parse_manifest(storage.read_bytes(manifest_uri), manifest_uri).dataset_version
     if found != dataset_version:
         raise UserError(f"dataset_version input {dataset_version!r} is not the Examples' {found!r}")
 

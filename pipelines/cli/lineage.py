@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from components import lineage, provenance, serving, storage
 from contracts.errors import UserError
+from contracts.examples import LocalSource, Source, parse_sources
 from pipelines.config import DEFAULT_ROOT
 from pipelines.pipeline import Images, Target
 from trainer.config import Config
@@ -341,9 +343,8 @@ def reproduce(
     images = Images(pipeline=found["train"]["image"], trainer=found["train"]["trainer_image"])
     _check_pinned(images, allow_unpinned)
     config = check_config(arguments["config"], steps["train"]["parameters"])  # type: ignore[index]
-    check_sources(
-        arguments["corpus"], found["examples"]["sources"], found["examples"]["dataset_version"]
-    )
+    recorded = parse_sources(found["examples"]["sources"], "the Examples' recorded sources")
+    check_sources(arguments["corpus"], recorded, found["examples"]["dataset_version"])
     if arguments.get("tokenizer"):
         check_tokenizer(str(arguments["tokenizer"]), found["examples"])
     root = str(arguments.get("artifact_root", ""))
@@ -406,7 +407,7 @@ def _check_pinned(images: Images, allow_unpinned: bool) -> None:
             )
 
 
-def check_sources(corpus: str, recorded: list[dict[str, Any]], dataset_version: str) -> None:
+def check_sources(corpus: str, recorded: Sequence[Source], dataset_version: str) -> None:
     """Raise UserError unless `corpus` lists exactly the recorded sources, unchanged."""
     try:
         current = {f.uri: f for f in storage.list_files(corpus)}
@@ -414,7 +415,7 @@ def check_sources(corpus: str, recorded: list[dict[str, Any]], dataset_version: 
         current = {}
     version = f"dataset version {dataset_version[:12]}"
     for source in recorded:
-        uri = source["uri"]
+        uri = source.uri
         if uri not in current:
             raise UserError(f"source {uri} of {version} is gone: the data cannot be reproduced")
         changed = _fingerprint_change(source, current[uri])
@@ -423,7 +424,7 @@ def check_sources(corpus: str, recorded: list[dict[str, Any]], dataset_version: 
                 f"source {uri} changed since {version} was made ({changed}): "
                 "the same data version cannot be reproduced from it"
             )
-    extra = sorted(set(current) - {s["uri"] for s in recorded})
+    extra = sorted(set(current) - {s.uri for s in recorded})
     if extra:
         raise UserError(
             f"corpus {corpus!r} now also holds {extra[0]}, which {version} did not "
@@ -449,12 +450,12 @@ def check_tokenizer(uri: str, examples: dict[str, Any]) -> None:
         )
 
 
-def _fingerprint_change(recorded: dict[str, Any], now: storage.FileInfo) -> str:
+def _fingerprint_change(recorded: Source, now: storage.FileInfo) -> str:
     """'' if the content fingerprint still matches, else what differs."""
-    keys = ("size", "sha256") if not storage.is_gcs(now.uri) else ("size", "crc32c", "md5")
+    keys = ("size", "sha256") if isinstance(recorded, LocalSource) else ("size", "crc32c", "md5")
     diffs = [
-        f"{k} {recorded.get(k)} -> {getattr(now, k)}"
+        f"{k} {getattr(recorded, k)} -> {getattr(now, k)}"
         for k in keys
-        if recorded.get(k) != getattr(now, k)
+        if getattr(recorded, k) != getattr(now, k)
     ]
     return "; ".join(diffs)

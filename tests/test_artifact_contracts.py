@@ -1,0 +1,227 @@
+"""The records that cross a step boundary (contracts/): each round-trips JSON strictly, and
+each reads what today's writers write, literally."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from components.tokenize import dataset
+from components.tokenize.corpus import list_sources
+from contracts import records
+from contracts.errors import UserError
+from contracts.examples import (
+    FORMAT_VERSION,
+    ExamplesReference,
+    GcsSource,
+    LocalSource,
+    manifest_json,
+    parse_manifest,
+    parse_sources,
+)
+
+SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
+# The corpus behind TODAY_MANIFEST: its dataset version depends only on these bytes, the file's
+# name and the parameters, so the test can compute it again wherever it writes the file.
+CORPUS_NAME = "shakespeare.txt"
+CORPUS_SHA256 = "00eb54584be5f4d895fe098e102ad0222b7c47d676d413e2085b711c33840c06"
+
+# A manifest.json as tokenize wrote it before the manifest was a record (5976 bytes of
+# data/tinyshakespeare.txt, vocab_size 320, seq_len 16, shard_windows 64), its source's folder
+# renamed. Examples on disk and in the content-addressed store look like this.
+TODAY_MANIFEST = """{
+  "dataset_version": "185e3c97518491147de6c2c8eded3ff515322e4bbbb6b58eb6fd09ba5fab5fe1",
+  "seq_len": 16,
+  "vocab_size": 320,
+  "eval_fraction": 0.1,
+  "splits": {
+    "train": {
+      "shards": [
+        "Split-train/data_tfrecord-00000-of-00005.gz",
+        "Split-train/data_tfrecord-00001-of-00005.gz",
+        "Split-train/data_tfrecord-00002-of-00005.gz",
+        "Split-train/data_tfrecord-00003-of-00005.gz",
+        "Split-train/data_tfrecord-00004-of-00005.gz"
+      ],
+      "windows": 291,
+      "tokens": 4666,
+      "chars": 5399
+    },
+    "eval": {
+      "shards": [
+        "Split-eval/data_tfrecord-00000-of-00001.gz"
+      ],
+      "windows": 31,
+      "tokens": 500,
+      "chars": 577
+    }
+  },
+  "tokenizer": {
+    "file": "tokenizer.model",
+    "sha256": "24284745d0a552f6adbf0eaf258c6891d49d8ae5a61c595c3ced90258027d4e3",
+    "vocab_size": 320,
+    "trained": true
+  },
+  "sources": [
+    {
+      "uri": "/data/corpus/shakespeare.txt",
+      "size": 5976,
+      "sha256": "00eb54584be5f4d895fe098e102ad0222b7c47d676d413e2085b711c33840c06"
+    }
+  ],
+  "parameters": {
+    "format_version": 2,
+    "split_method": "file-tail-bytes-v2",
+    "vocab_size": 320,
+    "seq_len": 16,
+    "eval_fraction": 0.1,
+    "shard_windows": 64,
+    "chunk_bytes": 1048576,
+    "tokenizer_sample_bytes": 16777216,
+    "sentencepiece_version": "0.2.3",
+    "tokenizer_options": {
+      "model_type": "bpe",
+      "byte_fallback": true,
+      "normalization_rule_name": "identity",
+      "remove_extra_whitespaces": false,
+      "add_dummy_prefix": false,
+      "user_defined_symbols": [
+        "\\n"
+      ],
+      "allow_whitespace_only_pieces": true,
+      "split_digits": false,
+      "character_coverage": 0.9995,
+      "max_sentence_length": 65536,
+      "input_sentence_size": 0,
+      "shuffle_input_sentence": false,
+      "num_threads": 1,
+      "unk_id": 0,
+      "bos_id": 1,
+      "eos_id": 2,
+      "pad_id": -1
+    },
+    "given_tokenizer_sha256": null
+  }
+}
+"""
+
+GCS_SOURCE = {
+    "uri": "gs://bucket/corpus/a.txt",
+    "size": 10,
+    "crc32c": "AAAAAA==",
+    "md5": "",  # a composite object has none
+    "generation": 1700000000000000,
+}
+
+
+def _today() -> dict:
+    return json.loads(TODAY_MANIFEST)
+
+
+# ---- the Examples manifest -------------------------------------------------------------------
+
+
+def test_todays_manifest_reads_as_a_record_and_is_written_back_byte_for_byte():
+    manifest = parse_manifest(TODAY_MANIFEST, "examples/manifest.json")
+    assert manifest.splits["train"].shards[4] == "Split-train/data_tfrecord-00004-of-00005.gz"
+    assert (manifest.total("windows"), manifest.total("tokens")) == (322, 5166)
+    assert manifest.tokenizer.file == "tokenizer.model" and manifest.tokenizer.trained
+    assert manifest.sources == (LocalSource("/data/corpus/shakespeare.txt", 5976, CORPUS_SHA256),)
+    assert manifest.parameters.format_version == FORMAT_VERSION
+    assert manifest_json(manifest) == TODAY_MANIFEST
+
+
+def test_the_dataset_version_is_the_one_todays_manifest_names(tmp_path):
+    """The version hashes the parameters as the record writes them: the same version as
+    before, so no dataset in the content-addressed store is tokenized again."""
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:6000]
+    (tmp_path / CORPUS_NAME).write_text(text[: text.rindex("\n") + 1], encoding="utf-8")
+    corpus = str(tmp_path / CORPUS_NAME)
+    sources = list_sources(corpus)
+    assert sources[0].sha256 == CORPUS_SHA256
+    manifest = parse_manifest(TODAY_MANIFEST, "manifest.json")
+    assert dataset.dataset_version(corpus, sources, manifest.parameters) == (
+        manifest.dataset_version
+    )
+
+
+def test_a_manifest_round_trips_with_gcs_and_local_sources_and_a_reference_holds_one():
+    data = _today()
+    data["sources"].append(GCS_SOURCE)
+    manifest = parse_manifest(json.dumps(data), "manifest.json")
+    assert manifest.sources[1] == GcsSource(**GCS_SOURCE)
+    assert parse_manifest(manifest_json(manifest), "manifest.json") == manifest
+    reference = ExamplesReference("gs://root/datasets/v", manifest.dataset_version, manifest)
+    text = manifest_json(reference)
+    assert list(json.loads(text)) == ["uri", "dataset_version", "manifest"]
+    assert records.from_json(ExamplesReference, text, "reference") == reference
+    assert parse_sources(json.loads(json.dumps(data["sources"])), "sources") == manifest.sources
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (("seq_len", "16"), r"manifest\.seq_len=\"16\": takes a whole number"),
+        (("splits", "train", "windows", 2.5), r"manifest\.splits\.train\.windows=2\.5: takes"),
+        (("tokenizer", "trained", "yes"), r"manifest\.tokenizer\.trained=\"yes\": takes true"),
+        (("parameters", "shard_windows", None), r"manifest\.parameters\.shard_windows=null"),
+        (("splits", "eval", "rows", 3), r"manifest\.splits\.eval has no field 'rows'"),
+        (("tokenizer", "file", None), r"manifest\.tokenizer\.file=null: takes a string"),
+    ],
+)
+def test_a_wrong_type_or_key_is_one_line_naming_the_field_and_the_file(edit, said):
+    data = _today()
+    *path, key, value = edit
+    target = data
+    for part in path:
+        target = target[part]
+    target[key] = value
+    with pytest.raises(UserError, match=said) as refused:
+        parse_manifest(json.dumps(data), "/x/manifest.json")
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith("examples: /x/manifest.json: ")
+    assert message.endswith("tokenize the corpus again to write Examples this gptpipe reads")
+
+
+@pytest.mark.parametrize(
+    ("drop", "said"),
+    [
+        (("splits",), "manifest: missing splits"),
+        (("tokenizer", "file"), "manifest.tokenizer: missing file"),
+        (("parameters", "chunk_bytes"), "manifest.parameters: missing chunk_bytes"),
+    ],
+)
+def test_a_manifest_missing_what_todays_writer_always_writes_is_refused(drop, said):
+    data = _today()
+    *path, key = drop
+    target = data
+    for part in path:
+        target = target[part]
+    del target[key]
+    with pytest.raises(UserError, match=f"^examples: /x/manifest.json: {said}; tokenize"):
+        parse_manifest(json.dumps(data), "/x/manifest.json")
+
+
+@pytest.mark.parametrize(
+    ("version", "said"),
+    [
+        (1, "is of format_version 1, this gptpipe reads 2; tokenize the corpus again"),
+        (None, "is of format_version null, this gptpipe reads 2; tokenize the corpus again"),
+        (3, "is of format_version 3, this gptpipe reads 2; read it with the gptpipe that"),
+    ],
+)
+def test_a_manifest_of_another_format_is_refused_naming_the_file(version, said):
+    data = _today()
+    if version is None:
+        del data["parameters"]["format_version"]
+    else:
+        data["parameters"]["format_version"] = version
+    with pytest.raises(UserError, match=f"^examples: /x/manifest.json {said}"):
+        parse_manifest(json.dumps(data), "/x/manifest.json")
+    with pytest.raises(UserError, match="^examples: /x/manifest.json is not valid JSON"):
+        parse_manifest("{", "/x/manifest.json")
+
+
+def test_a_recorded_source_of_the_wrong_shape_names_its_place():
+    with pytest.raises(UserError, match=r"^sources\[0\]=.*: takes LocalSource or GcsSource$"):
+        parse_sources([{"uri": "a", "size": "big", "sha256": "x"}], "sources")
