@@ -2,12 +2,16 @@
 each reads what today's writers write, literally."""
 
 import json
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from components.jobs.launcher import LaunchResult
 from components.tokenize import dataset
 from components.tokenize.corpus import list_sources
+from components.train.executor import TrainResult
 from contracts import records
 from contracts.errors import UserError
 from contracts.examples import (
@@ -19,6 +23,7 @@ from contracts.examples import (
     parse_manifest,
     parse_sources,
 )
+from contracts.training import metrics_json, parse_metrics
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
 # The corpus behind TODAY_MANIFEST: its dataset version depends only on these bytes, the file's
@@ -225,3 +230,63 @@ def test_a_manifest_of_another_format_is_refused_naming_the_file(version, said):
 def test_a_recorded_source_of_the_wrong_shape_names_its_place():
     with pytest.raises(UserError, match=r"^sources\[0\]=.*: takes LocalSource or GcsSource$"):
         parse_sources([{"uri": "a", "size": "big", "sha256": "x"}], "sources")
+
+
+# ---- the training result ---------------------------------------------------------------------
+
+# train_metrics.json as the chief wrote it before it was a record: a diverged run's.
+TODAY_TRAIN_METRICS = """{
+  "diverged": true,
+  "diverged_at_step": 7,
+  "final_loss": NaN,
+  "global_batch_size": 16,
+  "precision_policy": "float32",
+  "replicas": 2,
+  "steps": 7,
+  "tokens_per_second": 1234.5,
+  "workers": 2
+}"""
+
+
+def test_todays_train_metrics_read_as_a_record_and_are_written_back_as_they_were():
+    metrics = parse_metrics(TODAY_TRAIN_METRICS, "model/train_metrics.json")
+    assert metrics.diverged and metrics.diverged_at_step == 7 and math.isnan(metrics.final_loss)
+    assert metrics_json(metrics) == TODAY_TRAIN_METRICS
+    again = parse_metrics(metrics_json(replace(metrics, final_loss=2.5)), "m")
+    assert again == replace(metrics, final_loss=2.5)
+
+
+def test_train_metrics_of_a_wrong_type_or_missing_a_field_are_one_line_naming_it():
+    data = json.loads(TODAY_TRAIN_METRICS)
+    with pytest.raises(UserError, match=r"^m/t.json: train_metrics.steps=\"7\": takes a whole"):
+        parse_metrics(json.dumps({**data, "steps": "7"}), "m/t.json")
+    del data["workers"]
+    with pytest.raises(UserError, match=r"^m/t.json: train_metrics: missing workers$"):
+        parse_metrics(json.dumps(data), "m/t.json")
+
+
+def test_the_train_result_records_the_same_properties_lineage_always_has():
+    metrics = parse_metrics(TODAY_TRAIN_METRICS, "m")
+    launched = LaunchResult("local", "gptpipe-train-x", 2, 1, 0, 12.3456, 0.0, {"w-0": "sha"})
+    result = TrainResult("c" * 64, metrics, launched)
+    assert result.model_properties == {
+        "config_hash": "c" * 64,
+        "steps": 7,
+        "final_loss": None,  # NaN: lineage and KFP's metadata cannot hold it
+        "diverged": 1,
+        "global_batch_size": 16,
+        "tokens_per_second": 1234.5,
+        "precision_policy": "float32",
+        "gpu_hours": 0.0,
+    }
+    assert result.execution_properties == {
+        "job_name": "gptpipe-train-x",
+        "attempts": 1,
+        "restarts": 0,
+        "wall_seconds": 12.346,
+        "gpu_hours": 0.0,
+        "worker_image_digests": {"w-0": "sha"},
+    }
+    infinite = TrainResult("c", replace(metrics, final_loss=math.inf), launched)
+    assert infinite.model_properties["final_loss"] == math.inf  # lineage keeps it as "inf"
+

@@ -8,6 +8,7 @@ changes. This module builds its command line from the resolved config, describes
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from components.jobs.launcher import (
     METRICS_PORT,
     JobSpec,
     Launcher,
+    LaunchResult,
     OwnerPod,
     job_name,
     run_label,
@@ -34,6 +36,7 @@ from contracts.artifacts import (
 )
 from contracts.errors import UserError
 from contracts.examples import parse_manifest
+from contracts.training import TrainMetrics, parse_metrics
 from trainer.config import Config, config_hash, config_to_dict
 
 CONTAINER_PYTHON = "python"  # the interpreter on the trainer image's PATH
@@ -42,10 +45,39 @@ LAUNCHERS = ("local", "tfjob")  # the kinds make_launcher knows
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What training produced, split by where lineage records it."""
+    """What training produced: what the chief wrote, and how the job ran."""
 
-    model_properties: dict  # on the Model artifact: steps, loss, config hash...
-    execution_properties: dict  # on the train execution: job name, GPU-hours, restarts...
+    config_hash: str  # of the resolved config the workers trained with
+    metrics: TrainMetrics  # the chief's TRAIN_METRICS
+    launched: LaunchResult  # the job: its name, attempts, restarts, wall time, GPU-hours
+
+    @property
+    def model_properties(self) -> dict[str, Any]:
+        """The Model artifact's lineage properties (and the train step's KFP UI metadata)."""
+        m = self.metrics
+        return {
+            "config_hash": self.config_hash,
+            "steps": m.steps,
+            "final_loss": None if math.isnan(m.final_loss) else m.final_loss,
+            "diverged": int(m.diverged),
+            "global_batch_size": m.global_batch_size,
+            "tokens_per_second": m.tokens_per_second,
+            "precision_policy": m.precision_policy,
+            "gpu_hours": self.launched.gpu_hours,
+        }
+
+    @property
+    def execution_properties(self) -> dict[str, Any]:
+        """The train execution's lineage properties."""
+        launched = self.launched
+        return {
+            "job_name": launched.job_name,
+            "attempts": launched.attempts,
+            "restarts": launched.restarts,
+            "wall_seconds": round(launched.wall_seconds, 3),
+            "gpu_hours": launched.gpu_hours,
+            "worker_image_digests": dict(launched.image_digests),
+        }
 
 
 def job_spec(
@@ -126,26 +158,9 @@ def run(
     # KFP's launcher, downloading the Model for evaluate and push, would make each a file and
     # then fail to create the folder of the same name.
     storage.delete_folder_markers(model_uri)
-    metrics = json.loads(storage.read_bytes(storage.join(model_uri, TRAIN_METRICS)))
-    model_properties = {
-        "config_hash": config_hash(cfg),
-        "steps": metrics.get("steps"),
-        "final_loss": _json_number(metrics.get("final_loss")),
-        "diverged": int(bool(metrics.get("diverged"))),
-        "global_batch_size": metrics.get("global_batch_size"),
-        "tokens_per_second": metrics.get("tokens_per_second"),
-        "precision_policy": metrics.get("precision_policy"),
-        "gpu_hours": launched.gpu_hours,  # the step's output metadata in the KFP UI, too
-    }
-    execution_properties = {
-        "job_name": launched.job_name,
-        "attempts": launched.attempts,
-        "restarts": launched.restarts,
-        "wall_seconds": round(launched.wall_seconds, 3),
-        "gpu_hours": launched.gpu_hours,
-        "worker_image_digests": dict(launched.image_digests),
-    }
-    return TrainResult(model_properties, execution_properties)
+    metrics_uri = storage.join(model_uri, TRAIN_METRICS)
+    metrics = parse_metrics(storage.read_bytes(metrics_uri), metrics_uri)
+    return TrainResult(config_hash(cfg), metrics, launched)
 
 
 def worker_scratch(work_dir: str) -> list[str]:
@@ -248,7 +263,3 @@ def trainer_command(
         config_json,
         *metrics,
     ]
-
-
-def _json_number(value: Any) -> Any:
-    return value if isinstance(value, int | float) and value == value else None
