@@ -119,6 +119,10 @@ def _typed(name: str, hint: Any, value: Any) -> Any:  # noqa: PLR0911 -- one bra
         options = typing.get_args(hint)
         if value is None and type(None) in options:
             return None
+        given = [o for o in options if o is not type(None)]
+        if len(given) == 1 and dataclasses.is_dataclass(given[0]):
+            # one record or null: the record's own error names the field inside it
+            return from_dict(given[0], value, name)  # type: ignore[arg-type]
         for option in options:
             if option is type(None):
                 continue

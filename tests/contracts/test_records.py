@@ -81,3 +81,14 @@ def test_an_any_float_field_carries_nan_and_infinity_which_a_float_field_refuses
         records.from_dict(Loss, {"value": "nan"}, "loss")
     with pytest.raises(UserError, match=r"^outer.ratio=NaN: takes a finite number$"):
         records.from_dict(Outer, {"ratio": float("nan")}, "outer")
+
+
+@dataclass(frozen=True)
+class Holder:
+    inner: Inner | None = None
+
+
+def test_an_optional_record_names_the_field_inside_it_that_is_wrong():
+    assert records.from_dict(Holder, {"inner": None}, "h") == Holder()
+    with pytest.raises(UserError, match=r"^h.inner.size=\"2\": takes a whole number$"):
+        records.from_dict(Holder, {"inner": {"name": "n", "size": "2"}}, "h")
