@@ -28,15 +28,15 @@ def push(
     ) as rec:
         # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
         storage.check_shared_root(serving_dir, "serving_dir", in_cluster=edge.in_cluster)
-        rec.input("model", "Model", model.uri, upstream=True)
-        rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
+        rec.input("model", lineage.MODEL_TYPE, model.uri, upstream=True)
+        rec.input("blessing", lineage.MODEL_BLESSING_TYPE, blessing.uri, upstream=True)
         result = executor.run(
             model.path,
             blessing.path,
             serving_dir,
             pushed_model.path,
             already_pushed=lambda uri: (
-                lineage.find_artifact(edge.store, uri, "PushedModel") is not None
+                lineage.find_artifact(edge.store, uri, lineage.PUSHED_MODEL_TYPE) is not None
             ),
             reporter=reporter,
         )
@@ -47,7 +47,7 @@ def push(
             "reason": result.reason,
         }
         pushed_model.metadata.update(kfp_metadata.recordable(props))
-        rec.output("pushed_model", "PushedModel", executor.pushed_uri(result), props)
+        rec.output("pushed_model", lineage.PUSHED_MODEL_TYPE, executor.pushed_uri(result), props)
         rec.dataset_version = model.metadata.get("dataset_version")
 
 

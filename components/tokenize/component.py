@@ -70,7 +70,7 @@ def tokenize(
         # records as the Examples.
         executor.write_reference(examples.path, dataset)
         examples.metadata.update(kfp_metadata.recordable({**props, "examples_uri": dataset.uri}))
-        rec.output("examples", "Examples", dataset.uri, props)
+        rec.output("examples", lineage.EXAMPLES_TYPE, dataset.uri, props)
         rec.dataset_version = manifest.dataset_version
     return (dataset.uri, manifest.dataset_version)
 

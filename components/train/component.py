@@ -65,7 +65,7 @@ def train(
     with lineage.step(
         edge.store, "train", pipeline_name, edge.run_id, params, edge.provenance
     ) as rec:
-        rec.input("examples", "Examples", examples_uri, upstream=True)
+        rec.input("examples", lineage.EXAMPLES_TYPE, examples_uri, upstream=True)
         cfg = config_from_dict(config)  # a hand-edited config fails here, on the record
         rec.parameters["config_hash"] = config_hash(cfg)
         executor.check_cache_inputs(examples_uri, dataset_version)
@@ -101,7 +101,7 @@ def train(
         properties = {**result.model_properties, "dataset_version": dataset_version}
         model.metadata.update(kfp_metadata.recordable(properties))
         rec.set(**result.execution_properties)
-        rec.output("model", "Model", model.uri, properties)
+        rec.output("model", lineage.MODEL_TYPE, model.uri, properties)
         rec.dataset_version = dataset_version
 
 

@@ -93,7 +93,7 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
     PushedModel <- push <- Model (+ ModelBlessing <- evaluate -> ModelEvaluation)
     <- train <- Examples <- tokenize. A link the store lacks is None.
     """
-    pushed = lineage.find_artifact(store_uri, pushed_model_uri, "PushedModel")
+    pushed = lineage.find_artifact(store_uri, pushed_model_uri, lineage.PUSHED_MODEL_TYPE)
     if pushed is None:
         raise UserError(
             f"no PushedModel at {pushed_model_uri!r} in metadata store {store_uri}: "
@@ -105,19 +105,19 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
     # is that version's own, rollbacks of rollbacks included.
     restored: list[str] = []
     while len(restored) < MAX_ROLLBACKS:
-        earlier = _pick(push_inputs, "PushedModel", "model")
+        earlier = _pick(push_inputs, lineage.PUSHED_MODEL_TYPE, "model")
         if earlier is None:
             break
         restored.append(earlier["uri"])
         restoring = lineage.producer_of(store_uri, earlier)
         push_inputs = lineage.inputs_of(store_uri, restoring) if restoring else {}
-    model = _pick(push_inputs, "Model", "model")
-    blessing = _pick(push_inputs, "ModelBlessing", "blessing")
+    model = _pick(push_inputs, lineage.MODEL_TYPE, "model")
+    blessing = _pick(push_inputs, lineage.MODEL_BLESSING_TYPE, "blessing")
     evaluate = lineage.producer_of(store_uri, blessing) if blessing else None
     evaluate_outputs = lineage.outputs_of(store_uri, evaluate) if evaluate else {}
     train = lineage.producer_of(store_uri, model) if model else None
     train_inputs = lineage.inputs_of(store_uri, train) if train else {}
-    examples = _pick(train_inputs, "Examples", "examples")
+    examples = _pick(train_inputs, lineage.EXAMPLES_TYPE, "examples")
     return {
         "pushed_model": pushed,
         "push": push,
@@ -129,7 +129,7 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
             a
             for arts in evaluate_outputs.values()
             for a in arts
-            if a["type_name"] == "ModelEvaluation"
+            if a["type_name"] == lineage.MODEL_EVALUATION_TYPE
         ],
         "train": train,
         "examples": examples,
@@ -326,7 +326,7 @@ def reproduce(
     }
     missing = [name for name, execution in steps.items() if execution is None]
     if missing or found["examples"] is None:
-        lacks = ", ".join(missing or ["Examples"])
+        lacks = ", ".join(missing or [lineage.EXAMPLES_TYPE])
         raise UserError(
             f"the lineage of {pushed_model_uri} lacks {lacks} (a partial record): "
             "reproduce the model that the original push published"
