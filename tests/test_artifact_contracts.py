@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from components import serving
+from components.evaluate import executor as evaluate
+from components.evaluate.results import EvalResult
 from components.jobs.launcher import LaunchResult
+from components.push import executor as push
 from components.tokenize import dataset
 from components.tokenize.corpus import list_sources
 from components.train.executor import TrainResult
 from contracts import records
+from contracts.blessing import ModelBlessing, Scores, Seen, read_blessing, write_blessing
 from contracts.errors import UserError
 from contracts.examples import (
     FORMAT_VERSION,
@@ -290,3 +295,105 @@ def test_the_train_result_records_the_same_properties_lineage_always_has():
     infinite = TrainResult("c", replace(metrics, final_loss=math.inf), launched)
     assert infinite.model_properties["final_loss"] == math.inf  # lineage keeps it as "inf"
 
+
+# ---- the blessing ----------------------------------------------------------------------------
+
+# blessing.json as evaluate wrote it before it was a record: a diverged candidate against a
+# model in service that had trained on some of the eval text.
+TODAY_BLESSING = """{
+  "blessed": 0,
+  "reason": "training diverged: the loss became nan at step 7",
+  "current_model": "/runs/pipeline_root/run-2/train/model",
+  "baseline_model": "/runs/serving/gpt/1",
+  "candidate": {
+    "nats_per_token": NaN,
+    "nats_per_char": NaN,
+    "perplexity": Infinity,
+    "tokens": 500,
+    "chars": 577
+  },
+  "baseline": {
+    "nats_per_token": 2.5,
+    "nats_per_char": 1.9,
+    "perplexity": 12.182493960703473,
+    "tokens": 500,
+    "chars": 577
+  },
+  "eval_text_seen": {
+    "candidate": null,
+    "baseline": {
+      "share": 0.25,
+      "sampled": 12,
+      "exact": true
+    }
+  }
+}
+"""
+
+
+def _blessing_folder(tmp_path, marker: str, text: str | None):
+    folder = tmp_path / "blessing"
+    folder.mkdir(parents=True)
+    (folder / marker).write_text("")
+    if text is not None:
+        (folder / "blessing.json").write_text(text)
+    return folder
+
+
+def test_todays_blessing_reads_as_a_record_and_is_written_back_byte_for_byte(tmp_path):
+    blessing = read_blessing(_blessing_folder(tmp_path, "NOT_BLESSED", TODAY_BLESSING))
+    assert (blessing.blessed, blessing.baseline_model) == (0, "/runs/serving/gpt/1")
+    assert math.isnan(blessing.candidate.nats_per_char) and blessing.baseline.tokens == 500
+    assert blessing.eval_text_seen.baseline == Seen(0.25, 12, exact=True)
+    assert blessing.properties() == {
+        "blessed": 0,
+        "reason": "training diverged: the loss became nan at step 7",
+        "current_model": "/runs/pipeline_root/run-2/train/model",
+        "baseline_model": "/runs/serving/gpt/1",
+    }
+    out = tmp_path / "out"
+    out.mkdir()
+    write_blessing(out, blessing)
+    assert (out / "blessing.json").read_text() == TODAY_BLESSING
+    assert sorted(p.name for p in out.iterdir()) == ["NOT_BLESSED", "blessing.json"]
+
+
+def test_an_older_blessing_reads_with_defaults_and_its_marker_decides(tmp_path):
+    """Written before evaluate recorded the baseline: push then takes any served version."""
+    older = read_blessing(_blessing_folder(tmp_path, "BLESSED", '{"reason": "ok"}'))
+    assert older == ModelBlessing(blessed=1, reason="ok")
+    assert older.baseline_model is None and older.candidate is None
+    assert push._baseline(older) == serving.ANY_VERSION
+    assert push._baseline(replace(older, baseline_model="")) is None
+    assert push._baseline(replace(older, baseline_model="/serving/gpt/3")) == 3
+    bare = read_blessing(_blessing_folder(tmp_path / "bare", "BLESSED", None))
+    assert bare == ModelBlessing(blessed=1)
+
+
+def test_a_blessing_of_a_wrong_type_is_one_line_naming_the_field_and_the_file(tmp_path):
+    data = json.loads(TODAY_BLESSING)
+    data["baseline"]["tokens"] = "500"
+    folder = _blessing_folder(tmp_path, "NOT_BLESSED", json.dumps(data))
+    with pytest.raises(UserError, match=r"blessing.json: blessing\.baseline\.tokens=\"500\""):
+        read_blessing(folder)
+    with pytest.raises(UserError, match="^not a ModelBlessing folder"):
+        read_blessing(tmp_path)
+    with pytest.raises(UserError, match=r"^blessing.blessed=2: takes 1 or 0$"):
+        ModelBlessing(blessed=2)
+
+
+def test_evaluate_writes_the_blessing_its_metadata_tells(tmp_path):
+    scores = Scores(2.0, 1.5, 7.38905609893065, 10, 12)
+    result = EvalResult(scores, None, "", True, "meets the threshold", {}, Seen(0.0, 3, True))
+    blessing = evaluate.model_blessing(result, "gs://root/run/model")
+    assert blessing.properties() == {
+        "blessed": 1,
+        "reason": "meets the threshold",
+        "current_model": "gs://root/run/model",
+        "baseline_model": "",
+    }
+    folder = tmp_path / "b"
+    folder.mkdir()
+    write_blessing(folder, blessing)
+    assert read_blessing(folder) == blessing
+    assert records.from_json(ModelBlessing, records.to_json(blessing), "b") == blessing

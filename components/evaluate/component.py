@@ -43,8 +43,8 @@ def evaluate(
     ) as rec:
         # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
         storage.check_shared_root(serving_dir, "serving_dir", in_cluster=edge.in_cluster)
-        rec.input("examples", "Examples", examples_uri, upstream=True)
-        rec.input("model", "Model", model.uri, upstream=True)
+        rec.input("examples", lineage.EXAMPLES_TYPE, examples_uri, upstream=True)
+        rec.input("model", lineage.MODEL_TYPE, model.uri, upstream=True)
         facts = executor.RunFacts(
             dataset_version=dataset_version,
             code_version=str(edge.provenance.get("code_version", "")),
@@ -64,19 +64,12 @@ def evaluate(
         numbers = executor.metrics(result)
         for name, value in kfp_metadata.recordable(numbers).items():
             metrics.log_metric(name, value)
-        blessing.metadata.update(
-            kfp_metadata.recordable(
-                {
-                    "blessed": int(result.blessed),
-                    "reason": result.reason,
-                    "current_model": model.uri,
-                    "baseline_model": result.baseline_model,
-                }
-            )
-        )
-        rec.output("evaluation", "ModelEvaluation", metrics.uri, numbers)
-        rec.output("blessing", "ModelBlessing", blessing.uri, dict(blessing.metadata))
-        rec.output("html_report", "ModelEvaluation", html_report.uri, {"media_type": "text/html"})
+        decided = executor.model_blessing(result, model.uri)
+        blessing.metadata.update(kfp_metadata.recordable(decided.properties()))
+        rec.output("evaluation", lineage.MODEL_EVALUATION_TYPE, metrics.uri, numbers)
+        rec.output("blessing", lineage.MODEL_BLESSING_TYPE, blessing.uri, dict(blessing.metadata))
+        html = {"media_type": "text/html"}
+        rec.output("html_report", lineage.MODEL_EVALUATION_TYPE, html_report.uri, html)
         rec.dataset_version = dataset_version
 
 

@@ -13,7 +13,6 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +28,10 @@ from contracts.artifacts import (
     SIGNATURES,
     TRAIN_HISTORY,
     TRAIN_METRICS,
-    write_blessing,
 )
+from contracts.blessing import EvalTextSeen, ModelBlessing, write_blessing
 from contracts.errors import UserError
+from contracts.training import parse_metrics
 
 log = logging.getLogger(__name__)
 
@@ -303,22 +303,23 @@ def render_report(result: EvalResult, samples: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def model_blessing(result: EvalResult, current_model: str) -> ModelBlessing:
+    """The ModelBlessing of `result` for the candidate at `current_model`: what the blessing
+    folder holds (its local path) and, with its URI, the artifact's KFP metadata."""
+    return ModelBlessing(
+        blessed=int(result.blessed),
+        reason=result.reason,
+        current_model=current_model,
+        baseline_model=result.baseline_model,
+        candidate=result.candidate,
+        baseline=result.baseline,
+        eval_text_seen=EvalTextSeen(result.candidate_seen, result.baseline_seen),
+    )
+
+
 def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> None:
-    info = {
-        "blessed": int(result.blessed),
-        "reason": result.reason,
-        "current_model": model_dir,
-        "baseline_model": result.baseline_model,
-        "candidate": asdict(result.candidate),
-        "baseline": asdict(result.baseline) if result.baseline else None,
-        # the eval text each model trained on (components/overlap.py), null where unknown
-        "eval_text_seen": {
-            "candidate": asdict(result.candidate_seen) if result.candidate_seen else None,
-            "baseline": asdict(result.baseline_seen) if result.baseline_seen else None,
-        },
-    }
     with storage.atomic_dir(blessing_dir) as tmp:
-        write_blessing(tmp, result.blessed, info)
+        write_blessing(tmp, model_blessing(result, model_dir))
 
 
 def _evaluate_baseline(
@@ -370,12 +371,11 @@ def _diverged(model_dir: str) -> str:
     metrics_path = Path(model_dir) / TRAIN_METRICS
     if not metrics_path.is_file():
         return ""
-    metrics = json.loads(metrics_path.read_text())  # Python's json reads NaN and Infinity
-    if metrics.get("diverged"):
+    metrics = parse_metrics(metrics_path.read_text(), str(metrics_path))
+    if metrics.diverged:
         return (
-            f"the loss became {metrics.get('final_loss')} at step "
-            f"{metrics.get('diverged_at_step')}; lower train.learning_rate or set "
-            "train.grad_clip_norm"
+            f"the loss became {metrics.final_loss} at step {metrics.diverged_at_step}; lower "
+            "train.learning_rate or set train.grad_clip_norm"
         )
     return ""
 

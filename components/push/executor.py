@@ -24,13 +24,8 @@ from pathlib import Path
 
 from components import serving, storage
 from contracts import progress as events
-from contracts.artifacts import (
-    SAVED_MODEL_FILE,
-    SERVING_DIR,
-    blessing_info,
-    read_blessing,
-    write_pushed,
-)
+from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, write_pushed
+from contracts.blessing import ModelBlessing, read_blessing
 from contracts.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -69,13 +64,14 @@ def run(
     """
     reporter = reporter or events.Progress(None, "push")
     destination = serving.normalize(destination)
-    blessed, reason = read_blessing(blessing_dir)
+    blessing = read_blessing(blessing_dir)
+    blessed = bool(blessing.blessed)
     saved_model = Path(model_dir) / SERVING_DIR
     if blessed and not (saved_model / SAVED_MODEL_FILE).is_file():
         raise UserError(f"model has no SavedModel: {saved_model / SAVED_MODEL_FILE} is missing")
     retired = serving.retired_as(str(saved_model), destination) if blessed else None
     if not blessed:
-        result = _not_pushed(destination, f"not blessed: {reason}")
+        result = _not_pushed(destination, f"not blessed: {blessing.reason}")
     elif retired is not None:
         why = f"rolled back from version {retired}; a rollback retired this model"
         result = _not_pushed(destination, f"not pushed: {why}")
@@ -83,7 +79,7 @@ def run(
         objects = len(storage.list_tree(str(saved_model)))
         reporter.update(0, objects, "objects", final=True)
         try:
-            version, new = _publish(str(saved_model), destination, _baseline(blessing_dir))
+            version, new = _publish(str(saved_model), destination, _baseline(blessing))
         except serving.ServedModelChanged as e:
             result = _not_pushed(destination, f"not pushed: {e}; run again to evaluate against it")
         else:
@@ -105,10 +101,10 @@ def _not_pushed(destination: str, reason: str) -> PushResult:
     return PushResult(0, destination, "", reason)
 
 
-def _baseline(blessing_dir: str) -> int | None:
+def _baseline(blessing: ModelBlessing) -> int | None:
     """The version evaluate compared the model with (None: none was served), or
     `serving.ANY_VERSION` if the blessing does not say (written before evaluate recorded it)."""
-    baseline = blessing_info(blessing_dir).get("baseline_model")
+    baseline = blessing.baseline_model
     if baseline is None:
         return serving.ANY_VERSION
     return serving.version_of(baseline) if baseline else None

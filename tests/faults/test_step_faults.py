@@ -45,6 +45,7 @@ from contracts.artifacts import (
     SERVING_DIR,
     TRAIN_METRICS,
 )
+from contracts.blessing import ModelBlessing
 from contracts.errors import UserError
 from trainer import data, shard_check
 from trainer.config import config_to_dict, resolve_config
@@ -287,7 +288,7 @@ def _foreign_model_in_service(model: Path, tmp_path: Path, monkeypatch) -> None:
 
 
 def _disk_full_at_the_blessing(model: Path, tmp_path: Path, monkeypatch) -> None:
-    def half_written(folder: Path, blessed: bool, info: dict) -> None:
+    def half_written(folder: Path, blessing: ModelBlessing) -> None:
         (folder / "NOT_BLESSED").write_text("")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "blessing.json"))
 
