@@ -94,11 +94,11 @@ def test_dataset_version_follows_bytes_not_generation(gcs, corpus_text):
     first = _tokenize(gcs.uri("c/text.txt"), gcs.uri("out1"))
     gcs.put("c/text.txt", corpus_text.encode())  # same bytes: a new generation
     again = _tokenize(gcs.uri("c"), gcs.uri("out2"))  # the folder holding only that file
-    assert again["sources"][0]["generation"] != first["sources"][0]["generation"]
-    assert again["dataset_version"] == first["dataset_version"]
+    assert again.sources[0].generation != first.sources[0].generation
+    assert again.dataset_version == first.dataset_version
     gcs.put("c/text.txt", corpus_text.replace("Citizen", "Citizan", 1).encode())
     changed = _tokenize(gcs.uri("c/*.txt"), gcs.uri("out3"))
-    assert changed["dataset_version"] != first["dataset_version"]
+    assert changed.dataset_version != first.dataset_version
 
 
 def test_tokenize_stops_when_an_object_changes_during_the_run(gcs, corpus_text, monkeypatch):
