@@ -312,8 +312,8 @@ print(json.dumps({
     "peak_step_MB": status("self", "VmHWM"),
     "peak_worker_MB": peak["worker"],
     "peak_total_MB": max(peak["total"], status("self", "VmHWM")),
-    "tokens": sum(s["tokens"] for s in manifest["splits"].values()),
-    "windows": sum(s["windows"] for s in manifest["splits"].values()),
+    "tokens": manifest.total("tokens"),
+    "windows": manifest.total("windows"),
     "shards_MB": sum(p.stat().st_size for p in Path(sys.argv[2]).rglob("*.gz")) / 1e6,
 }))
 """

@@ -140,11 +140,14 @@ def launch(cfg: Any, examples_dir: Path, job: Path, workers: int, threads: int) 
 
 
 def read_metrics(model_dir: Path) -> dict[str, Any]:
-    """The Model artifact's train_metrics.json."""
+    """The Model artifact's train_metrics.json (checked as contracts.training reads it), as
+    plain values the benchmarks add to."""
+    from contracts import records
     from contracts.artifacts import TRAIN_METRICS
+    from contracts.training import parse_metrics
 
-    metrics: dict[str, Any] = json.loads((model_dir / TRAIN_METRICS).read_text())
-    return metrics
+    path = model_dir / TRAIN_METRICS
+    return records.to_dict(parse_metrics(path.read_text(), str(path)))
 
 
 def tokens_per_second(preset: str, overrides: Sequence[str], **kwargs: Any) -> float:

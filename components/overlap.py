@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
+
+from contracts.blessing import Seen
 
 MIN_LINE_BYTES = 32
 SKETCH_SIZE = 1 << 16  # hashes kept: 512 KiB in the SavedModel, whatever the corpus's size
@@ -125,19 +126,6 @@ def read_sketch(data: bytes) -> tuple[np.ndarray, bool] | None:
     if not isinstance(count, int) or len(body) != 8 * count:
         raise ValueError(f"train-text sketch cut short: {len(body)} bytes of hashes")
     return np.frombuffer(body, dtype="<u8").astype(np.uint64), bool(header.get("full"))
-
-
-@dataclass(frozen=True)
-class Seen:
-    """The share of an eval text a model trained on."""
-
-    share: float  # 0..1, by bytes of the eval text's lines of MIN_LINE_BYTES or more
-    sampled: int  # eval lines the share is measured on (all of them when `exact`)
-    exact: bool  # the train sketch held every train line
-
-    def describe(self) -> str:
-        how = "" if self.exact else f", estimated from {self.sampled} of its lines"
-        return f"{self.share:.1%} of the eval text{how}"
 
 
 def seen_share(sketch: bytes, eval_text: bytes) -> Seen | None:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from contracts.errors import UserError
-
 # ---- Examples (the tokenize step writes, train and evaluate read) --------------------------
 SPLITS = ("train", "eval")  # the splits every Examples folder has
 EXAMPLES_MANIFEST = "manifest.json"  # written last: its presence marks the folder complete
@@ -79,38 +77,12 @@ SIGNATURES = ("generate", "score")
 # ---- ModelBlessing (evaluate writes, push reads) --------------------------------------------
 BLESSED = "BLESSED"  # an empty file: the candidate may be pushed
 NOT_BLESSED = "NOT_BLESSED"  # an empty file: it may not
-BLESSING_FILE = "blessing.json"  # the reason and the numbers behind the decision
+BLESSING_FILE = "blessing.json"  # the reason and the numbers (contracts.blessing.ModelBlessing)
 
 # ---- PushedModel (push writes) --------------------------------------------------------------
 PUSHED = "PUSHED"  # an empty file: a version was published
 NOT_PUSHED = "NOT_PUSHED"  # an empty file: nothing was published (not blessed, retired)
 PUSH_FILE = "push.json"  # the PushResult: destination, version and reason
-
-
-def read_blessing(blessing_dir: str | Path) -> tuple[bool, str]:
-    """Read a ModelBlessing folder on local disk: (blessed, reason)."""
-    folder = Path(blessing_dir)
-    if (folder / BLESSED).is_file():
-        blessed = True
-    elif (folder / NOT_BLESSED).is_file():
-        blessed = False
-    else:
-        raise UserError(
-            f"not a ModelBlessing folder (no {BLESSED} or {NOT_BLESSED} file): {folder}"
-        )
-    return blessed, str(blessing_info(folder).get("reason", ""))
-
-
-def blessing_info(blessing_dir: str | Path) -> dict:
-    """A ModelBlessing's `blessing.json` on local disk (scores, thresholds, the baseline)."""
-    info_path = Path(blessing_dir) / BLESSING_FILE
-    return json.loads(info_path.read_text()) if info_path.is_file() else {}
-
-
-def write_blessing(folder: Path, blessed: bool, info: dict) -> None:
-    """Write a ModelBlessing's files into `folder`; the caller publishes the folder atomically."""
-    (folder / (BLESSED if blessed else NOT_BLESSED)).write_text("")
-    (folder / BLESSING_FILE).write_text(json.dumps(info, indent=2) + "\n")
 
 
 def write_pushed(folder: Path, pushed: bool, info: dict) -> None:

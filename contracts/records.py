@@ -4,7 +4,8 @@
 unknown key or a value of the wrong type is one `UserError` naming `<what>.<field>` (with a
 "did you mean"); a missing field takes its default, so a record written before a field was added
 still reads. Field types are the JSON ones: str, int, float, bool, None, `dict[str, X]`,
-`list[X]` / `tuple[X, ...]`, `X | None`, `Any`, and nested record classes.
+`list[X]` / `tuple[X, ...]`, `X | None`, `Any`, `AnyFloat`, and nested record classes. A union
+of record classes takes the first that reads the object without error.
 
 A KFP parameter of type dict travels as a protobuf Struct, whose numbers are all doubles, so an
 integral float (8.0) is taken for an int field; 8.5 is still refused.
@@ -19,11 +20,16 @@ import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from contracts.errors import UserError
 
 R = TypeVar("R")
+
+# A float that may be NaN or infinite (a diverged loss): written as Python's json writes it
+# (NaN, Infinity) and read back so. A plain float field refuses those.
+NON_FINITE = "non-finite allowed"
+AnyFloat = Annotated[float, NON_FINITE]
 
 
 def to_dict(record: Any) -> dict[str, Any]:
@@ -44,7 +50,7 @@ def from_dict(cls: type[R], data: object, what: str) -> R:
     """
     if not isinstance(data, Mapping):
         raise UserError(f"{what}: expected a JSON object, got {_kind(data)}")
-    hints = typing.get_type_hints(cls)
+    hints = typing.get_type_hints(cls, include_extras=True)
     fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -69,6 +75,11 @@ def from_json(cls: type[R], text: str, what: str) -> R:
     except ValueError as err:
         raise UserError(f"{what} is not valid JSON: {err}") from None
     return from_dict(cls, data, what)
+
+
+def from_value(hint: Any, value: object, what: str) -> Any:
+    """`value` read as a field of type `hint` is (a list of records, a union); `what` names it."""
+    return _typed(what, hint, value)
 
 
 def unknown_key(what: str, key: str, known: typing.Iterable[str]) -> UserError:
@@ -97,10 +108,21 @@ def _typed(name: str, hint: Any, value: Any) -> Any:  # noqa: PLR0911 -- one bra
     origin = typing.get_origin(hint)
     if hint is Any:
         return value
+    if origin is Annotated:
+        base, *extras = typing.get_args(hint)
+        if base is float and NON_FINITE in extras:
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+            raise _wrong(name, value, "a number")
+        return _typed(name, base, value)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(hint)
         if value is None and type(None) in options:
             return None
+        given = [o for o in options if o is not type(None)]
+        if len(given) == 1 and dataclasses.is_dataclass(given[0]):
+            # one record or null: the record's own error names the field inside it
+            return from_dict(given[0], value, name)  # type: ignore[arg-type]
         for option in options:
             if option is type(None):
                 continue
@@ -156,6 +178,8 @@ def _scalar(name: str, hint: Any, value: Any) -> Any:
 
 
 def _hint_name(hint: Any) -> str:
+    if typing.get_origin(hint) is Annotated:
+        hint = typing.get_args(hint)[0]
     return "null" if hint is type(None) else getattr(hint, "__name__", str(hint))
 
 

@@ -3,14 +3,15 @@ whose place after any number of steps is found without reading what came before.
 
 import gzip
 import itertools
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
+from trainer_fixtures import examples_manifest
 
 from contracts.errors import UserError
+from contracts.examples import SplitStats, manifest_json
 from trainer import data, shard_check
 from trainer.config import resolve_config
 
@@ -138,17 +139,13 @@ def test_records_are_counted_whatever_pieces_the_stream_comes_in(tmp_path):
     assert not counter.whole()
 
 
-def _manifest(tmp_path, shards, windows, shard_windows=None):
-    manifest = {
-        "seq_len": 2,
-        "vocab_size": 8,
-        "splits": {
-            "train": {"shards": shards, "windows": windows},
-            "eval": {"shards": ["Split-eval/data_tfrecord-00000-of-00001.gz"], "windows": 1},
-        },
-        "parameters": {} if shard_windows is None else {"shard_windows": shard_windows},
+def _manifest(tmp_path, shards, windows, shard_windows=1):
+    splits = {
+        "train": SplitStats(tuple(shards), windows, windows * 2 + 1, 0),
+        "eval": SplitStats(("Split-eval/data_tfrecord-00000-of-00001.gz",), 1, 3, 0),
     }
-    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    manifest = examples_manifest(splits, seq_len=2, vocab_size=8, shard_windows=shard_windows)
+    (tmp_path / "manifest.json").write_text(manifest_json(manifest))
     return data.read_manifest(str(tmp_path))
 
 
@@ -179,8 +176,8 @@ def test_split_shards_counts_each_file_as_tokenize_fills_them(tmp_path):
     shards = data.split_shards(str(tmp_path), _manifest(tmp_path, names, 9, 4), "train")
     assert shards.windows == [4, 4, 1]
     assert shards.files == [str(tmp_path / n) for n in names]
-    # Counts the shards cannot hold, or no shard size at all: the manifest is not tokenize's.
-    for windows, per_shard in ((13, 4), (8, 4), (9, None), (9, 0)):
+    # Counts the shards cannot hold, or no shard size: the manifest is not tokenize's.
+    for windows, per_shard in ((13, 4), (8, 4), (9, 0)):
         manifest = _manifest(tmp_path, names, windows, per_shard)
         with pytest.raises(UserError, match="re-run the tokenize step"):
             data.split_shards(str(tmp_path), manifest, "train")

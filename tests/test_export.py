@@ -30,7 +30,9 @@ def tokenizer_path(tmp_path_factory):
 
 def _export(tokenizer_path, folder, *overrides: str):
     """An untrained tiny model exported with the fixture tokenizer: (keras model, loaded,
-    its folder)."""
+    its folder). Float32 whatever an earlier test left as the global policy: the reference
+    model must compute as the exported one does."""
+    keras.mixed_precision.set_global_policy("float32")
     keras.utils.set_random_seed(0)
     cfg = resolve_config(
         "tiny",

@@ -15,6 +15,7 @@ from ml_metadata.proto import metadata_store_pb2 as mlmd
 from components import lineage, provenance
 from components.tokenize import executor as tokenize
 from contracts.errors import UserError
+from contracts.examples import ExamplesManifest
 from contracts.params import EvalPolicy, TokenizeParams, TrainJob
 from pipelines.cli import lineage as lineage_cmd
 from pipelines.cli import main as cli
@@ -39,7 +40,7 @@ def write_corpus(folder: Path, extra: str = "") -> Path:
 
 def record_tokenize(
     store: str, corpus: Path, out: Path, run_id: str, image: str = PIPELINE_IMAGE
-) -> dict:
+) -> ExamplesManifest:
     """What the tokenize component records: a real tokenize, its provenance and Examples."""
     params = {
         "corpus": str(corpus),
@@ -52,7 +53,7 @@ def record_tokenize(
     with lineage.step(store, "tokenize", "gptpipe", run_id, params, found) as rec:
         manifest = tokenize.run(str(corpus), str(out), vocab_size=340, seq_len=32, progress=False)
         rec.output("examples", "Examples", str(out), tokenize.artifact_properties(manifest))
-        rec.dataset_version = manifest["dataset_version"]
+        rec.dataset_version = manifest.dataset_version
     return manifest
 
 
@@ -127,7 +128,7 @@ def recorded(tmp_path):
     corpus = write_corpus(tmp_path / "data")
     manifest = record_tokenize(store, corpus, tmp_path / "examples", "run-1")
     pushed = record_rest(
-        store, tmp_path, str(tmp_path / "examples"), manifest["dataset_version"], "run-1"
+        store, tmp_path, str(tmp_path / "examples"), manifest.dataset_version, "run-1"
     )
     return {
         "store": store,
@@ -161,17 +162,17 @@ def test_lineage_json_field_by_field(recorded, capsys):
     assert train["parameters"]["config"] == CONFIG
     assert train["start_time_ms"] <= train["end_time_ms"]
     examples = out["examples"]
-    assert examples["dataset_version"] == manifest["dataset_version"]
+    assert examples["dataset_version"] == manifest.dataset_version
     assert examples["sources"] == [
         {
             "uri": str(recorded["corpus"]),
             "size": recorded["corpus"].stat().st_size,
-            "sha256": manifest["sources"][0]["sha256"],
+            "sha256": manifest.sources[0].sha256,
         }
     ]
-    assert examples["tokens"] == sum(s["tokens"] for s in manifest["splits"].values())
-    assert examples["windows"] == sum(s["windows"] for s in manifest["splits"].values())
-    assert examples["splits"]["eval"]["windows"] == manifest["splits"]["eval"]["windows"]
+    assert examples["tokens"] == manifest.total("tokens")
+    assert examples["windows"] == manifest.total("windows")
+    assert examples["splits"]["eval"]["windows"] == manifest.splits["eval"].windows
     assert out["tokenize"]["parameters"]["corpus"] == str(recorded["corpus"])
     evaluation = out["evaluation"]
     assert (evaluation["blessed"], evaluation["baseline_model"]) == (1, "/serving/gpt/0")
@@ -185,7 +186,7 @@ def test_lineage_latest_and_human_output(recorded, capsys, monkeypatch):
     text = capsys.readouterr().out
     for expected in (
         "PushedModel",
-        recorded["manifest"]["dataset_version"],
+        recorded["manifest"].dataset_version,
         "GPU-hours 1.25",
         WORKER_DIGEST,
         "baseline /serving/gpt/0",
@@ -208,7 +209,7 @@ def test_the_lineage_of_a_rolled_back_version_is_the_version_it_restored(recorde
     assert found["pushed_model"]["version"] == "4"
     assert found["pushed_model"]["restored_from"] == [str(serving / "1")]
     assert found["train"]["job_name"] == "gptpipe-train-abc"  # version 1's chain, down to data
-    assert found["examples"]["dataset_version"] == recorded["manifest"]["dataset_version"]
+    assert found["examples"]["dataset_version"] == recorded["manifest"].dataset_version
     assert found["evaluation"]["blessed"] == 1
     assert cli.main(["lineage", "--latest", "--root", str(recorded["root"])]) == 0
     assert "restores version 1" in capsys.readouterr().out
@@ -254,7 +255,7 @@ def test_reproduce_writes_pipeline_and_parameters(recorded, tmp_path, capsys):
         "eval_policy": EvalPolicy().to_dict(),
     }
     assert set(params["arguments"]) < set(spec["root"]["inputDefinitions"]["parameters"])
-    assert params["reproduces"]["dataset_version"] == recorded["manifest"]["dataset_version"]
+    assert params["reproduces"]["dataset_version"] == recorded["manifest"].dataset_version
     assert params["reproduces"]["code_version"] == "c0ffee"
 
 
@@ -280,7 +281,7 @@ def test_reproduce_refuses_changed_sources(recorded, tmp_path, change):
         manifest = recorded["manifest"]
         with pytest.raises(UserError, match="more.txt"):
             lineage_cmd.check_sources(
-                str(corpus.parent), manifest["sources"], manifest["dataset_version"]
+                str(corpus.parent), manifest.sources, manifest.dataset_version
             )
         return
     with pytest.raises(UserError, match=f"source {corpus}"):
@@ -294,7 +295,7 @@ def test_reproduce_refuses_a_given_tokenizer_that_changed_or_went(recorded, tmp_
     tokenizer = tmp_path / "tok.model"
     tokenizer.write_bytes(b"a sentencepiece model")
     examples = {
-        "dataset_version": recorded["manifest"]["dataset_version"],
+        "dataset_version": recorded["manifest"].dataset_version,
         "tokenizer_sha256": hashlib.sha256(tokenizer.read_bytes()).hexdigest(),
     }
     lineage_cmd.check_tokenizer(str(tokenizer), examples)  # the same bytes: fine
@@ -314,7 +315,7 @@ def test_reproduce_refuses_unpinned_images_unless_allowed(tmp_path):
         store,
         tmp_path,
         str(tmp_path / "ex"),
-        manifest["dataset_version"],
+        manifest.dataset_version,
         "r",
         image=provenance.LOCAL_IMAGE,
     )
@@ -331,21 +332,20 @@ def test_one_byte_changes_the_version_and_the_dataset_context(tmp_path):
     changed = record_tokenize(
         store, write_corpus(tmp_path / "a", extra="!"), tmp_path / "ex3", "run-3"
     )
-    assert same["dataset_version"] == first["dataset_version"]
-    assert changed["dataset_version"] != first["dataset_version"]
+    assert same.dataset_version == first.dataset_version
+    assert changed.dataset_version != first.dataset_version
     raw = lineage.open_store(store)
     contexts = {c.name: c for c in raw.get_contexts_by_type(lineage.DATASET_CONTEXT)}
-    assert set(contexts) == {first["dataset_version"], changed["dataset_version"]}
-    shared = raw.get_executions_by_context(contexts[first["dataset_version"]].id)
+    assert set(contexts) == {first.dataset_version, changed.dataset_version}
+    shared = raw.get_executions_by_context(contexts[first.dataset_version].id)
     runs = {e.custom_properties["run_id"].string_value for e in shared}
     assert runs == {"run-1", "run-2"}
-    (alone,) = raw.get_executions_by_context(contexts[changed["dataset_version"]].id)
+    (alone,) = raw.get_executions_by_context(contexts[changed.dataset_version].id)
     assert alone.custom_properties["run_id"].string_value == "run-3"
     (examples,) = raw.get_artifacts_by_uri(str(tmp_path / "ex3"))
-    assert examples.custom_properties["dataset_version"].string_value == changed["dataset_version"]
-    assert (
-        json.loads(examples.custom_properties["sources"].string_value)[0]["size"]
-        == (changed["sources"][0]["size"])
+    assert examples.custom_properties["dataset_version"].string_value == changed.dataset_version
+    assert json.loads(examples.custom_properties["sources"].string_value)[0]["size"] == (
+        changed.sources[0].size
     )
     assert examples.state == mlmd.Artifact.LIVE
 

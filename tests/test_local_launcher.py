@@ -348,7 +348,9 @@ for _ in range(600):  # the job succeeds when worker 0 does: after worker 1 has 
         break
     time.sleep(0.1)
 model.mkdir(parents=True)
-(model / "train_metrics.json").write_text(json.dumps({"steps": 10, "final_loss": 1.5}))
+metrics = {"steps": 10, "final_loss": 1.5, "diverged": False, "diverged_at_step": None}
+metrics.update(tokens_per_second=9.5, global_batch_size=8, replicas=2, workers=2)
+(model / "train_metrics.json").write_text(json.dumps({**metrics, "precision_policy": "float32"}))
 """
 
 

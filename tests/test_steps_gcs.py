@@ -18,6 +18,7 @@ from components.storage import gcs as storage_gcs
 from components.tokenize import executor as tokenize
 from contracts.artifacts import RETIRED_FILE
 from contracts.errors import UserError
+from contracts.examples import GcsSource, parse_manifest
 
 pytest_plugins = ["gcs_emulator"]
 
@@ -52,24 +53,24 @@ def test_tokenize_reads_gcs_writes_gcs_and_matches_a_local_run(gcs, tmp_path, co
 
     names = gcs.names("examples/")
     assert "examples/manifest.json" in names and not [n for n in names if "/." in n]
-    assert json.loads(gcs.get("examples/manifest.json")) == manifest
-    assert [s["uri"] for s in manifest["sources"]] == [
+    assert parse_manifest(gcs.get("examples/manifest.json"), "manifest.json") == manifest
+    assert [s.uri for s in manifest.sources] == [
         gcs.uri("corpus/a.txt"),
         gcs.uri("corpus/sub/b.txt"),
     ]
     blob = gcs.bucket.get_blob("corpus/a.txt")
-    assert manifest["sources"][0] == {
-        "uri": gcs.uri("corpus/a.txt"),
-        "size": blob.size,
-        "crc32c": blob.crc32c,
-        "md5": blob.md5_hash,
-        "generation": blob.generation,
-    }
+    assert manifest.sources[0] == GcsSource(
+        uri=gcs.uri("corpus/a.txt"),
+        size=blob.size,
+        crc32c=blob.crc32c,
+        md5=blob.md5_hash,
+        generation=blob.generation,
+    )
     (tmp_path / "docs" / "sub").mkdir(parents=True)
     (tmp_path / "docs" / "a.txt").write_text(corpus_text[:half], encoding="utf-8")
     (tmp_path / "docs" / "sub" / "b.txt").write_text(corpus_text[half:], encoding="utf-8")
     local = _tokenize(str(tmp_path / "docs"), str(tmp_path / "examples"))
-    assert local["splits"] == manifest["splits"]
+    assert local.splits == manifest.splits
     assert _shards_and_model(gcs.uri("examples")) == _shards_and_model(str(tmp_path / "examples"))
 
 
@@ -93,11 +94,11 @@ def test_dataset_version_follows_bytes_not_generation(gcs, corpus_text):
     first = _tokenize(gcs.uri("c/text.txt"), gcs.uri("out1"))
     gcs.put("c/text.txt", corpus_text.encode())  # same bytes: a new generation
     again = _tokenize(gcs.uri("c"), gcs.uri("out2"))  # the folder holding only that file
-    assert again["sources"][0]["generation"] != first["sources"][0]["generation"]
-    assert again["dataset_version"] == first["dataset_version"]
+    assert again.sources[0].generation != first.sources[0].generation
+    assert again.dataset_version == first.dataset_version
     gcs.put("c/text.txt", corpus_text.replace("Citizen", "Citizan", 1).encode())
     changed = _tokenize(gcs.uri("c/*.txt"), gcs.uri("out3"))
-    assert changed["dataset_version"] != first["dataset_version"]
+    assert changed.dataset_version != first.dataset_version
 
 
 def test_tokenize_stops_when_an_object_changes_during_the_run(gcs, corpus_text, monkeypatch):
@@ -163,7 +164,7 @@ def test_a_dataset_publish_killed_midway_is_finished_by_the_next_run(gcs, corpus
     monkeypatch.setattr(storage_gcs, "copy_object", real_copy)
     again = tokenize.run_content_addressed(corpus, root, **options)
     assert again.reused  # the interrupted copy was finished, not refused as "already exists"
-    assert gcs.names(f"datasets/{again.manifest['dataset_version']}/manifest.json")
+    assert gcs.names(f"datasets/{again.manifest.dataset_version}/manifest.json")
     assert not [n for n in gcs.names("datasets/") if ".staging-" in n]
 
 

@@ -2,9 +2,9 @@
 
 import hashlib
 import io
-import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from unittest.mock import ANY
 
@@ -17,6 +17,13 @@ from components import overlap
 from components.tokenize import encode, executor
 from contracts.artifacts import TRAIN_TEXT_SKETCH
 from contracts.errors import UserError
+from contracts.examples import (
+    ExamplesManifest,
+    LocalSource,
+    TokenizerRecord,
+    manifest_json,
+    parse_manifest,
+)
 
 SHAKESPEARE = Path(__file__).resolve().parents[1] / "data" / "tinyshakespeare.txt"
 VOCAB = 340  # 256 byte pieces + 4 special + the slice's ~55 characters + a few merges
@@ -39,8 +46,8 @@ def _run(corpus: Path | str, out: Path, **kwargs):
     return executor.run(str(corpus), str(out), **args)
 
 
-def _windows(out: Path, manifest: dict, split: str) -> np.ndarray:
-    files = [str(out / shard) for shard in manifest["splits"][split]["shards"]]
+def _windows(out: Path, manifest: ExamplesManifest, split: str) -> np.ndarray:
+    files = [str(out / shard) for shard in manifest.splits[split].shards]
     records = tf.data.TFRecordDataset(files, compression_type="GZIP")
     spec = {"input_ids": tf.io.VarLenFeature(tf.int64)}
     rows = [
@@ -71,57 +78,55 @@ def test_same_bytes_same_version_and_shards_one_byte_changes_version(built, tmp_
     corpus, out, manifest = built
     moved = _write(tmp_path / "renamed_root" / corpus.name, corpus.read_text(encoding="utf-8"))
     again = _run(moved.parent, tmp_path / "again", shard_windows=100, workers=1)
-    assert again["dataset_version"] == manifest["dataset_version"]
+    assert again.dataset_version == manifest.dataset_version
     assert _tree_bytes(tmp_path / "again") == _tree_bytes(out)
 
     changed = corpus.read_bytes().replace(b"Citizen", b"Citizan", 1)
     (tmp_path / "changed").mkdir()
     (tmp_path / "changed" / corpus.name).write_bytes(changed)
     other = _run(tmp_path / "changed", tmp_path / "other", shard_windows=100)
-    assert other["dataset_version"] != manifest["dataset_version"]
+    assert other.dataset_version != manifest.dataset_version
 
 
 def test_manifest_counts_match_the_tfrecords(built):
     corpus, out, manifest = built
-    assert manifest["seq_len"] == SEQ_LEN and manifest["vocab_size"] == VOCAB
+    assert manifest.seq_len == SEQ_LEN and manifest.vocab_size == VOCAB
     for split in ("train", "eval"):
-        stats = manifest["splits"][split]
+        stats = manifest.splits[split]
         windows = _windows(out, manifest, split)
-        assert windows.shape == (stats["windows"], SEQ_LEN + 1)
-        assert stats["windows"] == (stats["tokens"] - 1) // SEQ_LEN
+        assert windows.shape == (stats.windows, SEQ_LEN + 1)
+        assert stats.windows == (stats.tokens - 1) // SEQ_LEN
         np.testing.assert_array_equal(windows[1:, 0], windows[:-1, -1])  # overlap by one token
-        n = len(stats["shards"])
-        assert stats["shards"] == [
+        n = len(stats.shards)
+        assert stats.shards == tuple(
             f"Split-{split}/data_tfrecord-{i:05d}-of-{n:05d}.gz" for i in range(n)
-        ]
+        )
         assert sorted(p.name for p in (out / f"Split-{split}").iterdir()) == [
-            Path(s).name for s in stats["shards"]
+            Path(s).name for s in stats.shards
         ]
-    assert len(manifest["splits"]["train"]["shards"]) > 1  # shard_windows=100
+    assert len(manifest.splits["train"].shards) > 1  # shard_windows=100
     text = corpus.read_text(encoding="utf-8")
-    assert manifest["splits"]["train"]["chars"] + manifest["splits"]["eval"]["chars"] == len(text)
-    tokenizer = manifest["tokenizer"]
-    assert tokenizer == {
-        "file": "tokenizer.model",
-        "vocab_size": VOCAB,
-        "trained": True,
-        "sha256": hashlib.sha256((out / "tokenizer.model").read_bytes()).hexdigest(),
-    }
-    assert manifest["sources"] == [
-        {
-            "uri": str(corpus),
-            "size": corpus.stat().st_size,
-            "sha256": hashlib.sha256(corpus.read_bytes()).hexdigest(),
-        }
-    ]
-    assert json.loads((out / "manifest.json").read_text()) == manifest
+    assert manifest.splits["train"].chars + manifest.splits["eval"].chars == len(text)
+    assert manifest.tokenizer == TokenizerRecord(
+        file="tokenizer.model",
+        sha256=hashlib.sha256((out / "tokenizer.model").read_bytes()).hexdigest(),
+        vocab_size=VOCAB,
+        trained=True,
+    )
+    assert manifest.sources == (
+        LocalSource(
+            str(corpus), corpus.stat().st_size, hashlib.sha256(corpus.read_bytes()).hexdigest()
+        ),
+    )
+    written = (out / "manifest.json").read_text()
+    assert parse_manifest(written, "manifest.json") == manifest
 
 
 def test_eval_is_the_tail_and_its_windows_decode_to_eval_text(built):
     corpus, out, manifest = built
     text = corpus.read_text(encoding="utf-8")
     eval_text = (out / "raw" / "eval.txt").read_text(encoding="utf-8")
-    assert len(eval_text) == manifest["splits"]["eval"]["chars"]
+    assert len(eval_text) == manifest.splits["eval"].chars
     assert text.endswith(eval_text) and abs(len(eval_text) - 0.1 * len(text)) < 100
     windows = _windows(out, manifest, "eval")
     ids = np.concatenate([windows[0], windows[1:, 1:].ravel()]).tolist()
@@ -153,10 +158,10 @@ def test_encoding_line_by_line_in_worker_processes_equals_encoding_whole(built):
 def test_reuses_a_given_tokenizer(built, tmp_path):
     corpus, out, manifest = built
     given = _run(corpus, tmp_path / "given", shard_windows=100, tokenizer=out / "tokenizer.model")
-    assert given["tokenizer"]["trained"] is False
-    assert given["tokenizer"]["sha256"] == manifest["tokenizer"]["sha256"]
-    assert given["parameters"]["given_tokenizer_sha256"] == manifest["tokenizer"]["sha256"]
-    assert given["dataset_version"] != manifest["dataset_version"]
+    assert given.tokenizer.trained is False
+    assert given.tokenizer.sha256 == manifest.tokenizer.sha256
+    assert given.parameters.given_tokenizer_sha256 == manifest.tokenizer.sha256
+    assert given.dataset_version != manifest.dataset_version
     assert _tree_bytes(tmp_path / "given") == _tree_bytes(out)
 
 
@@ -168,12 +173,12 @@ def test_folder_and_glob_inputs(tmp_path, capsys):
     _write(tmp_path / "docs" / ".hidden.txt", "never read\n")
     folder = _run(tmp_path / "docs", tmp_path / "from_folder", progress=True)
     assert re.search(r"tokenize: encode: 100% of \d+\.\d kB\n", capsys.readouterr().err)
-    assert [Path(s["uri"]).name for s in folder["sources"]] == ["a.txt", "b.txt"]
+    assert [Path(s.uri).name for s in folder.sources] == ["a.txt", "b.txt"]
 
     glob = _run(f"{tmp_path}/docs/*.txt", tmp_path / "from_glob")
-    assert [Path(s["uri"]).name for s in glob["sources"]] == ["a.txt"]
-    assert glob["dataset_version"] != folder["dataset_version"]
-    assert executor.artifact_properties(folder)["dataset_version"] == folder["dataset_version"]
+    assert [Path(s.uri).name for s in glob.sources] == ["a.txt"]
+    assert glob.dataset_version != folder.dataset_version
+    assert executor.artifact_properties(folder)["dataset_version"] == folder.dataset_version
 
 
 def _bad_inputs(tmp_path: Path) -> dict[str, tuple[str, dict, str]]:
@@ -277,20 +282,20 @@ def test_content_addressed_store_tokenizes_each_version_once(tmp_path):
     version, _ = executor.dataset_version_of(str(corpus), vocab_size=VOCAB, seq_len=SEQ_LEN)
     first = executor.run_content_addressed(str(corpus), str(store), **options)
     assert (first.uri, first.reused) == (str(store / version), False)
-    assert first.manifest["dataset_version"] == version
+    assert first.manifest.dataset_version == version
     shards = _tree_bytes(Path(first.uri))
 
     moved = _write(tmp_path / "elsewhere" / "text.txt", corpus.read_text(encoding="utf-8"))
     again = executor.run_content_addressed(str(moved), str(store), **options)
     assert (again.uri, again.reused) == (first.uri, True)
     assert _tree_bytes(Path(again.uri)) == shards
-    assert again.manifest["sources"][0]["uri"] == str(moved.resolve())  # this run's sources
+    assert again.manifest.sources[0].uri == str(moved.resolve())  # this run's sources
 
     corpus.write_text(corpus.read_text(encoding="utf-8") + "One more line.\n", encoding="utf-8")
     changed = executor.run_content_addressed(str(corpus), str(store), **options)
     assert not changed.reused and changed.uri != first.uri
     assert sorted(p.name for p in store.iterdir()) == sorted(
-        [version, changed.manifest["dataset_version"]]
+        [version, changed.manifest.dataset_version]
     )
 
 
@@ -317,7 +322,7 @@ def test_a_version_folder_holding_another_version_is_refused(tmp_path):
     options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "progress": False}
     first = executor.run_content_addressed(str(corpus), str(store), **options)
     manifest = Path(first.uri) / "manifest.json"
-    manifest.write_text(json.dumps({**first.manifest, "dataset_version": "0" * 64}))
+    manifest.write_text(manifest_json(replace(first.manifest, dataset_version="0" * 64)))
     with pytest.raises(UserError, match="not the one it is named for"):
         executor.run_content_addressed(str(corpus), str(store), **options)
 

@@ -19,6 +19,7 @@ import tensorflow as tf
 from components import storage
 from components.tokenize import bpe, corpus, encode, executor, shards
 from contracts.errors import UserError
+from contracts.examples import SplitStats
 
 REPO = Path(__file__).resolve().parents[1]
 SHAKESPEARE = REPO / "data" / "tinyshakespeare.txt"
@@ -146,8 +147,8 @@ def test_one_and_two_worker_processes_write_the_same_bytes(tmp_path, capsys):
     assert "in this process" in capsys.readouterr().err
     two = executor.run(str(tmp_path / "docs"), str(tmp_path / "two"), workers=2, **options)
     assert re.search(r"encoding \d\d chunks on 2 worker processes", capsys.readouterr().err)
-    assert one["dataset_version"] == two["dataset_version"]
-    assert len(one["splits"]["train"]["shards"]) > 1
+    assert one.dataset_version == two.dataset_version
+    assert len(one.splits["train"].shards) > 1
     assert _tree(tmp_path / "one") == _tree(tmp_path / "two")  # the manifest too
 
 
@@ -197,9 +198,9 @@ def test_a_bounded_sample_trains_the_same_tokenizer_from_the_same_bytes(tmp_path
     executor.run(str(path), str(tmp_path / "b"), tokenizer_sample_bytes=20_000, **options)
     whole = executor.run(str(path), str(tmp_path / "c"), **options)
     assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
-    assert small["tokenizer"]["sha256"] != whole["tokenizer"]["sha256"]
-    assert small["dataset_version"] != whole["dataset_version"]
-    assert small["parameters"]["tokenizer_sample_bytes"] == 20_000
+    assert small.tokenizer.sha256 != whole.tokenizer.sha256
+    assert small.dataset_version != whole.dataset_version
+    assert small.parameters.tokenizer_sample_bytes == 20_000
 
 
 # ---- shards ----------------------------------------------------------------------------------
@@ -229,14 +230,15 @@ def test_shards_are_written_as_they_fill_and_named_for_their_count_at_the_end(tm
         writer.add(part)
     written = sorted(p.name for p in (tmp_path / "Split-train").iterdir())
     assert written == [f"data_tfrecord-{i:05d}.gz" for i in range(4)]  # 3 full, 1 open
-    stats = writer.finish()
+    stats = writer.finish(chars=90)
     windows = (len(stream) - 1) // 4
-    assert stats == {
-        "shards": [f"Split-train/data_tfrecord-{i:05d}-of-00004.gz" for i in range(4)],
-        "windows": windows,
-        "tokens": len(stream),
-    }
-    files = [str(tmp_path / name) for name in stats["shards"]]
+    assert stats == SplitStats(
+        tuple(f"Split-train/data_tfrecord-{i:05d}-of-00004.gz" for i in range(4)),
+        windows,
+        len(stream),
+        90,
+    )
+    files = [str(tmp_path / name) for name in stats.shards]
     spec = {"input_ids": tf.io.FixedLenFeature([5], tf.int64)}
     rows = [
         tf.io.parse_single_example(r, spec)["input_ids"].numpy().tolist()

@@ -118,7 +118,7 @@ def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
     overrides = ("train.train_steps=10", "train.checkpoint_every=10", "precision=mixed_bfloat16")
     cfg = resolve_config("tiny", TINY_OVERRIDES + overrides)
     metrics = train(str(examples), str(tmp_path / "model"), str(tmp_path / "work"), cfg)
-    assert metrics["steps"] == 10 and not metrics["diverged"]
+    assert metrics.steps == 10 and not metrics.diverged
     assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").exists()
     # Served in float32 whatever it trained in: every variable, and the score it gives.
     import tensorflow as tf
@@ -187,8 +187,8 @@ def test_trainer_trains_through_xla_gelu_unless_xla_is_off(tmp_path, policy_rese
         out = tmp_path / setting
         traced.clear()
         metrics = train(str(examples), str(out / "model"), str(out / "work"), cfg)
-        assert metrics["steps"] == 10 and not metrics["diverged"]
-        losses[setting], traces[setting] = metrics["final_loss"], len(traced)
+        assert metrics.steps == 10 and not metrics.diverged
+        losses[setting], traces[setting] = metrics.final_loss, len(traced)
         assert not _xla_compiled_functions(_saved_model(out / "model" / "Format-Serving"))
     n_layer = resolve_config("tiny", TINY_OVERRIDES).model.n_layer
     assert traces["auto"] >= n_layer and traces["on"] >= n_layer and traces["off"] == 0

@@ -17,9 +17,10 @@ import tensorflow as tf
 import tf_keras as keras
 from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
-from contracts import termination
+from contracts import records, termination
 from contracts.artifacts import BACKUP_DIR, CHECKED_SHARDS_DIR
 from contracts.errors import UserError
+from contracts.training import TrainMetrics
 from trainer import data, export, shard_check
 from trainer.callbacks import TrainMonitor
 from trainer.cluster import choose_strategy, cluster_size, is_chief
@@ -226,7 +227,7 @@ def test_train_end_to_end_exports_a_working_model(tmp_path, examples):
     metrics = train(str(examples), str(model_dir), str(work_dir), cfg)
 
     saved = json.loads((model_dir / "train_metrics.json").read_text())
-    assert saved == metrics and set(saved) == METRIC_KEYS
+    assert records.from_dict(TrainMetrics, saved, "saved") == metrics and set(saved) == METRIC_KEYS
     assert saved["steps"] == cfg.train.train_steps and saved["diverged"] is False
     assert saved["diverged_at_step"] is None
     assert saved["final_loss"] < math.log(cfg.model.vocab_size) - 1.5  # it learned
@@ -260,7 +261,7 @@ def test_divergence_is_recorded_not_raised(tmp_path, examples):
     saved = json.loads((model_dir / "train_metrics.json").read_text())
     assert saved["diverged"] is True
     assert 1 <= saved["diverged_at_step"] < cfg.train.train_steps
-    assert saved["steps"] == saved["diverged_at_step"] == metrics["diverged_at_step"]
+    assert saved["steps"] == saved["diverged_at_step"] == metrics.diverged_at_step
     assert (model_dir / "Format-Serving" / "saved_model.pb").exists()
 
 
@@ -393,12 +394,12 @@ def test_a_failed_export_keeps_the_backup_and_the_restart_only_exports(
         TrainMonitor, "on_train_batch_end", lambda self, batch, logs=None: steps_run.append(batch)
     )
     metrics = train(*args)
-    assert metrics["steps"] == cfg.train.train_steps
+    assert metrics.steps == cfg.train.train_steps
     assert steps_run == []  # nothing was trained again: the backup was at the last step
     # The metrics are those of the attempt that trained, not this one's NaN loss and 0 tokens/s.
-    assert math.isfinite(metrics["final_loss"]) and metrics["tokens_per_second"] > 0
+    assert math.isfinite(metrics.final_loss) and metrics.tokens_per_second > 0
     written = json.loads((tmp_path / "model" / "train_metrics.json").read_text())
-    assert written["final_loss"] == metrics["final_loss"]
+    assert written["final_loss"] == metrics.final_loss
     assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").is_file()
     assert (tmp_path / "work" / "backup").is_dir()  # the train step removes it, not a worker
 

@@ -11,14 +11,23 @@ tokenize step uses, so the in-graph tensorflow_text tokenizer matches the python
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 from pathlib import Path
 
 import sentencepiece as spm
 
 from components import overlap
-from contracts.artifacts import TRAIN_TEXT_SKETCH
+from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
+from contracts.artifacts import EXAMPLES_MANIFEST, TOKENIZER_FILE, TRAIN_TEXT_SKETCH
+from contracts.examples import (
+    FORMAT_VERSION,
+    DatasetParameters,
+    ExamplesManifest,
+    LocalSource,
+    SplitStats,
+    TokenizerRecord,
+    manifest_json,
+)
 
 SEQ_LEN = 16
 VOCAB_SIZE = 320  # byte fallback needs 256 byte pieces + the corpus' characters + merges
@@ -60,8 +69,6 @@ def tiny_corpus(n_lines: int = 400, seed: int = 0) -> str:
 
 def train_tokenizer(text: str, prefix: Path, vocab_size: int = VOCAB_SIZE) -> Path:
     """Train a SentencePiece BPE model on `text`; returns the .model path."""
-    from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
-
     corpus = prefix.with_suffix(".txt")
     corpus.write_text(text, encoding="utf-8")
     spm.SentencePieceTrainer.train(
@@ -102,6 +109,37 @@ def _write_shards(
     return shards
 
 
+def examples_manifest(
+    splits: dict[str, SplitStats],
+    *,
+    seq_len: int = SEQ_LEN,
+    vocab_size: int = VOCAB_SIZE,
+    eval_fraction: float = 0.1,
+    shard_windows: int = 1,
+    dataset_version: str = "0" * 64,
+    tokenizer_sha256: str = "0" * 64,
+    sources: tuple[LocalSource, ...] = (),
+) -> ExamplesManifest:
+    """A manifest as tokenize writes one, for Examples a test makes by hand."""
+    parameters = DatasetParameters(
+        format_version=FORMAT_VERSION,
+        split_method="file-tail-bytes-v2",
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        eval_fraction=eval_fraction,
+        shard_windows=shard_windows,
+        chunk_bytes=1 << 20,
+        tokenizer_sample_bytes=1 << 24,
+        sentencepiece_version=spm.__version__,
+        tokenizer_options=SENTENCEPIECE_TRAINER_OPTIONS,
+        given_tokenizer_sha256=None,
+    )
+    tokenizer = TokenizerRecord(TOKENIZER_FILE, tokenizer_sha256, vocab_size, trained=True)
+    return ExamplesManifest(
+        dataset_version, seq_len, vocab_size, eval_fraction, splits, tokenizer, sources, parameters
+    )
+
+
 def make_examples_dir(
     folder: Path,
     seq_len: int = SEQ_LEN,
@@ -125,46 +163,33 @@ def make_examples_dir(
     ids = {split: sp.encode(part) for split, part in parts.items()}
     windows = {split: _windows(split_ids, seq_len) for split, split_ids in ids.items()}
     shard_windows = -(-len(windows["train"]) // train_shards)  # train_shards full shards or fewer
-    splits = {}
-    for split, part in parts.items():
-        shards = _write_shards(folder, split, windows[split], shard_windows)
-        splits[split] = {
-            "shards": shards,
-            "windows": len(windows[split]),
-            "tokens": len(ids[split]),
-            "chars": len(part),
-        }
+    splits = {
+        split: SplitStats(
+            tuple(_write_shards(folder, split, windows[split], shard_windows)),
+            len(windows[split]),
+            len(ids[split]),
+            len(part),
+        )
+        for split, part in parts.items()
+    }
     sketch = overlap.Sketch()  # as tokenize sketches its train chunks
     sketch.add(parts["train"].encode("utf-8"))
     (folder / TRAIN_TEXT_SKETCH).write_bytes(sketch.to_bytes())
     digest = hashlib.sha256(model_path.read_bytes()).hexdigest()
-    manifest = {
-        "dataset_version": hashlib.sha256(text.encode() + digest.encode()).hexdigest(),
-        "seq_len": seq_len,
-        "vocab_size": vocab_size,
-        "eval_fraction": eval_fraction,
-        "splits": splits,
-        "tokenizer": {
-            "file": "tokenizer.model",
-            "sha256": digest,
-            "vocab_size": vocab_size,
-            "trained": True,
-        },
-        "sources": [
-            {
-                "uri": "tiny_corpus",
-                "size": len(text.encode()),
-                "sha256": hashlib.sha256(text.encode()).hexdigest(),
-            }
-        ],
-        "parameters": {
-            "seq_len": seq_len,
-            "vocab_size": vocab_size,
-            "eval_fraction": eval_fraction,
-            "shard_windows": shard_windows,
-        },
-    }
-    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    source = LocalSource(
+        "tiny_corpus", len(text.encode()), hashlib.sha256(text.encode()).hexdigest()
+    )
+    manifest = examples_manifest(
+        splits,
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        eval_fraction=eval_fraction,
+        shard_windows=shard_windows,
+        dataset_version=hashlib.sha256(text.encode() + digest.encode()).hexdigest(),
+        tokenizer_sha256=digest,
+        sources=(source,),
+    )
+    (folder / EXAMPLES_MANIFEST).write_text(manifest_json(manifest), encoding="utf-8")
     return folder
 
 

@@ -12,17 +12,17 @@ manifest gives, so a run resumed after K steps computes where its input stands.
 
 from __future__ import annotations
 
-import json
 import logging
 import posixpath
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import tensorflow as tf
 
 from contracts.artifacts import EXAMPLES_MANIFEST
 from contracts.errors import UserError
+from contracts.examples import ExamplesManifest, parse_manifest
 from trainer import config as config_lib
 from trainer.config import Config
 from trainer.shard_check import verify_shards
@@ -35,25 +35,22 @@ _RNG = "philox"
 BLOCK_FILES = 4
 
 
-def read_manifest(examples_dir: str) -> dict[str, Any]:
-    """Load the Examples folder's manifest (local or gs://)."""
+def read_manifest(examples_dir: str) -> ExamplesManifest:
+    """Load the Examples folder's manifest (local or gs://); one refusal of a manifest this
+    trainer cannot read (contracts.examples.parse_manifest)."""
     path = posixpath.join(examples_dir, EXAMPLES_MANIFEST)
     if not tf.io.gfile.exists(path):
         raise UserError(
             f"examples: {path} not found; pass --examples a folder written by the tokenize step"
         )
     with tf.io.gfile.GFile(path, "r") as f:
-        manifest: dict[str, Any] = json.load(f)
-    for key in ("seq_len", "vocab_size", "splits"):
-        if key not in manifest:
-            raise UserError(f"examples: {path} has no {key!r}; re-run the tokenize step")
-    return manifest
+        return parse_manifest(f.read(), path)
 
 
-def check_manifest(manifest: dict[str, Any], cfg: Config) -> None:
+def check_manifest(manifest: ExamplesManifest, cfg: Config) -> None:
     """The Examples were cut for this model: same window length and vocabulary size."""
     for field in ("seq_len", "vocab_size"):
-        have, want = manifest[field], getattr(cfg.model, field)
+        have, want = getattr(manifest, field), getattr(cfg.model, field)
         if have != want:
             raise UserError(
                 f"examples: manifest {field}={have} but model.{field}={want}; re-run tokenize with "
@@ -61,14 +58,14 @@ def check_manifest(manifest: dict[str, Any], cfg: Config) -> None:
             )
 
 
-def split_files(examples_dir: str, manifest: dict[str, Any], split: str) -> list[str]:
+def split_files(examples_dir: str, manifest: ExamplesManifest, split: str) -> list[str]:
     """Absolute paths of the shards of `split` ("train" or "eval") listed in the manifest."""
-    splits = manifest["splits"]
-    if split not in splits or not splits[split].get("shards"):
+    stats = manifest.splits.get(split)
+    if stats is None or not stats.shards:
         raise UserError(
             f"examples: manifest lists no shards for split {split!r}; re-run the tokenize step"
         )
-    files = [posixpath.join(examples_dir, rel) for rel in splits[split]["shards"]]
+    files = [posixpath.join(examples_dir, rel) for rel in stats.shards]
     missing = _missing(files)
     if missing:
         raise UserError(f"examples: shard {missing[0]} is missing; re-run the tokenize step")
@@ -164,19 +161,14 @@ class Shards(NamedTuple):
     windows: list[int]  # windows in each file
 
 
-def split_shards(examples_dir: str, manifest: dict[str, Any], split: str) -> Shards:
+def split_shards(examples_dir: str, manifest: ExamplesManifest, split: str) -> Shards:
     """The shards of `split` and their window counts. Tokenize fills every shard with
     `parameters.shard_windows` windows but the last, which takes the rest
     (components/tokenize/shards.py), so the manifest's counts give each file's."""
     files = split_files(examples_dir, manifest, split)
-    per_shard = manifest.get("parameters", {}).get("shard_windows")
-    total = manifest["splits"][split].get("windows")
-    if (
-        not isinstance(per_shard, int)
-        or not isinstance(total, int)
-        or per_shard < 1
-        or len(files) != -(-total // per_shard)
-    ):
+    per_shard = manifest.parameters.shard_windows
+    total = manifest.splits[split].windows
+    if per_shard < 1 or len(files) != -(-total // per_shard):
         raise UserError(
             f"examples: the manifest's {split!r} split lists {len(files)} shards, which "
             f"{total!r} windows at parameters.shard_windows={per_shard!r} do not fill; "
@@ -339,7 +331,7 @@ class DistributedData(NamedTuple):
 def distributed_datasets(
     strategy: tf.distribute.Strategy,
     examples_dir: str,
-    manifest: dict[str, Any],
+    manifest: ExamplesManifest,
     cfg: Config,
     skip_steps: int = 0,
     checked_dir: str | None = None,
@@ -365,7 +357,8 @@ def distributed_datasets(
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
     global_batch = config_lib.global_batch_size(t.batch_size, strategy.num_replicas_in_sync)
-    eval_windows = manifest["splits"].get("eval", {}).get("windows", 0)
+    eval_split = manifest.splits.get("eval")
+    eval_windows = eval_split.windows if eval_split else 0
     eval_steps = min(t.eval_batches, eval_windows // global_batch)
     if eval_steps == 0:
         log.warning(

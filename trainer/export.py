@@ -18,7 +18,6 @@ import posixpath
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import tensorflow as tf
 import tensorflow_text as tf_text
@@ -31,6 +30,7 @@ from contracts.artifacts import (
     TRAIN_METRICS,
     WORKER_MODEL_SCRATCH_PREFIX,
 )
+from contracts.training import TrainMetrics, metrics_json
 from trainer import config as config_lib
 from trainer import model
 from trainer.config import Config
@@ -242,7 +242,7 @@ class ModelParts:
     gpt: keras.Model  # the trained network (any precision policy: serving_model re-casts it)
     cfg: Config  # its resolved configuration, written as MODEL_CONFIG
     tokenizer_path: str  # the SentencePiece model the SavedModel embeds
-    metrics: Mapping[str, Any]  # written as TRAIN_METRICS
+    metrics: TrainMetrics  # written as TRAIN_METRICS
     history: TrainHistory | None = None  # the training curve (TRAIN_HISTORY), when there is one
     # files the SavedModel carries besides: a path inside it -> the file to copy there
     extras: Mapping[str, str] = field(default_factory=dict)
@@ -301,12 +301,16 @@ def write_model_dir(parts: ModelParts, model_dir: str) -> None:
             parts.history,
             parts.extras,
         )
-        for fname, payload in (
-            (MODEL_CONFIG, config_lib.config_to_dict(parts.cfg)),
-            (TRAIN_METRICS, parts.metrics),
-        ):
+        files = (
+            (
+                MODEL_CONFIG,
+                json.dumps(config_lib.config_to_dict(parts.cfg), indent=2, sort_keys=True),
+            ),
+            (TRAIN_METRICS, metrics_json(parts.metrics)),
+        )
+        for fname, text in files:
             with tf.io.gfile.GFile(posixpath.join(tmp, fname), "w") as f:
-                json.dump(payload, f, indent=2, sort_keys=True)
+                f.write(text)
         _move_into_place(tmp, model_dir)
     finally:
         _remove_if_present(tmp)  # a failed export leaves nothing a later step could read

@@ -18,25 +18,25 @@ import os
 import posixpath
 import sys
 from collections.abc import Sequence
-from typing import NamedTuple, TypedDict
+from typing import NamedTuple
 
 import tensorflow as tf
 import tf_keras as keras
 
-from contracts import termination
+from contracts import records, termination
 from contracts.artifacts import (
     BACKUP_DIR,
     CHECKED_SHARDS_DIR,
     CHECKPOINT_DIR,
     EXAMPLES_MANIFEST,
     MODEL_TEXT_SKETCH,
-    TOKENIZER_FILE,
     TRAIN_METRICS,
     TRAIN_TEXT_SKETCH,
 )
 from contracts.errors import UserError
 from contracts.process import exit_without_final_gc
 from contracts.progress import Progress
+from contracts.training import TrainMetrics, parse_metrics
 from trainer import cluster, data, export, flops, model, precision, train_step
 from trainer import config as config_lib
 from trainer.callbacks import Measured, PeriodicCheckpoint, TrainMonitor
@@ -61,20 +61,6 @@ log = logging.getLogger("trainer")
 # The default of --metrics-port, so that `GPTPIPE_METRICS_PORT=9100 gptpipe run --local` can
 # turn metrics on for local workers, which inherit the environment (only the chief serves).
 METRICS_PORT_ENV = "GPTPIPE_METRICS_PORT"
-
-
-class TrainMetrics(TypedDict):
-    """What training reports, and the chief writes to the Model artifact (docs/design.md)."""
-
-    steps: int  # optimizer steps taken, resumed ones included
-    final_loss: float  # the training loss Keras logged at the last step (the epoch's running mean)
-    diverged: bool  # the loss became NaN or infinite and training stopped there
-    diverged_at_step: int | None  # the step it did, or None
-    tokens_per_second: float  # this worker's clock, after its first step, pauses left out
-    global_batch_size: int  # sequences per step across all replicas
-    replicas: int  # replicas in sync
-    workers: int  # worker processes
-    precision_policy: str  # the Keras policy it trained in (train.precision, as the workers agreed)
 
 
 def train(
@@ -145,8 +131,7 @@ def train(
         work_dir,
         is_chief,
     )
-    tokenizer_file = manifest.get("tokenizer", {}).get("file", TOKENIZER_FILE)
-    tokenizer_path = posixpath.join(examples_dir, tokenizer_file)
+    tokenizer_path = posixpath.join(examples_dir, manifest.tokenizer.file)
     parts = export.ModelParts(
         gpt, cfg, tokenizer_path, metrics, monitor.history, _extras(examples_dir)
     )
@@ -157,7 +142,7 @@ def train(
     # The backup stays: the train step removes it once the whole job has succeeded. Removing
     # it here, after peers may have exited 0, would let a chief killed mid-removal restart
     # alone (ExitCode never recreates a Succeeded pod) and wait for them until the deadline.
-    log.info("done: %s", json.dumps(metrics))
+    log.info("done: %s", records.to_json(metrics))
     return metrics
 
 
@@ -336,12 +321,11 @@ def _attempt_metrics(
     saved = posixpath.join(work_dir, TRAIN_METRICS)
     if monitor.batches == 0 and tf.io.gfile.exists(saved):
         with tf.io.gfile.GFile(saved, "r") as f:
-            found: TrainMetrics = json.load(f)
-            return found
+            return parse_metrics(f.read(), saved)
     if is_chief:
         tf.io.gfile.makedirs(work_dir)
         with tf.io.gfile.GFile(saved, "w") as f:
-            f.write(json.dumps(metrics))
+            f.write(records.to_json(metrics))
     return metrics
 
 

@@ -13,7 +13,6 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +27,11 @@ from contracts.artifacts import (
     SIGNATURES,
     TRAIN_HISTORY,
     TRAIN_METRICS,
-    write_blessing,
 )
+from contracts.blessing import EvalTextSeen, ModelBlessing, write_blessing
 from contracts.errors import UserError
 from contracts.params import EvalPolicy
+from contracts.training import parse_metrics
 
 if TYPE_CHECKING:
     from components.step import Step
@@ -75,8 +75,8 @@ def execute(
     policy = EvalPolicy.from_dict(eval_policy)
     # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
     step.check_shared(serving_dir, "serving_dir")
-    step.rec.input("examples", "Examples", examples_uri, upstream=True)
-    step.rec.input("model", "Model", model.uri, upstream=True)
+    step.rec.input("examples", lineage.EXAMPLES_TYPE, examples_uri, upstream=True)
+    step.rec.input("model", lineage.MODEL_TYPE, model.uri, upstream=True)
     facts = RunFacts(
         dataset_version=dataset_version,
         code_version=str(step.edge.provenance.get("code_version", "")),
@@ -95,19 +95,12 @@ def execute(
     numbers = metrics(result)
     for name, value in kfp_metadata.recordable(numbers).items():
         metrics.log_metric(name, value)
-    blessing.metadata.update(
-        kfp_metadata.recordable(
-            {
-                "blessed": int(result.blessed),
-                "reason": result.reason,
-                "current_model": model.uri,
-                "baseline_model": result.baseline_model,
-            }
-        )
-    )
-    step.rec.output("evaluation", "ModelEvaluation", metrics.uri, numbers)
-    step.rec.output("blessing", "ModelBlessing", blessing.uri, dict(blessing.metadata))
-    step.rec.output("html_report", "ModelEvaluation", html_report.uri, {"media_type": "text/html"})
+    decided = model_blessing(result, model.uri)
+    blessing.metadata.update(kfp_metadata.recordable(decided.properties()))
+    step.rec.output("evaluation", lineage.MODEL_EVALUATION_TYPE, metrics.uri, numbers)
+    step.rec.output("blessing", lineage.MODEL_BLESSING_TYPE, blessing.uri, dict(blessing.metadata))
+    html = {"media_type": "text/html"}
+    step.rec.output("html_report", lineage.MODEL_EVALUATION_TYPE, html_report.uri, html)
     step.rec.dataset_version = dataset_version
 
 
@@ -361,22 +354,23 @@ def render_report(result: EvalResult, samples: list[tuple[str, str]]) -> str:
     return "\n".join(lines)
 
 
+def model_blessing(result: EvalResult, current_model: str) -> ModelBlessing:
+    """The ModelBlessing of `result` for the candidate at `current_model`: what the blessing
+    folder holds (its local path) and, with its URI, the artifact's KFP metadata."""
+    return ModelBlessing(
+        blessed=int(result.blessed),
+        reason=result.reason,
+        current_model=current_model,
+        baseline_model=result.baseline_model,
+        candidate=result.candidate,
+        baseline=result.baseline,
+        eval_text_seen=EvalTextSeen(result.candidate_seen, result.baseline_seen),
+    )
+
+
 def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> None:
-    info = {
-        "blessed": int(result.blessed),
-        "reason": result.reason,
-        "current_model": model_dir,
-        "baseline_model": result.baseline_model,
-        "candidate": asdict(result.candidate),
-        "baseline": asdict(result.baseline) if result.baseline else None,
-        # the eval text each model trained on (components/overlap.py), null where unknown
-        "eval_text_seen": {
-            "candidate": asdict(result.candidate_seen) if result.candidate_seen else None,
-            "baseline": asdict(result.baseline_seen) if result.baseline_seen else None,
-        },
-    }
     with storage.atomic_dir(blessing_dir) as tmp:
-        write_blessing(tmp, result.blessed, info)
+        write_blessing(tmp, model_blessing(result, model_dir))
 
 
 def _evaluate_baseline(
@@ -428,12 +422,11 @@ def _diverged(model_dir: str) -> str:
     metrics_path = Path(model_dir) / TRAIN_METRICS
     if not metrics_path.is_file():
         return ""
-    metrics = json.loads(metrics_path.read_text())  # Python's json reads NaN and Infinity
-    if metrics.get("diverged"):
+    metrics = parse_metrics(metrics_path.read_text(), str(metrics_path))
+    if metrics.diverged:
         return (
-            f"the loss became {metrics.get('final_loss')} at step "
-            f"{metrics.get('diverged_at_step')}; lower train.learning_rate or set "
-            "train.grad_clip_norm"
+            f"the loss became {metrics.final_loss} at step {metrics.diverged_at_step}; lower "
+            "train.learning_rate or set train.grad_clip_norm"
         )
     return ""
 

@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from components import lineage
-from components.overlap import MIN_LINE_BYTES, Seen
+from components.overlap import MIN_LINE_BYTES
+from contracts.blessing import Scores, Seen
 
 # What the reports' "eval text trained on" column means.
 SEEN_MEANS = (
@@ -19,17 +20,6 @@ SEEN_MEANS = (
     "exported without a sketch of its training text (one trained on Examples tokenized before "
     "the sketch existed)."
 )
-
-
-@dataclass(frozen=True)
-class Scores:
-    """Corpus-level loss of one model on the eval text."""
-
-    nats_per_token: float  # mean next-token loss over the model's own tokens
-    nats_per_char: float  # total loss over total UTF-8 characters (tokenizer-independent)
-    perplexity: float  # exp(nats_per_token)
-    tokens: int  # tokens predicted
-    chars: int  # characters scored
 
 
 @dataclass(frozen=True)

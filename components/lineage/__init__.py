@@ -10,7 +10,9 @@ without touching a step. Steps and tools use this package's names
   MLMD gRPC service as `host:port` or `grpc://host:port`, or over TLS as
   `grpcs://host:port[?ca=CA_FILE]`; its calls are retried, for a bounded time, while other
   writers hold the store's lock);
-- `schema`: the vocabulary: TFX's artifact types (`ARTIFACT_TYPES`), the contexts
+- `schema`: the vocabulary: TFX's artifact types (`ARTIFACT_TYPES`, each name a constant:
+  `EXAMPLES_TYPE`, `MODEL_TYPE`, `MODEL_EVALUATION_TYPE`, `MODEL_BLESSING_TYPE`,
+  `PUSHED_MODEL_TYPE`), the contexts
   (`PIPELINE_CONTEXT`, `RUN_CONTEXT`, `DATASET_CONTEXT`), `ArtifactRecord`, and how plain
   values and event paths are written in MLMD's protos;
 - `record`: writing: `step` and its `StepRecorder`, `record_execution` (with the CACHED
@@ -51,8 +53,13 @@ from components.lineage.runs import RunRow, list_runs
 from components.lineage.schema import (
     ARTIFACT_TYPES,
     DATASET_CONTEXT,
+    EXAMPLES_TYPE,
     EXECUTION_TYPE_PREFIX,
+    MODEL_BLESSING_TYPE,
+    MODEL_EVALUATION_TYPE,
+    MODEL_TYPE,
     PIPELINE_CONTEXT,
+    PUSHED_MODEL_TYPE,
     RUN_CONTEXT,
     ArtifactRecord,
 )
@@ -62,7 +69,12 @@ __all__ = [
     "close_unfinished",
     "ARTIFACT_TYPES",
     "DATASET_CONTEXT",
+    "EXAMPLES_TYPE",
     "EXECUTION_TYPE_PREFIX",
+    "MODEL_BLESSING_TYPE",
+    "MODEL_EVALUATION_TYPE",
+    "MODEL_TYPE",
+    "PUSHED_MODEL_TYPE",
     "PIPELINE_CONTEXT",
     "RUN_CONTEXT",
     "ArtifactRecord",

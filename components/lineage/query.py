@@ -15,6 +15,8 @@ from ml_metadata.metadata_store import metadata_store
 
 from components.lineage.schema import (
     DATASET_CONTEXT,
+    MODEL_TYPE,
+    PUSHED_MODEL_TYPE,
     RUN_CONTEXT,
     event_index,
     event_key,
@@ -157,7 +159,7 @@ def models_for_dataset(store_uri: str, dataset_version: str) -> list[dict[str, A
         for execution in executions
         for arts in _linked(store, execution["id"], mlmd.Event.OUTPUT).values()
         for model in arts
-        if model["type_name"] == "Model"
+        if model["type_name"] == MODEL_TYPE
     ]
     return sorted(found, key=lambda m: (m["model"]["create_time_ms"], m["model"]["id"]))
 
@@ -167,7 +169,7 @@ def latest_pushed_model(store_uri: str) -> str | None:
     store = open_store(store_uri)
     pushed = [
         v
-        for v in artifact_views(store, store.get_artifacts_by_type("PushedModel"))
+        for v in artifact_views(store, store.get_artifacts_by_type(PUSHED_MODEL_TYPE))
         if v["properties"].get("pushed") == 1
     ]
     return max(pushed, key=lambda v: (v["create_time_ms"], v["id"]))["uri"] if pushed else None

@@ -20,13 +20,19 @@ from components.lineage.store import mlmd
 
 Scalar = str | int | float
 
-# Artifact types with TFX's names and typed properties; everything else is a custom property.
+# The artifact types, with TFX's names: the one place they are spelled.
+EXAMPLES_TYPE = "Examples"  # tokenize's output (contracts.examples)
+MODEL_TYPE = "Model"  # train's output
+MODEL_EVALUATION_TYPE = "ModelEvaluation"  # evaluate's metrics and report
+MODEL_BLESSING_TYPE = "ModelBlessing"  # evaluate's decision (contracts.blessing)
+PUSHED_MODEL_TYPE = "PushedModel"  # push's outcome, and a rollback's input and output
+# Each type's typed properties, as TFX declares them; everything else is a custom property.
 ARTIFACT_TYPES: dict[str, dict[str, int]] = {
-    "Examples": {"span": mlmd.INT, "split_names": mlmd.STRING, "version": mlmd.INT},
-    "Model": {},
-    "ModelEvaluation": {},
-    "ModelBlessing": {},
-    "PushedModel": {},
+    EXAMPLES_TYPE: {"span": mlmd.INT, "split_names": mlmd.STRING, "version": mlmd.INT},
+    MODEL_TYPE: {},
+    MODEL_EVALUATION_TYPE: {},
+    MODEL_BLESSING_TYPE: {},
+    PUSHED_MODEL_TYPE: {},
 }
 PIPELINE_CONTEXT = "pipeline"
 RUN_CONTEXT = "pipeline_run"

@@ -25,13 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from components import serving, storage
 from contracts import progress as events
-from contracts.artifacts import (
-    SAVED_MODEL_FILE,
-    SERVING_DIR,
-    blessing_info,
-    read_blessing,
-    write_pushed,
-)
+from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, write_pushed
+from contracts.blessing import ModelBlessing, read_blessing
 from contracts.errors import UserError
 
 if TYPE_CHECKING:
@@ -56,21 +51,21 @@ def execute(step: Step, *, model: Any, blessing: Any, serving_dir: str, pushed_m
 
     # The serving folder is shared with TF Serving and later runs: gs:// in a cluster.
     step.check_shared(serving_dir, "serving_dir")
-    step.rec.input("model", "Model", model.uri, upstream=True)
-    step.rec.input("blessing", "ModelBlessing", blessing.uri, upstream=True)
+    step.rec.input("model", lineage.MODEL_TYPE, model.uri, upstream=True)
+    step.rec.input("blessing", lineage.MODEL_BLESSING_TYPE, blessing.uri, upstream=True)
     result = run(
         model.path,
         blessing.path,
         serving_dir,
         pushed_model.path,
         already_pushed=lambda uri: (
-            lineage.find_artifact(step.edge.store, uri, "PushedModel") is not None
+            lineage.find_artifact(step.edge.store, uri, lineage.PUSHED_MODEL_TYPE) is not None
         ),
         reporter=step.progress,
     )
     props = asdict(result)
     pushed_model.metadata.update(kfp_metadata.recordable(props))
-    step.rec.output("pushed_model", "PushedModel", pushed_uri(result), props)
+    step.rec.output("pushed_model", lineage.PUSHED_MODEL_TYPE, pushed_uri(result), props)
     step.rec.dataset_version = model.metadata.get("dataset_version")
 
 
@@ -97,13 +92,14 @@ def run(
     """
     reporter = reporter or events.Progress(None, "push")
     destination = serving.normalize(destination)
-    blessed, reason = read_blessing(blessing_dir)
+    blessing = read_blessing(blessing_dir)
+    blessed = bool(blessing.blessed)
     saved_model = Path(model_dir) / SERVING_DIR
     if blessed and not (saved_model / SAVED_MODEL_FILE).is_file():
         raise UserError(f"model has no SavedModel: {saved_model / SAVED_MODEL_FILE} is missing")
     retired = serving.retired_as(str(saved_model), destination) if blessed else None
     if not blessed:
-        result = _not_pushed(destination, f"not blessed: {reason}")
+        result = _not_pushed(destination, f"not blessed: {blessing.reason}")
     elif retired is not None:
         why = f"rolled back from version {retired}; a rollback retired this model"
         result = _not_pushed(destination, f"not pushed: {why}")
@@ -111,7 +107,7 @@ def run(
         objects = len(storage.list_tree(str(saved_model)))
         reporter.update(0, objects, "objects", final=True)
         try:
-            version, new = _publish(str(saved_model), destination, _baseline(blessing_dir))
+            version, new = _publish(str(saved_model), destination, _baseline(blessing))
         except serving.ServedModelChanged as e:
             result = _not_pushed(destination, f"not pushed: {e}; run again to evaluate against it")
         else:
@@ -133,10 +129,10 @@ def _not_pushed(destination: str, reason: str) -> PushResult:
     return PushResult(0, destination, "", reason)
 
 
-def _baseline(blessing_dir: str) -> int | None:
+def _baseline(blessing: ModelBlessing) -> int | None:
     """The version evaluate compared the model with (None: none was served), or
     `serving.ANY_VERSION` if the blessing does not say (written before evaluate recorded it)."""
-    baseline = blessing_info(blessing_dir).get("baseline_model")
+    baseline = blessing.baseline_model
     if baseline is None:
         return serving.ANY_VERSION
     return serving.version_of(baseline) if baseline else None

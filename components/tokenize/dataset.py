@@ -8,18 +8,24 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import sentencepiece as spm
 
 from components import storage
 from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
 from components.tokenize.corpus import SPLIT_METHOD
+from contracts import records
 from contracts.artifacts import TOKENIZER_FILE
-
-# Bump when the artifact layout or any encoding rule changes. 2: streamed (chunks of whole
-# lines in bytes, the tokenizer trained on a bounded sample, the split counted in bytes).
-FORMAT_VERSION = 2
+from contracts.examples import (
+    FORMAT_VERSION,
+    DatasetParameters,
+    ExamplesManifest,
+    GcsSource,
+    LocalSource,
+    Source,
+    SplitStats,
+    TokenizerRecord,
+)
 
 
 def dataset_parameters(
@@ -31,78 +37,69 @@ def dataset_parameters(
     chunk_bytes: int,
     tokenizer_sample_bytes: int,
     given: bytes | None,
-) -> dict[str, Any]:
-    """Every value that changes the output bytes; the dataset version hashes them.
-
-    `chunk_bytes` places the chunks the tokenizer's sample is taken from (the ids do not
-    depend on it); neither it nor the sample's size matters with a given tokenizer, but both
-    are kept so that the parameters always have the same keys.
-    """
-    return {
-        "format_version": FORMAT_VERSION,
-        "split_method": SPLIT_METHOD,
-        "vocab_size": vocab_size,
-        "seq_len": seq_len,
-        "eval_fraction": eval_fraction,
-        "shard_windows": shard_windows,
-        "chunk_bytes": chunk_bytes,
-        "tokenizer_sample_bytes": tokenizer_sample_bytes,
-        "sentencepiece_version": spm.__version__,
-        "tokenizer_options": None if given else SENTENCEPIECE_TRAINER_OPTIONS,
-        "given_tokenizer_sha256": hashlib.sha256(given).hexdigest() if given else None,
-    }
+) -> DatasetParameters:
+    """Every value that changes the output bytes, for `given` tokenizer bytes or None."""
+    return DatasetParameters(
+        format_version=FORMAT_VERSION,
+        split_method=SPLIT_METHOD,
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        eval_fraction=eval_fraction,
+        shard_windows=shard_windows,
+        chunk_bytes=chunk_bytes,
+        tokenizer_sample_bytes=tokenizer_sample_bytes,
+        sentencepiece_version=spm.__version__,
+        tokenizer_options=None if given else SENTENCEPIECE_TRAINER_OPTIONS,
+        given_tokenizer_sha256=hashlib.sha256(given).hexdigest() if given else None,
+    )
 
 
 def dataset_version(
-    corpus: str, sources: Sequence[storage.FileInfo], parameters: dict[str, Any]
+    corpus: str, sources: Sequence[storage.FileInfo], parameters: DatasetParameters
 ) -> str:
     """sha256 over each source's path relative to the corpus root, its fingerprint, and the
-    parameters."""
+    parameters (as the manifest holds them)."""
     root = _corpus_root(corpus, sources)
     fingerprints = [[_relative(f.uri, root), f.fingerprint] for f in sources]
     canonical = json.dumps(
-        {"sources": fingerprints, "parameters": parameters}, sort_keys=True, separators=(",", ":")
+        {"sources": fingerprints, "parameters": records.to_dict(parameters)},
+        sort_keys=True,
+        separators=(",", ":"),
     )
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def source_entry(source: storage.FileInfo) -> dict[str, Any]:
+def source_entry(source: storage.FileInfo) -> Source:
     """A manifest `sources` entry: the sha256 locally; GCS's fingerprints and generation."""
     if not storage.is_gcs(source.uri):
-        return {"uri": source.uri, "size": source.size, "sha256": source.sha256}
-    return {
-        "uri": source.uri,
-        "size": source.size,
-        "crc32c": source.crc32c,
-        "md5": source.md5,
-        "generation": source.generation,
-    }
+        return LocalSource(source.uri, source.size, source.sha256)
+    return GcsSource(source.uri, source.size, source.crc32c, source.md5, source.generation)
 
 
 def build_manifest(
     corpus: str,
     sources: Sequence[storage.FileInfo],
-    parameters: dict[str, Any],
-    stats: dict[str, dict[str, Any]],
+    parameters: DatasetParameters,
+    stats: dict[str, SplitStats],
     model: bytes,
     trained: bool,
-) -> dict[str, Any]:
-    """manifest.json's document (docs/design.md)."""
-    return {
-        "dataset_version": dataset_version(corpus, sources, parameters),
-        "seq_len": parameters["seq_len"],
-        "vocab_size": parameters["vocab_size"],
-        "eval_fraction": parameters["eval_fraction"],
-        "splits": stats,
-        "tokenizer": {
-            "file": TOKENIZER_FILE,
-            "sha256": hashlib.sha256(model).hexdigest(),
-            "vocab_size": parameters["vocab_size"],
-            "trained": trained,
-        },
-        "sources": [source_entry(f) for f in sources],
-        "parameters": parameters,
-    }
+) -> ExamplesManifest:
+    """manifest.json's record (docs/design.md)."""
+    return ExamplesManifest(
+        dataset_version=dataset_version(corpus, sources, parameters),
+        seq_len=parameters.seq_len,
+        vocab_size=parameters.vocab_size,
+        eval_fraction=parameters.eval_fraction,
+        splits=stats,
+        tokenizer=TokenizerRecord(
+            file=TOKENIZER_FILE,
+            sha256=hashlib.sha256(model).hexdigest(),
+            vocab_size=parameters.vocab_size,
+            trained=trained,
+        ),
+        sources=tuple(source_entry(f) for f in sources),
+        parameters=parameters,
+    )
 
 
 def _corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:

@@ -12,6 +12,7 @@ failure leaves nothing at `output_dir`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from components.tokenize.encode import Encoder, default_workers
 from components.tokenize.progress import Report
 from components.tokenize.shards import SplitWriter
 from contracts import progress as events
+from contracts import records
 from contracts.artifacts import (
     DATASETS_DIR,
     EVAL_TEXT,
@@ -48,6 +50,14 @@ from contracts.artifacts import (
     TRAIN_TEXT_SKETCH,
 )
 from contracts.errors import UserError
+from contracts.examples import (
+    DatasetParameters,
+    ExamplesManifest,
+    ExamplesReference,
+    SplitStats,
+    manifest_json,
+    parse_manifest,
+)
 from contracts.params import TokenizeParams
 
 if TYPE_CHECKING:
@@ -76,7 +86,7 @@ def run(
     progress: bool = True,
     expected_version: str | None = None,
     reporter: events.Progress | None = None,
-) -> dict[str, Any]:
+) -> ExamplesManifest:
     """Tokenize `corpus` (a UTF-8 text file, folder or glob) into `output_dir`; return the manifest.
 
     Split: each file's eval part starts at the first line start at or after its byte
@@ -170,10 +180,8 @@ def run(
             stream, Encoder(model, processes), report, total, corpus
         )
         manifest = build_manifest(corpus, sources, parameters, stats, model, trained=given is None)
-        (tmp / EXAMPLES_MANIFEST).write_text(
-            json.dumps(manifest, indent=2) + "\n", encoding="utf-8"
-        )
-    report.line(f"wrote {output_dir}: dataset_version {manifest['dataset_version'][:12]}")
+        (tmp / EXAMPLES_MANIFEST).write_text(manifest_json(manifest), encoding="utf-8")
+    report.line(f"wrote {output_dir}: dataset_version {manifest.dataset_version[:12]}")
     return manifest
 
 
@@ -182,7 +190,7 @@ class Dataset:
     """Examples in the content-addressed store: `<datasets_root>/<dataset_version>/`."""
 
     uri: str  # the Examples folder
-    manifest: dict[str, Any]  # its manifest.json, with `sources` as listed by this run
+    manifest: ExamplesManifest  # its manifest.json, with `sources` as listed by this run
     reused: bool  # True when the folder already existed and nothing was tokenized
 
 
@@ -196,7 +204,7 @@ def execute(
     whose output URI leaves it) and points at the content-addressed Examples, which lineage
     records as the Examples.
     """
-    from components import kfp_metadata
+    from components import kfp_metadata, lineage
     from trainer.config import config_from_dict
 
     cfg = config_from_dict(config)
@@ -218,9 +226,9 @@ def execute(
     props = artifact_properties(manifest)
     write_reference(examples.path, dataset)
     examples.metadata.update(kfp_metadata.recordable({**props, "examples_uri": dataset.uri}))
-    step.rec.output("examples", "Examples", dataset.uri, props)
-    step.rec.dataset_version = manifest["dataset_version"]
-    return dataset.uri, manifest["dataset_version"]
+    step.rec.output("examples", lineage.EXAMPLES_TYPE, dataset.uri, props)
+    step.rec.dataset_version = manifest.dataset_version
+    return dataset.uri, manifest.dataset_version
 
 
 def dataset_version_of(
@@ -248,7 +256,7 @@ def dataset_version_of(
     return dataset_version(corpus, sources, parameters), sources
 
 
-def _parameters(tokenizer: str | None, **versioned: Any) -> tuple[dict[str, Any], Any]:
+def _parameters(tokenizer: str | None, **versioned: Any) -> tuple[DatasetParameters, Any]:
     """Every parameter that changes the output (`versioned`: dataset_parameters' arguments but
     the tokenizer), and the given tokenizer's bytes (None: one is trained)."""
     given = bpe.read_given(tokenizer, versioned["vocab_size"]) if tokenizer else None
@@ -272,18 +280,19 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
     manifest_uri = storage.join(uri, EXAMPLES_MANIFEST)
 
     def stored() -> Dataset:
-        manifest = json.loads(storage.read_bytes(manifest_uri))
+        manifest = parse_manifest(storage.read_bytes(manifest_uri), manifest_uri)
         reporter = options.get("reporter")
         if reporter is not None:
             reporter.note(f"reusing dataset {version[:12]}: nothing to tokenize")
             total = sum(f.size for f in sources)
             reporter.update(total, total, "bytes", final=True, stage="reused")
-        if manifest.get("dataset_version") != version:
+        if manifest.dataset_version != version:
             raise UserError(
-                f"dataset folder {uri} holds version {manifest.get('dataset_version')!r}, not "
+                f"dataset folder {uri} holds version {manifest.dataset_version!r}, not "
                 "the one it is named for; remove it so that it is written again"
             )
-        return Dataset(uri, {**manifest, "sources": [source_entry(f) for f in sources]}, True)
+        listed = tuple(source_entry(f) for f in sources)
+        return Dataset(uri, dataclasses.replace(manifest, sources=listed), True)
 
     lease = storage.join(datasets_root, f".{version}.lease")
     with storage.hold_or_wait(lease, done=lambda: storage.has_content(manifest_uri)) as holder:
@@ -308,37 +317,33 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
 
 def write_reference(folder: str, dataset: Dataset) -> None:
     """Write, into a run's own Examples artifact folder, where the Examples really are."""
-    reference = {
-        "uri": dataset.uri,
-        "dataset_version": dataset.manifest["dataset_version"],
-        "manifest": dataset.manifest,
-    }
+    reference = ExamplesReference(dataset.uri, dataset.manifest.dataset_version, dataset.manifest)
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
-    (path / EXAMPLES_REF).write_text(json.dumps(reference, indent=2) + "\n", encoding="utf-8")
+    (path / EXAMPLES_REF).write_text(manifest_json(reference), encoding="utf-8")
 
 
-def artifact_properties(manifest: dict[str, Any]) -> dict[str, Any]:
+def artifact_properties(manifest: ExamplesManifest) -> dict[str, Any]:
     """Flat scalar properties of the Examples artifact for KFP and ML Metadata (TFX names).
 
     `dataset_version`, per-split and total `windows` and `tokens`, and `sources` (JSON).
     """
     props: dict[str, Any] = {
-        "dataset_version": manifest["dataset_version"],
-        "split_names": json.dumps(list(manifest["splits"])),
-        "seq_len": manifest["seq_len"],
-        "vocab_size": manifest["vocab_size"],
-        "eval_fraction": manifest["eval_fraction"],
-        "tokenizer_sha256": manifest["tokenizer"]["sha256"],
+        "dataset_version": manifest.dataset_version,
+        "split_names": json.dumps(list(manifest.splits)),
+        "seq_len": manifest.seq_len,
+        "vocab_size": manifest.vocab_size,
+        "eval_fraction": manifest.eval_fraction,
+        "tokenizer_sha256": manifest.tokenizer.sha256,
     }
-    for split, stats in manifest["splits"].items():
+    for split, stats in manifest.splits.items():
         for key in ("windows", "tokens", "chars"):
-            props[f"{split}_{key}"] = stats[key]
+            props[f"{split}_{key}"] = getattr(stats, key)
     for key in ("windows", "tokens"):
-        props[key] = sum(stats[key] for stats in manifest["splits"].values())
+        props[key] = manifest.total(key)
     # Each source with its content fingerprint (size + sha256 locally; size, generation,
     # crc32c and md5 on GCS), so `gptpipe reproduce` can tell whether the data is still there.
-    props["sources"] = json.dumps(manifest["sources"], sort_keys=True)
+    props["sources"] = json.dumps([records.to_dict(s) for s in manifest.sources], sort_keys=True)
     return props
 
 
@@ -399,7 +404,7 @@ class _Splits:
 
     def write(
         self, chunks: Iterator[Chunk], encoder: Encoder, report: Report, total: int, corpus: str
-    ) -> dict[str, dict[str, Any]]:
+    ) -> dict[str, SplitStats]:
         """Encode and write every chunk; the manifest's counts per split."""
         (self.folder / EVAL_TEXT).parent.mkdir()
         try:
@@ -420,7 +425,7 @@ class _Splits:
                 _check_one_window(corpus, split, writer.tokens, self.seq_len)
             with report.stage("write", total):
                 return {
-                    split: {**writer.finish(), "chars": self.chars[split]}
+                    split: writer.finish(self.chars[split])
                     for split, writer in self.writers.items()
                 }
         except BaseException:

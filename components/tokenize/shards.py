@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from contracts.artifacts import shard_file, split_dir
+from contracts.examples import SplitStats
 
 # zlib's fastest level: a fifth of the default level's time (the step's largest cost after
 # encoding) for shards about 15% larger.
@@ -52,13 +53,14 @@ class SplitWriter:
             self._write(serialize(view[:: self.seq_len][:count]))  # (count, seq_len + 1)
         self._carry = stream[count * self.seq_len :]
 
-    def finish(self) -> dict[str, Any]:
-        """Close the last shard and give every shard its final name; the split's counts."""
+    def finish(self, chars: int) -> SplitStats:
+        """Close the last shard and give every shard its final name; the split's counts, with
+        the `chars` of text it was encoded from."""
         self._close_shard()
         names = [shard_file(self.split, i, len(self._shards)) for i in range(len(self._shards))]
         for path, name in zip(self._shards, names, strict=True):
             os.replace(path, self.folder / name)
-        return {"shards": names, "windows": self.windows, "tokens": self.tokens}
+        return SplitStats(tuple(names), self.windows, self.tokens, chars)
 
     def abort(self) -> None:
         """Close the open shard, if any, after a failure (its error is not this one's to tell)."""

@@ -8,13 +8,14 @@ changes. This module builds its command line from the resolved config, describes
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from components import storage
 from components.jobs import kube
-from components.jobs.launcher import Launcher
+from components.jobs.launcher import Launcher, LaunchResult
 from components.jobs.naming import job_name, run_label
 from components.jobs.spec import METRICS_FLAG, METRICS_PORT, JobSpec, OwnerPod
 from contracts.artifacts import (
@@ -28,7 +29,9 @@ from contracts.artifacts import (
     step_work_dir,
 )
 from contracts.errors import UserError
+from contracts.examples import parse_manifest
 from contracts.params import LAUNCHERS, TrainJob
+from contracts.training import TrainMetrics, parse_metrics
 from trainer.config import Config, config_from_dict, config_hash, config_to_dict
 
 if TYPE_CHECKING:
@@ -39,10 +42,39 @@ CONTAINER_PYTHON = "python"  # the interpreter on the trainer image's PATH
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What training produced, split by where lineage records it."""
+    """What training produced: what the chief wrote, and how the job ran."""
 
-    model_properties: dict  # on the Model artifact: steps, loss, config hash...
-    execution_properties: dict  # on the train execution: job name, GPU-hours, restarts...
+    config_hash: str  # of the resolved config the workers trained with
+    metrics: TrainMetrics  # the chief's TRAIN_METRICS
+    launched: LaunchResult  # the job: its name, attempts, restarts, wall time, GPU-hours
+
+    @property
+    def model_properties(self) -> dict[str, Any]:
+        """The Model artifact's lineage properties (and the train step's KFP UI metadata)."""
+        m = self.metrics
+        return {
+            "config_hash": self.config_hash,
+            "steps": m.steps,
+            "final_loss": None if math.isnan(m.final_loss) else m.final_loss,
+            "diverged": int(m.diverged),
+            "global_batch_size": m.global_batch_size,
+            "tokens_per_second": m.tokens_per_second,
+            "precision_policy": m.precision_policy,
+            "gpu_hours": self.launched.gpu_hours,
+        }
+
+    @property
+    def execution_properties(self) -> dict[str, Any]:
+        """The train execution's lineage properties."""
+        launched = self.launched
+        return {
+            "job_name": launched.job_name,
+            "attempts": launched.attempts,
+            "restarts": launched.restarts,
+            "wall_seconds": round(launched.wall_seconds, 3),
+            "gpu_hours": launched.gpu_hours,
+            "worker_image_digests": dict(launched.image_digests),
+        }
 
 
 def execute(
@@ -61,9 +93,9 @@ def execute(
     The workers write the Model and the work folder themselves: both must be on gs:// in a
     cluster (a minio:// pipeline root is refused here, before any GPU starts).
     """
-    from components import kfp_metadata
+    from components import kfp_metadata, lineage
 
-    step.rec.input("examples", "Examples", examples_uri, upstream=True)
+    step.rec.input("examples", lineage.EXAMPLES_TYPE, examples_uri, upstream=True)
     cfg = config_from_dict(config)  # a hand-edited config fails here, on the record
     job = TrainJob.from_dict(train_job)
     step.rec.parameters["config_hash"] = config_hash(cfg)
@@ -90,7 +122,7 @@ def execute(
     properties = {**result.model_properties, "dataset_version": dataset_version}
     model.metadata.update(kfp_metadata.recordable(properties))
     step.rec.set(**result.execution_properties)
-    step.rec.output("model", "Model", model.uri, properties)
+    step.rec.output("model", lineage.MODEL_TYPE, model.uri, properties)
     step.rec.dataset_version = dataset_version
 
 
@@ -172,26 +204,9 @@ def run(
     # KFP's launcher, downloading the Model for evaluate and push, would make each a file and
     # then fail to create the folder of the same name.
     storage.delete_folder_markers(model_uri)
-    metrics = json.loads(storage.read_bytes(storage.join(model_uri, TRAIN_METRICS)))
-    model_properties = {
-        "config_hash": config_hash(cfg),
-        "steps": metrics.get("steps"),
-        "final_loss": _json_number(metrics.get("final_loss")),
-        "diverged": int(bool(metrics.get("diverged"))),
-        "global_batch_size": metrics.get("global_batch_size"),
-        "tokens_per_second": metrics.get("tokens_per_second"),
-        "precision_policy": metrics.get("precision_policy"),
-        "gpu_hours": launched.gpu_hours,  # the step's output metadata in the KFP UI, too
-    }
-    execution_properties = {
-        "job_name": launched.job_name,
-        "attempts": launched.attempts,
-        "restarts": launched.restarts,
-        "wall_seconds": round(launched.wall_seconds, 3),
-        "gpu_hours": launched.gpu_hours,
-        "worker_image_digests": dict(launched.image_digests),
-    }
-    return TrainResult(model_properties, execution_properties)
+    metrics_uri = storage.join(model_uri, TRAIN_METRICS)
+    metrics = parse_metrics(storage.read_bytes(metrics_uri), metrics_uri)
+    return TrainResult(config_hash(cfg), metrics, launched)
 
 
 def worker_scratch(work_dir: str) -> list[str]:
@@ -217,8 +232,8 @@ def check_cache_inputs(examples_uri: str, dataset_version: str) -> None:
     The pipeline passes both from the tokenize task; a disagreement means a hand-edited
     pipeline, and training on it would file the model under the wrong data.
     """
-    manifest = json.loads(storage.read_bytes(storage.join(examples_uri, EXAMPLES_MANIFEST)))
-    found = manifest.get("dataset_version")
+    manifest_uri = storage.join(examples_uri, EXAMPLES_MANIFEST)
+    found = parse_manifest(storage.read_bytes(manifest_uri), manifest_uri).dataset_version
     if found != dataset_version:
         raise UserError(f"dataset_version input {dataset_version!r} is not the Examples' {found!r}")
 
@@ -294,7 +309,3 @@ def trainer_command(
         config_json,
         *metrics,
     ]
-
-
-def _json_number(value: Any) -> Any:
-    return value if isinstance(value, int | float) and value == value else None

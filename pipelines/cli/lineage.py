@@ -10,11 +10,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from components import lineage, provenance, serving, storage
 from contracts.errors import UserError
+from contracts.examples import LocalSource, Source, parse_sources
 from contracts.params import STEP_PARAMS
 from pipelines.cli.options import image_pull_secret_option
 from pipelines.config import DEFAULT_ROOT
@@ -77,7 +79,7 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
     PushedModel <- push <- Model (+ ModelBlessing <- evaluate -> ModelEvaluation)
     <- train <- Examples <- tokenize. A link the store lacks is None.
     """
-    pushed = lineage.find_artifact(store_uri, pushed_model_uri, "PushedModel")
+    pushed = lineage.find_artifact(store_uri, pushed_model_uri, lineage.PUSHED_MODEL_TYPE)
     if pushed is None:
         raise UserError(
             f"no PushedModel at {pushed_model_uri!r} in metadata store {store_uri}: "
@@ -89,19 +91,19 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
     # is that version's own, rollbacks of rollbacks included.
     restored: list[str] = []
     while len(restored) < MAX_ROLLBACKS:
-        earlier = _pick(push_inputs, "PushedModel", "model")
+        earlier = _pick(push_inputs, lineage.PUSHED_MODEL_TYPE, "model")
         if earlier is None:
             break
         restored.append(earlier["uri"])
         restoring = lineage.producer_of(store_uri, earlier)
         push_inputs = lineage.inputs_of(store_uri, restoring) if restoring else {}
-    model = _pick(push_inputs, "Model", "model")
-    blessing = _pick(push_inputs, "ModelBlessing", "blessing")
+    model = _pick(push_inputs, lineage.MODEL_TYPE, "model")
+    blessing = _pick(push_inputs, lineage.MODEL_BLESSING_TYPE, "blessing")
     evaluate = lineage.producer_of(store_uri, blessing) if blessing else None
     evaluate_outputs = lineage.outputs_of(store_uri, evaluate) if evaluate else {}
     train = lineage.producer_of(store_uri, model) if model else None
     train_inputs = lineage.inputs_of(store_uri, train) if train else {}
-    examples = _pick(train_inputs, "Examples", "examples")
+    examples = _pick(train_inputs, lineage.EXAMPLES_TYPE, "examples")
     return {
         "pushed_model": pushed,
         "push": push,
@@ -113,7 +115,7 @@ def trace(store_uri: str, pushed_model_uri: str) -> dict[str, Any]:
             a
             for arts in evaluate_outputs.values()
             for a in arts
-            if a["type_name"] == "ModelEvaluation"
+            if a["type_name"] == lineage.MODEL_EVALUATION_TYPE
         ],
         "train": train,
         "examples": examples,
@@ -310,7 +312,7 @@ def reproduce(
     }
     missing = [name for name, execution in steps.items() if execution is None]
     if missing or found["examples"] is None:
-        lacks = ", ".join(missing or ["Examples"])
+        lacks = ", ".join(missing or [lineage.EXAMPLES_TYPE])
         raise UserError(
             f"the lineage of {pushed_model_uri} lacks {lacks} (a partial record): "
             "reproduce the model that the original push published"
@@ -324,9 +326,8 @@ def reproduce(
     images = Images(pipeline=found["train"]["image"], trainer=found["train"]["trainer_image"])
     _check_pinned(images, allow_unpinned)
     config = check_config(arguments["config"], steps["train"]["parameters"])  # type: ignore[index]
-    check_sources(
-        arguments["corpus"], found["examples"]["sources"], found["examples"]["dataset_version"]
-    )
+    recorded = parse_sources(found["examples"]["sources"], "the Examples' recorded sources")
+    check_sources(arguments["corpus"], recorded, found["examples"]["dataset_version"])
     if arguments.get("tokenizer"):
         check_tokenizer(str(arguments["tokenizer"]), found["examples"])
     root = str(arguments.get("artifact_root", ""))
@@ -413,7 +414,7 @@ def _check_pinned(images: Images, allow_unpinned: bool) -> None:
             )
 
 
-def check_sources(corpus: str, recorded: list[dict[str, Any]], dataset_version: str) -> None:
+def check_sources(corpus: str, recorded: Sequence[Source], dataset_version: str) -> None:
     """Raise UserError unless `corpus` lists exactly the recorded sources, unchanged."""
     try:
         current = {f.uri: f for f in storage.list_files(corpus)}
@@ -421,7 +422,7 @@ def check_sources(corpus: str, recorded: list[dict[str, Any]], dataset_version: 
         current = {}
     version = f"dataset version {dataset_version[:12]}"
     for source in recorded:
-        uri = source["uri"]
+        uri = source.uri
         if uri not in current:
             raise UserError(f"source {uri} of {version} is gone: the data cannot be reproduced")
         changed = _fingerprint_change(source, current[uri])
@@ -430,7 +431,7 @@ def check_sources(corpus: str, recorded: list[dict[str, Any]], dataset_version: 
                 f"source {uri} changed since {version} was made ({changed}): "
                 "the same data version cannot be reproduced from it"
             )
-    extra = sorted(set(current) - {s["uri"] for s in recorded})
+    extra = sorted(set(current) - {s.uri for s in recorded})
     if extra:
         raise UserError(
             f"corpus {corpus!r} now also holds {extra[0]}, which {version} did not "
@@ -456,13 +457,13 @@ def check_tokenizer(uri: str, examples: dict[str, Any]) -> None:
         )
 
 
-def _fingerprint_change(recorded: dict[str, Any], now: storage.FileInfo) -> str:
+def _fingerprint_change(recorded: Source, now: storage.FileInfo) -> str:
     """'' if the content fingerprint still matches, else what differs."""
-    keys = ("size", "sha256") if not storage.is_gcs(now.uri) else ("size", "crc32c", "md5")
+    keys = ("size", "sha256") if isinstance(recorded, LocalSource) else ("size", "crc32c", "md5")
     diffs = [
-        f"{k} {recorded.get(k)} -> {getattr(now, k)}"
+        f"{k} {getattr(recorded, k)} -> {getattr(now, k)}"
         for k in keys
-        if recorded.get(k) != getattr(now, k)
+        if getattr(recorded, k) != getattr(now, k)
     ]
     return "; ".join(diffs)
 

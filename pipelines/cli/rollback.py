@@ -44,11 +44,13 @@ def _cmd_rollback(args: argparse.Namespace) -> int:
     run_id = f"rollback-{int(time.time())}-{uuid.uuid4().hex[:6]}"
     found = provenance.detect(provenance.LOCAL_IMAGE, os.environ).properties()
     with lineage.step(args.metadata, "push", "gptpipe", run_id, params, found) as rec:
-        rec.input("model", "PushedModel", storage.join(destination, str(args.to_version)))
+        rec.input(
+            "model", lineage.PUSHED_MODEL_TYPE, storage.join(destination, str(args.to_version))
+        )
         version = serving.rollback(destination, args.to_version)
         rec.output(
             "pushed_model",
-            "PushedModel",
+            lineage.PUSHED_MODEL_TYPE,
             storage.join(destination, str(version)),
             {
                 "pushed": 1,

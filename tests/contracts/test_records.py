@@ -65,3 +65,30 @@ def test_a_wrong_key_or_type_is_one_line_naming_the_field(data, said):
 def test_malformed_json_names_what_it_was():
     with pytest.raises(UserError, match="^outer is not valid JSON"):
         records.from_json(Outer, "{", "outer")
+
+
+@dataclass(frozen=True)
+class Loss:
+    value: records.AnyFloat = 0.0
+    maybe: records.AnyFloat | None = None
+
+
+def test_an_any_float_field_carries_nan_and_infinity_which_a_float_field_refuses():
+    made = Loss(float("inf"), float("nan"))
+    back = records.from_json(Loss, records.to_json(made), "loss")
+    assert back.value == float("inf") and back.maybe != back.maybe  # NaN
+    with pytest.raises(UserError, match=r"^loss.value=\"nan\": takes a number$"):
+        records.from_dict(Loss, {"value": "nan"}, "loss")
+    with pytest.raises(UserError, match=r"^outer.ratio=nan: takes a finite number$"):
+        records.from_dict(Outer, {"ratio": float("nan")}, "outer")
+
+
+@dataclass(frozen=True)
+class Holder:
+    inner: Inner | None = None
+
+
+def test_an_optional_record_names_the_field_inside_it_that_is_wrong():
+    assert records.from_dict(Holder, {"inner": None}, "h") == Holder()
+    with pytest.raises(UserError, match=r"^h.inner.size=\"2\": takes a whole number$"):
+        records.from_dict(Holder, {"inner": {"name": "n", "size": "2"}}, "h")

@@ -478,9 +478,11 @@ def test_windows_longer_than_the_position_table(tmp_path):
     # The model takes at most model.seq_len tokens (trainer/model.py: the position table's rows,
     # or ContextLimit), so no config can ask for more; windows cut for a longer seq_len are what
     # could, and train refuses them.
+    from trainer_fixtures import examples_manifest
+
     from trainer import data
 
-    manifest = {"seq_len": 128, "vocab_size": 512, "splits": {}}
+    manifest = examples_manifest({}, seq_len=128, vocab_size=512)
     with pytest.raises(UserError) as refused:
         data.check_manifest(manifest, resolve_config("tiny"))
     message = _one_line(str(refused.value))

@@ -45,6 +45,7 @@ from contracts.artifacts import (
     SERVING_DIR,
     TRAIN_METRICS,
 )
+from contracts.blessing import ModelBlessing
 from contracts.errors import UserError
 from contracts.params import EvalPolicy
 from trainer import data, shard_check
@@ -65,7 +66,7 @@ def dataset(tmp_path_factory) -> tokenize.Dataset:
     found = tokenize.run_content_addressed(
         str(corpus), str(root / "datasets"), shard_windows=SHARD_WINDOWS, **TOKENIZE
     )
-    assert len(found.manifest["splits"]["train"]["shards"]) == 4
+    assert len(found.manifest.splits["train"].shards) == 4
     return found
 
 
@@ -96,7 +97,7 @@ def _damaged_copy(dataset: tokenize.Dataset, tmp_path: Path, damage) -> tuple[Pa
     """A copy of the Examples whose second train shard `damage` changed; (examples, shard)."""
     examples = tmp_path / "examples"
     shutil.copytree(dataset.uri, examples)
-    shard = examples / dataset.manifest["splits"]["train"]["shards"][1]
+    shard = examples / dataset.manifest.splits["train"].shards[1]
     damage(shard)
     return examples, shard
 
@@ -287,7 +288,7 @@ def _foreign_model_in_service(model: Path, tmp_path: Path, monkeypatch) -> None:
 
 
 def _disk_full_at_the_blessing(model: Path, tmp_path: Path, monkeypatch) -> None:
-    def half_written(folder: Path, blessed: bool, info: dict) -> None:
+    def half_written(folder: Path, blessing: ModelBlessing) -> None:
         (folder / "NOT_BLESSED").write_text("")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "blessing.json"))
 
@@ -462,7 +463,7 @@ def test_a_full_disk_leaves_no_dataset_and_a_rerun_succeeds(full_disk):
         str(corpus), str(datasets), shard_windows=FULL_DISK_SHARD_WINDOWS, **TOKENIZE
     )
     assert (again.uri, again.reused) == (str(datasets / version), False)
-    assert len(again.manifest["splits"]["train"]["shards"]) == 5
+    assert len(again.manifest.splits["train"].shards) == 5
     assert max(p.stat().st_size for p in Path(again.uri).rglob("*.gz")) > FILE_LIMIT
 
 
@@ -515,7 +516,7 @@ def test_tokenize_killed_between_shards_leaves_no_dataset_and_a_rerun_succeeds(t
     again = tokenize.run_content_addressed(
         str(corpus), str(datasets), shard_windows=SHARD_WINDOWS, **TOKENIZE
     )
-    assert (again.uri, again.reused, again.manifest["dataset_version"]) == (
+    assert (again.uri, again.reused, again.manifest.dataset_version) == (
         str(datasets / version),
         False,
         version,
