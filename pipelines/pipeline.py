@@ -120,9 +120,8 @@ def build(target: Target, config: Config) -> dsl.graph_component.GraphComponent:
             )
             on_cluster(trained, "train").set_caching_options(enable_caching=True)
             # A retried train step re-attaches to its TFJob (a deterministic name) or resumes
-            # from the work folder's backup; the TFJob's own restarts are under
-            # train_job.backoff_limit. KFP before 2.14 ignores a retry policy inside an exit
-            # handler's group (argocompiler/container.go); the exit handler still cleans up.
+            # from the work folder's backup (TRAIN_RETRIES says when KFP retries at all); the
+            # TFJob's own restarts are under train_job.backoff_limit.
             trained.set_retry(num_retries=TRAIN_RETRIES, backoff_duration="60s")
             evaluated = evaluate_op(
                 examples_uri=tokenized.outputs["examples_uri"],

@@ -56,7 +56,7 @@ class StepCallback(keras.callbacks.Callback):
 class TrainMonitor(StepCallback):
     """Measures every log_every steps, stops at train_steps, and stops (not crashes) on a NaN loss.
 
-    Nothing is read back from the device between logging steps (issue 13: a read per step
+    Nothing is read back from the device between logging steps (a read per step
     stalls a GPU). At a logging step (every log_every steps, the first step an attempt trains,
     and the last) it reads the loss, the gradient norm and the step statistics of
     trainer/train_step.py, computes the interval's speed, logs a line, adds the point to the

@@ -94,18 +94,13 @@ class Config:
 def _preset(name: str) -> dict[str, dict[str, Any]]:
     """Return the section overrides that define preset `name` on top of the defaults."""
     if name == "tiny":
-        return {}  # the defaults: ~45 s for 500 steps on 2 CPU cores, val loss ~3.2 on Shakespeare
+        return {}  # the defaults: a model for tests and the demo, trained in about a minute
     if name == "quality":
         # The best model about 10 minutes of 2 CPU cores make of a corpus the size of the bundled
-        # one (1 MB): BPE 2048 and 128-token windows, so a window spans ~400 characters; 4 x 256
-        # layers, the most that train for several epochs in that time; dropout 0.15, because
-        # several epochs of 1 MB overfit without it (at 0.1, rotary variants scored worse after
-        # their last step than at three quarters of it; 0.15 beat 0.1 by 0.9% on
-        # bench/quality_tune's split, not on the benchmark's held-out text: 1.474 against 1.469);
-        # and rotary positions, 3.4% fewer held-out nats/char than the learned table at the same
-        # steps (docs/benchmarks.md). 900 steps took 6.0 minutes on 2 Zen 5 cores in bfloat16
-        # (`auto` there; 7.7 on Zen 4 with the table); in float32 they take about half as long
-        # again. bench/quality_bench.py measures it against the peer.
+        # one (1 MB): BPE 2048 and 128-token windows (~400 characters each); 4 x 256 layers,
+        # the most that train for several epochs in that time; dropout 0.15 against the overfit
+        # of several epochs; rotary positions. docs/benchmarks.md has how each choice measured,
+        # and bench/quality_bench.py measures the preset against the peer.
         return {
             "model": {
                 "vocab_size": 2048,

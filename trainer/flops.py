@@ -2,7 +2,7 @@
 is made of, for the trainer's telemetry and the benchmarks alike.
 
 Pure functions of the config and the device name (no TensorFlow), after nanoGPT's
-`estimate_mfu` and the count in issue 13: 6 FLOPs per parameter per token for the forward and
+`estimate_mfu`: 6 FLOPs per parameter per token for the forward and
 backward matmuls (the tied embedding counted once, as the output projection; the position table
 is a lookup and is not counted, as nanoGPT's non-embedding count leaves it out), plus
 6 * n_layer * seq_len * d_model for causal attention (PaLM's appendix B: the scores and the
