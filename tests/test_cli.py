@@ -162,3 +162,88 @@ def test_an_interrupted_command_prints_one_line_and_exits_130(monkeypatch, capsy
     assert cli.main(argv) == 130
     err = capsys.readouterr().err
     assert err.startswith(says) and err.count("\n") == 1 and "Traceback" not in err
+
+
+def _run_args(*argv: str):
+    return cli._parser().parse_args(["run", *argv])
+
+
+def test_a_local_run_resolves_each_steps_parameters_once_from_its_options(tmp_path):
+    """--workers and --tokenizer are shortcuts for their fields; --param sets any field."""
+    from contracts.params import EvalPolicy, TokenizeParams
+
+    args = _run_args(
+        "--local",
+        "--workers",
+        "3",
+        "--tokenizer",
+        "tok.model",
+        "--param",
+        "eval_policy.tolerance=0.05",
+        "--param",
+        "tokenize.eval_fraction=0.2",
+    )
+    run = run_cmd.local_run(args)
+    assert (run.train_job.workers, run.train_job.launcher, run.train_job.gpus_per_worker) == (
+        3,
+        "local",
+        0,
+    )
+    assert run.tokenize == TokenizeParams(eval_fraction=0.2, tokenizer="tok.model")
+    assert run.eval_policy == EvalPolicy(tolerance=0.05)
+
+
+@pytest.mark.bad_input("a --param of a local run that names no field, or a bad value")
+@pytest.mark.parametrize(
+    "param, says",
+    [
+        (
+            "train_job.wrokers=2",
+            "train_job has no field 'wrokers' (did you mean train_job.workers?)",
+        ),
+        ("eval_policy.tolerance=2", "eval_policy.tolerance=2.0: the regression allowed"),
+        ("workers=2", "--param 'workers=2' is not OBJECT.FIELD=VALUE"),
+    ],
+)
+def test_a_bad_param_of_a_local_run_is_one_line_and_starts_nothing(tmp_path, capsys, param, says):
+    code, err, root = run_cli(tmp_path, capsys, write(tmp_path, b"hello\n" * 100), "--param", param)
+    assert code == 2 and says in err and err.count("\n") == 1
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["--kfp", "http://kfp", "--workers", "2"], "--workers is not an option of a --kfp run"),
+        (["--kfp", "http://kfp", "--corpus", "c.txt"], "--corpus is not an option of a --kfp run"),
+        (["--local", "--wait"], "--wait is not an option of a --local run"),
+        (["--local", "--version", "v1"], "--version is not an option of a --local run"),
+    ],
+)
+def test_one_run_verb_refuses_the_other_places_options(capsys, argv, says):
+    assert cli.main(["run", *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1
+
+
+def test_a_kfp_run_is_kfp_run_with_its_host(monkeypatch):
+    """`run --kfp HOST` is `kfp run --host HOST`: the same command, the same options."""
+    from pipelines.cli import kfp as kfp_cli
+
+    seen = {}
+
+    def started(args):
+        seen.update(host=args.host, params=args.params, wait=args.wait)
+        return 0
+
+    monkeypatch.setattr(kfp_cli, "cmd_run", started)
+    argv = ["--kfp", "http://kfp:8888", "--param", "train_job.workers=8", "--wait"]
+    assert cli.main(["run", *argv]) == 0
+    assert seen == {"host": "http://kfp:8888", "params": ["train_job.workers=8"], "wait": True}
+
+
+def test_run_needs_a_place(capsys):
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["run"])
+    assert exited.value.code == 2
+    assert "one of the arguments --local --kfp is required" in capsys.readouterr().err
