@@ -1,10 +1,11 @@
 """What every step does around its executor, once: TFX's driver and publisher for our steps.
 
-A component is its KFP signature plus one call, `step.run(NAME, executor.execute, locals())`.
-`run` reads the step's edge (run id, provenance, the ML Metadata address, the pod), records the
-execution with the step's parameters (every input that is not an artifact, but the edge's own),
-and calls the executor's `execute(step, **inputs)` inside that record: COMPLETE when it
-returns, FAILED with its error when it raises. Every executor has that entry point shape.
+A component is its KFP signature plus one call, `step.run(NAME, executor.execute, inputs)`, its
+inputs being its `locals()`. `run` reads the step's edge (run id, provenance, the ML Metadata
+address, the pod), records the execution with the step's parameters (every input that is neither
+an artifact, nor the edge's own, nor an upstream task's output), and calls the executor's
+`execute(step, **inputs)` inside that record: COMPLETE when it returns, FAILED with its error
+when it raises. Every executor has that entry point shape.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from contracts.progress import Progress
 
 T = TypeVar("T")
 EDGE_INPUTS = ("image", "metadata", "pipeline_name")  # every component's, read by `run` alone
+# Inputs an upstream task produced (tokenize's outputs), not run parameters: lineage records
+# them as the Examples input and the execution's dataset version.
+UPSTREAM_INPUTS = ("examples_uri", "dataset_version")
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,11 @@ def run(name: str, execute: Callable[..., T], arguments: Mapping[str, Any]) -> T
     """
     inputs = dict(arguments)
     image, metadata, pipeline_name = (inputs.pop(key) for key in EDGE_INPUTS)
-    parameters = {key: value for key, value in inputs.items() if not _is_artifact(value)}
+    parameters = {
+        key: value
+        for key, value in inputs.items()
+        if key not in UPSTREAM_INPUTS and not _is_artifact(value)
+    }
     edge = step_edge.read(name, image, metadata, os.environ)
     progress = Progress.from_env(os.environ, name)
     with lineage.step(

@@ -105,7 +105,7 @@ def test_the_report_says_how_much_of_the_eval_text_each_model_trained_on(tmp_pat
     info = json.loads((tmp_path / "blessing" / "blessing.json").read_text())
     assert info["eval_text_seen"]["baseline"]["share"] == 1.0
     assert info["eval_text_seen"]["candidate"]["share"] == result.candidate_seen.share
-    assert executor.metrics(result)["eval_text_seen_by_baseline"] == 1.0
+    assert executor.key_metrics(result)["eval_text_seen_by_baseline"] == 1.0
     report = (tmp_path / "report.md").read_text()
     assert f"| {result.candidate_seen.share:.1%} |" in report and "| 100.0% |" in report
     assert "eval text trained on" in report
@@ -120,5 +120,5 @@ def test_a_baseline_without_a_sketch_or_with_a_damaged_one_is_unknown(tmp_path, 
         result = run(out, examples, model, out / "serving")
         assert result.baseline_seen is None and "the model in service trained" not in result.reason
         assert "| unknown |" in (out / "report.md").read_text()
-        assert "eval_text_seen_by_baseline" not in executor.metrics(result)
+        assert "eval_text_seen_by_baseline" not in executor.key_metrics(result)
     assert "ignoring the unreadable train-text sketch" in caplog.text

@@ -92,7 +92,7 @@ def execute(
         html_report_path=html_report.path,
         run_facts=facts,
     )
-    numbers = metrics(result)
+    numbers = key_metrics(result)
     for name, value in kfp_metadata.recordable(numbers).items():
         metrics.log_metric(name, value)
     decided = model_blessing(result, model.uri)
@@ -479,7 +479,7 @@ def _safe_exp(x: float) -> float:
     return math.exp(x) if math.isfinite(x) and x < 700 else float("inf")
 
 
-def metrics(result: EvalResult) -> dict[str, float]:
+def key_metrics(result: EvalResult) -> dict[str, float]:
     """Flatten the outcome into the named numbers logged to the KFP Metrics artifact."""
     numbers = {
         "eval_nats_per_token": result.candidate.nats_per_token,

@@ -234,7 +234,7 @@ def test_a_diverged_model_is_neither_blessed_nor_pushed(dataset, diverged, tmp_p
     assert (blessing / "NOT_BLESSED").is_file() and not (blessing / "BLESSED").exists()
     assert json.loads((blessing / "blessing.json").read_text())["reason"] == result.reason
     # The NaN weights score NaN; KFP and lineage keep such a number as its string.
-    numbers = evaluate.metrics(result)
+    numbers = evaluate.key_metrics(result)
     assert not math.isfinite(numbers["eval_nats_per_char"])
     assert kfp_metadata.recordable(numbers)["eval_nats_per_char"] == "nan"
     report = (tmp_path / "report.md").read_text()
