@@ -21,7 +21,8 @@ ACTIONLINT_DIR := .tools/actionlint
 ACTIONLINT := $(ACTIONLINT_DIR)/$(ACTIONLINT_TGZ).ok
 
 # The release steps on KFP (upload, submit, schedule): any CI system calls these, as
-# .github/workflows/release.yml does. Each can also come from the environment.
+# .github/workflows/release.yml does. submit is `gptpipe kfp run` (the alias of `gptpipe run
+# --kfp`). Each variable below can also come from the environment.
 # KFP API URL (empty: $KF_PIPELINES_ENDPOINT)
 KFP_HOST ?=
 # profile namespace on a multi-user KFP
@@ -38,7 +39,9 @@ PIPELINE_YAML ?= gptpipe.yaml
 CONFIG ?=
 # pipeline version to upload or run (empty: upload names it git-<sha>, submit runs the newest)
 VERSION ?=
-# run parameters, space-separated KEY=VALUE words (values JSON when they parse as JSON)
+# run parameters, space-separated words, each one --param: NAME=VALUE for a pipeline parameter
+# (corpus=gs://...) or OBJECT.FIELD=VALUE for one field of a step's parameters
+# (train_job.workers=1; contracts/params.py); values JSON when they parse, docs/operations.md
 PARAMS ?=
 # KFP experiment of runs and schedules (empty: gptpipe)
 EXPERIMENT ?=
@@ -67,11 +70,11 @@ help:
 	@echo "make lint    ruff and mypy"
 	@echo "make bench   benchmarks (ratios against a reference in the same run)"
 	@echo "make images REGISTRY=...  build + push both images, write images/digests.json"
-	@echo "make pin-base-images      pin the Dockerfiles' base images to today's digests"
+	@echo "make pin-base-images      pin images/bases.json (the Dockerfile's bases) to today's digests"
 	@echo "make compile PIPELINE_ROOT=gs://...  write gptpipe.yaml, images from the digest lock"
 	@echo "make upload  PIPELINE_ROOT=gs://... [VERSION=git-<sha>]  compile, then upload a version"
-	@echo "make submit  PARAMS='corpus=gs://... serving_dir=gs://...' [VERSION=...] [CONFIG=tiny]"
-	@echo "             run a version on KFP and wait: exit 0 when it succeeds"
+	@echo "make submit  PARAMS='corpus=gs://... serving_dir=gs://... [train_job.workers=1 ...]'"
+	@echo "             [VERSION=...] [CONFIG=tiny]  run a version on KFP and wait: exit 0 when it succeeds"
 	@echo "make schedule PARAMS='corpus=... serving_dir=...' [CRON='0 0 2 * * 0']"
 	@echo "             create or replace the recurring run SCHEDULE_NAME (gptpipe-weekly)"
 	@echo "  KFP connection for upload/submit/schedule: KFP_HOST=URL TOKEN_FILE=FILE KFP_NAMESPACE=NS"

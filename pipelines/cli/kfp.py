@@ -1,7 +1,8 @@
 """`gptpipe kfp ...`: upload, run, schedule and list runs on a KFP API server (docs/operations.md).
 
-The parser and one small command function per subcommand; the work is in `kfp_ops`,
-`kfp_schedule` and `kfp_runs`. The environment is read here, once (`_cmd_kfp_api`).
+The parser and one small command function per subcommand; the work is in
+`pipelines.runners.kfp` (`ops`, `schedule`, `runs`). The environment is read here, once
+(`_cmd_kfp_api`). `gptpipe run --kfp HOST` is `kfp run` (`run_parents`, `cmd_run`).
 """
 
 import argparse

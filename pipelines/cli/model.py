@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from components.evaluate.executor import Scores
 
 # The components (storage, serving, evaluate with TensorFlow) are imported where they are used,
-# as cli.py does, so adding these commands' parsers costs `gptpipe` nothing at start-up.
+# as main.py does, so adding these commands' parsers costs `gptpipe` nothing at start-up.
 
 DEFAULT_MODEL = str(DEFAULT_ROOT / "serving" / RunConfig().model_name)  # where `run --local` pushes
 DEFAULT_MAX_NEW_TOKENS = 64

@@ -53,7 +53,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         )
     if args.limit < 1:
         raise UserError(f"--limit {args.limit}: pass 1 or more")
-    from components import lineage  # here, as cli.py imports: `gptpipe` starts fast
+    from components import lineage  # here, as main.py imports: `gptpipe` starts fast
 
     store = store_path(args.root)
     rows = lineage.list_runs(store, limit=args.limit)

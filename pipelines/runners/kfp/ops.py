@@ -1,7 +1,7 @@
 """Operating gptpipe on a KFP cluster: upload a version, start a run and follow it.
 
-Every call goes through `kfp_client.Api.call` (retries, one-line errors). Recurring runs live in
-`kfp_schedule`, the table of recent runs in `kfp_runs`.
+Every call goes through `client.Api.call` (retries, one-line errors). Recurring runs live in
+`schedule`, the table of recent runs in `runs` (both beside this module).
 """
 
 from __future__ import annotations

@@ -3,10 +3,10 @@
 `watch` runs the pipeline (`runner.run_local`) with everything it prints sent to
 `<state>/logs/<run id>/kfp-local.log` (`runner.captured_output`), while a `Watcher`
 thread polls that log, the steps' progress events and ML Metadata (read-only) into a
-`run_view.RunView`, cuts the log into one file per step, and shows the view: live on a
+`view.RunView`, cuts the log into one file per step, and shows the view: live on a
 terminal (`rich.live.Live`), as plain lines elsewhere, as kfp.local's whole output
-(verbose), or not at all. The `Outcome` it returns is what `gptpipe run` reports at the end,
-as a table, one line (`outcome_line`) or JSON (`outcome_json`).
+(verbose), or not at all. The `Outcome` it returns is what `gptpipe run --local` reports at the
+end, as a table, one line (`outcome_line`) or JSON (`outcome_json`).
 """
 
 from __future__ import annotations
