@@ -39,13 +39,18 @@ def write_corpus(folder: Path, extra: str = "") -> Path:
 
 
 def record_tokenize(
-    store: str, corpus: Path, out: Path, run_id: str, image: str = PIPELINE_IMAGE
+    store: str,
+    corpus: Path,
+    out: Path,
+    run_id: str,
+    image: str = PIPELINE_IMAGE,
+    tokenize_params: TokenizeParams = TokenizeParams(),  # noqa: B008 -- frozen
 ) -> ExamplesManifest:
     """What the tokenize component records: a real tokenize, its provenance and Examples."""
     params = {
         "corpus": str(corpus),
         "config": CONFIG,
-        "tokenize": TokenizeParams().to_dict(),
+        "tokenize": tokenize_params.to_dict(),
         "vocab_size": 340,
         "seq_len": 32,
     }
@@ -287,6 +292,23 @@ def test_reproduce_refuses_changed_sources(recorded, tmp_path, change):
     with pytest.raises(UserError, match=f"source {corpus}"):
         lineage_cmd.reproduce(*args)
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_reproduce_checks_the_tokenizer_its_tokenize_parameters_name(tmp_path, capsys):
+    """The run's tokenize.tokenizer is read from its record and checked against the dataset
+    version, whose tokenizer (trained by the run here) it is not."""
+    store = str(tmp_path / "runs" / "metadata.sqlite")
+    corpus = write_corpus(tmp_path / "data")
+    tokenizer = tmp_path / "tok.model"
+    tokenizer.write_bytes(b"not the tokenizer the dataset was made with")
+    given = TokenizeParams(tokenizer=str(tokenizer))
+    manifest = record_tokenize(store, corpus, tmp_path / "ex", "run-1", tokenize_params=given)
+    pushed = record_rest(store, tmp_path, str(tmp_path / "ex"), manifest.dataset_version, "run-1")
+    out = tmp_path / "again.yaml"
+    argv = ["reproduce", pushed, "--root", str(tmp_path / "runs"), "--output", str(out)]
+    assert cli.main(argv) == 2
+    assert f"tokenizer {tokenizer} changed since dataset version" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_reproduce_refuses_a_given_tokenizer_that_changed_or_went(recorded, tmp_path):

@@ -528,7 +528,7 @@ def test_restarts_past_backoff_limit_name_the_exits_the_operator_recorded():
     )
     assert "code 139" not in message  # the earlier job's
     assert "failing replica: worker-1, exit code: 137" in message
-    memory = f"each worker has {make_spec().memory} of memory (the pipeline's worker_memory)"
+    memory = f"each worker has {make_spec().memory} of memory (train_job.memory)"
     assert memory in message
     assert re.search(rf"restart 1; worker exits so far: {re.escape(SIGKILL)} at \S+; ", kube.output)
     assert kube.output.count("could not read") == 0
@@ -547,7 +547,7 @@ def test_without_rights_to_events_the_error_still_says_what_it_knows():
         None,
         None,
     )
-    assert "worker exits" not in str(err.value) and "worker_memory" not in str(err.value)
+    assert "worker exits" not in str(err.value) and "train_job.memory" not in str(err.value)
     said = "could not read TFJob train-run-1's events (403 Forbidden)"
     assert kube.output.count(said) == 1
     assert "; deploy/rbac.yaml grants list on events" in kube.output

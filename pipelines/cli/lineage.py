@@ -17,7 +17,7 @@ from typing import Any
 from components import lineage, provenance, serving, storage
 from contracts.errors import UserError
 from contracts.examples import LocalSource, Source, parse_sources
-from contracts.params import STEP_PARAMS
+from contracts.params import STEP_PARAMS, TokenizeParams
 from pipelines.cli.options import image_pull_secret_option
 from pipelines.config import DEFAULT_ROOT
 from pipelines.pipeline import Images, Target, build
@@ -328,8 +328,9 @@ def reproduce(
     config = check_config(arguments["config"], steps["train"]["parameters"])  # type: ignore[index]
     recorded = parse_sources(found["examples"]["sources"], "the Examples' recorded sources")
     check_sources(arguments["corpus"], recorded, found["examples"]["dataset_version"])
-    if arguments.get("tokenizer"):
-        check_tokenizer(str(arguments["tokenizer"]), found["examples"])
+    given = TokenizeParams.from_dict(arguments[TokenizeParams.NAME]).tokenizer
+    if given:
+        check_tokenizer(given, found["examples"])
     root = str(arguments.get("artifact_root", ""))
     target = Target(
         images,

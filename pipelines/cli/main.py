@@ -1,6 +1,7 @@
 """The `gptpipe` command line: one module per verb in this folder, assembled here.
 
-The environment is read here, once, and passed down.
+The environment is read at this edge (here and in each verb's command function), once, and
+passed down.
 """
 
 import argparse

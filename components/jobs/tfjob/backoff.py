@@ -54,7 +54,7 @@ def backoff_error(spec: JobSpec, restarts: int, exits: list[WorkerExit]) -> Laun
         head += f"\nworker exits: {_listed(exits)}"
     if any(e.code == 137 for e in exits):  # what a user can change about it
         head += (
-            f"\neach worker has {spec.memory} of memory (the pipeline's worker_memory): "
+            f"\neach worker has {spec.memory} of memory (train_job.memory): "
             "raise it, or lower train.batch_size, if the exits were the OOM killer's"
         )
     cause = exits[0] if exits else None

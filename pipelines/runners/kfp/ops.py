@@ -224,7 +224,7 @@ def parse_params(items: Sequence[str]) -> dict[str, Any]:
 
 def typed_value(parameter_type: str, value: Any) -> Any:
     """A --param's text (`ParamText`) as the declared `parameter_type` reads it; other values
-    as they are. A STRING parameter takes the text itself (`worker_cpu=8` is "8", not the
+    as they are. A STRING parameter takes the text itself (`model_name=8` is "8", not the
     number KFP would then refuse, or pass to a step that fails on it), or the content of a
     quoted JSON string; any other type, or none declared, the text as JSON when it parses,
     else the text (which the type check then names)."""
