@@ -60,7 +60,7 @@ def test_the_loss_curve_stays_within_noise_of_the_recorded_one(examples, tmp_pat
         metrics = train(str(examples), str(tmp_path / "model"), str(tmp_path / "work"), cfg)
     finally:
         keras.mixed_precision.set_global_policy("float32")
-    assert metrics["precision_policy"] == precision
+    assert metrics.precision_policy == precision
     history = json.loads((tmp_path / "model" / SERVING_DIR / TRAIN_HISTORY).read_text())
     losses = {p["step"]: p["loss"] for p in history["points"]}
     for step, recorded in RECORDED.items():

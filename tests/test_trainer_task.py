@@ -294,7 +294,7 @@ def test_restarted_job_resumes_from_backup(tmp_path, examples, monkeypatch):
     monkeypatch.setattr(
         shard_check, "_shard_problem", lambda path, n: shards_read.append(path) or whole(path, n)
     )
-    assert train(*args)["steps"] == cfg.train.train_steps
+    assert train(*args).steps == cfg.train.train_steps
     assert steps_run[0] == 21  # resumed after the backup taken at step 20, not from scratch
     assert shards_read == []  # the shards the first attempt checked were not read again
 
