@@ -12,6 +12,7 @@ TensorFlow- and KFP-free: the CLI imports it cheaply, and so does every step.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import math
 import typing
@@ -191,7 +192,12 @@ def apply_overrides(
         if not sep or not field_name:
             raise UserError(f"--param {item!r} is not OBJECT.FIELD=VALUE, e.g. train_job.workers=1")
         if name not in found:
-            raise records.unknown_key("--param", name, list(found))
+            close = difflib.get_close_matches(name, list(found), n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise UserError(
+                f"--param {item!r}: no step's parameters are called {name!r}{hint}; "
+                f"they are {', '.join(found)}"
+            )
         cls = type(found[name])
         found[name] = override(found[name], field_name, field_value(cls, field_name, text))
     return found

@@ -80,7 +80,10 @@ def test_overrides_set_fields_typed_as_the_field_is():
     [
         ("workers=3", r"--param 'workers=3' is not OBJECT.FIELD=VALUE"),
         ("train_job.workers", r"is not OBJECT.FIELD=VALUE"),
-        ("train.workers=3", r"--param has no field 'train' \(did you mean --param.train_job\?\)"),
+        (
+            "train.workers=3",
+            r"no step's parameters are called 'train' \(did you mean train_job\?\)",
+        ),
     ],
 )
 def test_an_override_that_names_no_field_is_refused(item, message):
