@@ -71,7 +71,7 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(config, items):
     path = config.getoption("--write-matrix")
     if path:
-        from matrix_table import render
+        from tests.matrix_table import render
 
         with open(path, "w", encoding="utf-8") as f:
             f.write(render(items))

@@ -27,10 +27,10 @@ from pipelines.cli import main as cli
 from pipelines.pipeline import Target
 from pipelines.runners.kfp import auth as kfp_auth
 from pipelines.runners.kfp import client as kfp_client
-from tests.kfp_api_double import KfpApiDouble
+from tests.doubles.kfp.api_server import KfpApiDouble
 from trainer.config import config_to_dict, resolve_config
 
-pytest_plugins = ["gcs_emulator"]
+pytest_plugins = ["tests.doubles.gcs.emulator"]
 
 REPO = Path(__file__).resolve().parents[2]
 SHAKESPEARE = REPO / "data" / "tinyshakespeare.txt"

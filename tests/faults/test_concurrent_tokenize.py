@@ -15,13 +15,13 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import REPO, run_together
 
 from components import storage
 from components.storage import lease
 from contracts.process import stat_fields
+from tests.processes import REPO, run_together
 
-pytest_plugins = ["gcs_emulator"]
+pytest_plugins = ["tests.doubles.gcs.emulator"]
 
 CORPUS = REPO / "data" / "tinyshakespeare.txt"
 

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlmd_server import MetadataGrpcServer
-from processes import REPO, run_together
 
 from components import lineage
 from components.lineage import store as store_module
 from components.lineage.query import execution_views
 from components.lineage.store import mlmd
 from contracts.errors import UserError
+from tests.doubles.mlmd.server import MetadataGrpcServer
+from tests.processes import REPO, run_together
 
 PIPELINE = "gptpipe"
 LOCK_RETRY_S = 0.3  # the tests' retry budget: a held lock fails a call after this long

@@ -45,10 +45,6 @@ from typing import Any
 import kfp.client.client
 import pytest
 import yaml
-from k8s_double import FakeKube, scenarios
-from pod_security import restricted_violations
-from tfjob_fixtures import make_spec, worker_template
-from trainer_fixtures import PIPELINE_SMALL
 
 from components import provenance
 from components.jobs import kube as kube_api
@@ -62,8 +58,12 @@ from pipelines.cli import main as cli
 from pipelines.pipeline import Target
 from pipelines.runners.kfp import auth as kfp_auth
 from pipelines.runners.kfp import client as kfp_client
-from tests import kfp_api_double
-from tests.kfp_api_double import KfpApiDouble
+from tests.components.jobs.tfjob.specs import make_spec, worker_template
+from tests.doubles.kfp import api_server as kfp_api_double
+from tests.doubles.kfp.api_server import KfpApiDouble
+from tests.doubles.kubernetes.apiserver import FakeKube, scenarios
+from tests.doubles.kubernetes.pod_security import restricted_violations
+from tests.tiny import PIPELINE_SMALL
 from trainer.config import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]

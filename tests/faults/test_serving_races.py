@@ -15,13 +15,13 @@ import types
 from pathlib import Path
 
 import pytest
-from processes import REPO, run_together
 
 from components import serving, storage
 from components.push import executor as push
 from contracts.artifacts import RETIRED_FILE
+from tests.processes import REPO, run_together
 
-pytest_plugins = ["gcs_emulator"]
+pytest_plugins = ["tests.doubles.gcs.emulator"]
 
 WHERE = ["local", "gcs"]
 

@@ -19,19 +19,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from k8s_double import FakeKube
-from processes import alive
-from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.jobs import kube as kube_api
 from components.jobs.launcher import JobSpec, LaunchCancelled, LaunchError, LaunchTimeout
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import manifest
 from components.train import executor
+from tests.doubles.kubernetes.apiserver import FakeKube
+from tests.processes import alive
+from tests.tiny import TINY_OVERRIDES, make_examples_dir
 from trainer.config import resolve_config
 
-REPO = Path(__file__).resolve().parents[1]
-FAKE_WORKER = Path(__file__).parents[1] / "fake_worker.py"
+REPO = Path(__file__).resolve().parents[2]
+FAKE_WORKER = Path(__file__).parents[1] / "doubles" / "kubernetes" / "fake_worker.py"
 IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@sha256:" + "cd" * 32
 RUN = "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"
 KEY = ("ml", "train-faults")

@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.jobs.launcher import JobSpec, LaunchResult
 from components.jobs.local import LocalLauncher
 from components.train.executor import trainer_command
 from contracts.artifacts import TRAIN_HISTORY
+from tests.tiny import TINY_OVERRIDES, make_examples_dir
 from trainer.config import resolve_config
 from trainer.preemption import backed_up_step
 
