@@ -19,8 +19,6 @@ from components.tokenize import executor as tokenize
 from contracts.artifacts import RETIRED_FILE
 from contracts.errors import UserError
 
-pytest_plugins = ["tests.doubles.gcs.emulator"]
-
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "data" / "tinyshakespeare.txt"
 VOCAB = 340  # the smallest vocabulary a Shakespeare slice trains (see test_tokenize.py)
 SEQ_LEN = 32

@@ -30,8 +30,6 @@ from pipelines.runners.kfp import client as kfp_client
 from tests.doubles.kfp.api_server import KfpApiDouble
 from trainer.config import config_to_dict, resolve_config
 
-pytest_plugins = ["tests.doubles.gcs.emulator"]
-
 REPO = Path(__file__).resolve().parents[2]
 SHAKESPEARE = REPO / "data" / "tinyshakespeare.txt"
 VOCAB = 340  # 256 byte pieces + 4 special + the slice's ~55 characters + a few merges

@@ -21,8 +21,6 @@ from components.storage import lease
 from contracts.process import stat_fields
 from tests.processes import REPO, run_together
 
-pytest_plugins = ["tests.doubles.gcs.emulator"]
-
 CORPUS = REPO / "data" / "tinyshakespeare.txt"
 
 TOKENIZE = """

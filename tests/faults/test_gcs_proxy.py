@@ -19,8 +19,6 @@ import requests
 from google.api_core import exceptions as gexc
 from google.cloud import storage as gcs_lib
 
-pytest_plugins = ["tests.doubles.gcs.emulator"]
-
 CHUNK = 256 << 10  # the smallest resumable chunk GCS accepts
 
 

@@ -21,8 +21,6 @@ from components.push import executor as push
 from contracts.artifacts import RETIRED_FILE
 from tests.processes import REPO, run_together
 
-pytest_plugins = ["tests.doubles.gcs.emulator"]
-
 WHERE = ["local", "gcs"]
 
 

@@ -14,8 +14,6 @@ from tests.pipelines.test_pipeline_e2e import SMALL
 from trainer.config import resolve_config
 
 pytestmark = pytest.mark.e2e
-pytest_plugins = ["tests.doubles.gcs.emulator"]
-
 REPO = Path(__file__).resolve().parents[2]
 
 

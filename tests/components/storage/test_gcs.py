@@ -38,8 +38,6 @@ from components import serving, storage
 from components.storage import gcs as storage_gcs
 from contracts.errors import UserError
 
-pytest_plugins = ["tests.doubles.gcs.emulator"]
-
 
 def _tree(root: Path, files: dict[str, bytes]) -> Path:
     for rel, data in files.items():

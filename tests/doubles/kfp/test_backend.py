@@ -22,8 +22,6 @@ from tests.doubles.kfp.cache import cache_key, fingerprint
 from tests.doubles.kfp.ir import PipelineRejected
 from tests.doubles.kfp.launcher import VENV_BIN
 
-pytest_plugins = ["tests.doubles.gcs.emulator"]
-
 IMAGE = "python:3.11-slim"  # never pulled: the task runs in this repo's environment
 
 

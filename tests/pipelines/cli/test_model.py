@@ -15,8 +15,6 @@ from contracts.errors import UserError
 from pipelines.cli import model as model_cmd
 from tests.pipelines.cli import commands
 
-pytest_plugins = ["tests.pipelines.cli.local_runs", "tests.doubles.gcs.emulator"]
-
 PROMPT = "ROMEO:"
 
 

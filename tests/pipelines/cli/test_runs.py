@@ -14,8 +14,6 @@ from contracts.errors import UserError
 from pipelines.cli import runs as runs_cmd
 from tests.pipelines.cli import commands
 
-pytest_plugins = ["tests.pipelines.cli.local_runs"]
-
 
 def run(argv: list[str]) -> int:
     return commands.run(runs_cmd.add_parser, argv)

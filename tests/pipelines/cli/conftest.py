@@ -1,12 +1,9 @@
-"""pytest plugin: two real local pipeline runs, made once per test session, for tests to read.
-
-Enable it in a test module with `pytest_plugins = ["tests.pipelines.cli.local_runs"]`; every
-module that does shares the same two runs.
+"""Two real local pipeline runs, made once per test session, for the command tests to read.
 
 - `local_runs` (session): a `LocalRuns`. The whole pipeline runs twice through
   `run_local` (pipelines/runners/local; kfp.local, real subprocess steps, ML Metadata on SQLite)
-  into one run root, with the e2e tests' smallest config (`trainer_fixtures.PIPELINE_SMALL`) and one
-  trainer worker. Each run reads its own slice of the bundled corpus, so the two have different
+  into one run root, with the e2e tests' smallest config (tests/tiny.py's `PIPELINE_SMALL`) and
+  one trainer worker. Each run reads its own slice of the bundled corpus, so the two have different
   dataset versions. Both are blessed and pushed: the first as version 1 (no baseline), the
   second as version 2 (version 1 its baseline). The blessing threshold is loose
   (`MAX_NATS_PER_CHAR`, `TOLERANCE`) so that a few dozen training steps always pass it: these
