@@ -27,7 +27,7 @@ from components.jobs.tfjob import manifest
 from components.train import executor
 from tests.doubles.kubernetes.apiserver import FakeKube
 from tests.processes import alive
-from tests.tiny import TINY_OVERRIDES, make_examples_dir
+from tests.tiny import TINY_OVERRIDES
 from trainer.config import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -212,11 +212,6 @@ def test_cancel_deletes_the_job_and_its_worker_processes(tmp_path, records):
 
 
 # -- slow: the trainer itself --
-
-
-@pytest.fixture(scope="module")
-def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_examples_dir(tmp_path_factory.mktemp("examples"))
 
 
 def trainer_spec(root: Path, examples: Path, *flags: str, **overrides: Any) -> JobSpec:

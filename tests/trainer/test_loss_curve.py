@@ -18,7 +18,7 @@ import json
 import pytest
 
 from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY
-from tests.tiny import TINY_OVERRIDES, make_examples_dir
+from tests.tiny import TINY_OVERRIDES
 from trainer.config import resolve_config
 from trainer.precision import cpu_has_bf16
 from trainer.task import train
@@ -36,11 +36,6 @@ CURVE = (
 # Mean training loss at each logging step (log_every 10).
 RECORDED = {10: 5.2973, 20: 4.6281, 30: 4.2080, 40: 3.8924, 50: 3.6493, 60: 3.4652}
 TOLERANCE = 0.02
-
-
-@pytest.fixture(scope="module")
-def examples(tmp_path_factory):
-    return make_examples_dir(tmp_path_factory.mktemp("examples"))
 
 
 NATIVE_BF16 = pytest.mark.skipif(

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 import tf_keras as keras
 
-from tests.tiny import TINY_OVERRIDES, make_examples_dir
+from tests.tiny import TINY_OVERRIDES
 from trainer.config import (
     ConfigError,
     precision_policy,
@@ -113,8 +113,7 @@ def test_loss_scaling_only_for_float16(policy, scaled, policy_reset):
 
 
 @pytest.mark.slow
-def test_mixed_bfloat16_trains_on_cpu(tmp_path, policy_reset):
-    examples = make_examples_dir(tmp_path / "examples")
+def test_mixed_bfloat16_trains_on_cpu(tmp_path, examples, policy_reset):
     overrides = ("train.train_steps=10", "train.checkpoint_every=10", "precision=mixed_bfloat16")
     cfg = resolve_config("tiny", TINY_OVERRIDES + overrides)
     metrics = train(str(examples), str(tmp_path / "model"), str(tmp_path / "work"), cfg)
@@ -159,7 +158,9 @@ def _xla_compiled_functions(graph: Any) -> list[str]:
 
 
 @pytest.mark.slow
-def test_trainer_trains_through_xla_gelu_unless_xla_is_off(tmp_path, policy_reset, monkeypatch):
+def test_trainer_trains_through_xla_gelu_unless_xla_is_off(
+    tmp_path, examples, policy_reset, monkeypatch
+):
     """`auto` (here: no whole-step XLA) and `on` (the whole step compiled, as `auto` on one
     GPU) trace the GELU of every block as model.xla_gelu; `off` traces none. Same seed, same
     data: the same losses. Trained in float32, whose export once was the trained model itself:
@@ -174,7 +175,6 @@ def test_trainer_trains_through_xla_gelu_unless_xla_is_off(tmp_path, policy_rese
 
     fused = model.xla_gelu
     monkeypatch.setattr(model, "xla_gelu", counting_xla_gelu)
-    examples = make_examples_dir(tmp_path / "examples")
     losses, traces = {}, {}
     for setting in ("auto", "on", "off"):
         overrides = (

@@ -18,7 +18,7 @@ import tf_keras as keras
 
 from contracts.artifacts import BACKUP_DIR, CHECKED_SHARDS_DIR
 from contracts.errors import UserError
-from tests.tiny import TINY_OVERRIDES, make_examples_dir
+from tests.tiny import TINY_OVERRIDES
 from trainer import data, export, shard_check
 from trainer.callbacks import TrainMonitor
 from trainer.cluster import choose_strategy, cluster_size, is_chief
@@ -41,11 +41,6 @@ METRIC_KEYS = {
     "workers",
     "precision_policy",
 }
-
-
-@pytest.fixture(scope="module")
-def examples(tmp_path_factory):
-    return make_examples_dir(tmp_path_factory.mktemp("examples"))
 
 
 def test_schedule_matches_learning_rate_at():

@@ -36,7 +36,7 @@ from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY, TRAIN_METRICS
 from contracts.errors import UserError
 from contracts.progress import PROGRESS_ENV, read_events
 from pipelines.cli import tensorboard as tensorboard_cmd
-from tests.tiny import TINY_OVERRIDES, make_examples_dir
+from tests.tiny import TINY_OVERRIDES
 from trainer.config import resolve_config
 from trainer.metrics_server import GpuCollector, MetricsServer
 from trainer.task import metrics_port
@@ -121,8 +121,7 @@ class Job:
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory: pytest.TempPathFactory) -> Job:
-    examples = make_examples_dir(tmp_path_factory.mktemp("examples"))
+def job(tmp_path_factory: pytest.TempPathFactory, examples: Path) -> Job:
     return Job(tmp_path_factory.mktemp("job"), examples)
 
 

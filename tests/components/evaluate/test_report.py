@@ -29,7 +29,6 @@ from components.evaluate.executor import EvalResult, Scores
 from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY
 from contracts.errors import UserError
 from pipelines.cli import report as report_cmd
-from tests.tiny import make_examples_dir, make_model_dir
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 EVIL = '<script>alert("x")</script> & "quotes"'
@@ -336,11 +335,10 @@ def test_report_errors_are_one_line(runs, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """One tiny model, trained once for this file, with a training curve in its SavedModel."""
-    root = tmp_path_factory.mktemp("report")
-    examples = make_examples_dir(root / "examples")
-    model = make_model_dir(root, examples)
+def trained(tmp_path_factory, examples, tiny_model):
+    """The session's tiny model, copied, with a training curve in its SavedModel."""
+    model = tmp_path_factory.mktemp("report") / "model"
+    shutil.copytree(tiny_model, model)
     curve = model / SERVING_DIR / TRAIN_HISTORY
     curve.parent.mkdir(parents=True, exist_ok=True)
     curve.write_text(json.dumps(history()))

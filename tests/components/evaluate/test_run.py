@@ -7,16 +7,13 @@ import pytest
 
 from components import overlap
 from components.evaluate import executor
-from tests.tiny import make_examples_dir, make_model_dir
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("eval")
-    examples = make_examples_dir(root / "examples")
-    return examples, make_model_dir(root, examples)
+def trained(examples, tiny_model):
+    return examples, tiny_model
 
 
 def run(tmp_path, examples, model, serving, **kwargs):

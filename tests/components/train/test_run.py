@@ -11,15 +11,14 @@ from components.train import component, executor
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, TRAIN_METRICS
 from contracts.errors import UserError
 from tests.doubles.kubernetes.apiserver import FakeKube
-from tests.tiny import TINY_OVERRIDES, make_examples_dir
+from tests.tiny import TINY_OVERRIDES
 from trainer.config import config_from_dict, config_hash, resolve_config
 
 PINNED = "r/t@sha256:" + "a" * 64
 
 
 @pytest.mark.slow
-def test_local_run_trains_exports_and_reports(tmp_path):
-    examples = make_examples_dir(tmp_path / "examples")
+def test_local_run_trains_exports_and_reports(tmp_path, examples):
     model, work = tmp_path / "model", tmp_path / "work"
     steps = ("train.train_steps=10", "train.warmup_steps=2", "train.checkpoint_every=5")
     cfg = resolve_config("tiny", TINY_OVERRIDES + steps)
