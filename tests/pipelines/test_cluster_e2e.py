@@ -34,7 +34,7 @@ from tests.doubles.cluster import (
 )
 from tests.doubles.gcs.tf_stand_in import TfGcsStandIn
 from tests.doubles.kfp.backend import CACHED, FAILED, SKIPPED, SUCCEEDED, RunHandle, RunResult
-from tests.pipelines.test_pipeline_e2e import SMALL
+from tests.tiny import PIPELINE_SMALL as SMALL
 from trainer.config import config_to_dict, resolve_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

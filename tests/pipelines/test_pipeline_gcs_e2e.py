@@ -10,7 +10,7 @@ import pytest
 
 from components import serving
 from pipelines.runners.local import runner
-from tests.pipelines.test_pipeline_e2e import SMALL
+from tests.tiny import PIPELINE_SMALL as SMALL
 from trainer.config import resolve_config
 
 pytestmark = pytest.mark.e2e

@@ -25,7 +25,7 @@ from components.lineage import ArtifactRecord
 from components.lineage.store import RPC_TIMEOUT_S
 from contracts.errors import UserError
 from pipelines.cli import lineage as lineage_cmd
-from tests.components.lineage.test_lineage import DATASET, PIPELINE, fake_run
+from tests.components.lineage.fake_runs import DATASET, PIPELINE, fake_run
 from tests.doubles.mlmd.server import MetadataGrpcServer, TlsFiles, make_tls
 
 KFP_ENV = {
