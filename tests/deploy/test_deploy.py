@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.components.jobs.tfjob.specs import schema_errors
+from tests.doubles.kubernetes.crd_schema import schema_errors
 
 RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac.yaml"
 DATA = Path(__file__).resolve().parents[1] / "data"

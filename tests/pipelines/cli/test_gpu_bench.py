@@ -22,9 +22,9 @@ from components.jobs.tfjob import manifest as tfjob_manifest
 from contracts.errors import UserError
 from pipelines.cli import gpu_bench as gpu_bench_cmd
 from pipelines.cli import main as cli
-from tests.components.jobs.tfjob.specs import SCHEMA, schema_errors
 from tests.doubles.cluster import LOCK, TRAINER_ENV
 from tests.doubles.kubernetes.apiserver import IMAGE_DIGEST, FakeKube
+from tests.doubles.kubernetes.crd_schema import SCHEMA, schema_errors
 
 REPO = Path(__file__).resolve().parents[3]
 IMAGE = f"registry.example/gptpipe-trainer@{IMAGE_DIGEST}"

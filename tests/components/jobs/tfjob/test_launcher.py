@@ -19,8 +19,9 @@ from components.jobs.tfjob import logs as tfjob_logs
 from components.jobs.tfjob import status as tfjob_status
 from components.jobs.tfjob.restarts import RestartLedger
 from contracts.errors import UserError
-from tests.components.jobs.tfjob.specs import SCHEMA, make_spec, schema_errors
+from tests.components.jobs.tfjob.specs import make_spec
 from tests.doubles.kubernetes.apiserver import IMAGE_DIGEST, FakeKube, scenarios
+from tests.doubles.kubernetes.crd_schema import SCHEMA, schema_errors
 from tests.doubles.kubernetes.scenarios import Script
 from tests.doubles.kubernetes.store import Cluster
 

@@ -10,13 +10,8 @@ import yaml
 from components.jobs.launcher import METRICS_PORT, job_name, run_label
 from components.jobs.tfjob import manifest as tfjob_manifest
 from contracts.errors import UserError
-from tests.components.jobs.tfjob.specs import (
-    IMAGE,
-    SCHEMA,
-    make_spec,
-    schema_errors,
-    worker_template,
-)
+from tests.components.jobs.tfjob.specs import IMAGE, make_spec, worker_template
+from tests.doubles.kubernetes.crd_schema import SCHEMA, schema_errors
 from tests.doubles.kubernetes.pod_security import restricted_violations
 
 # -- the manifest --
