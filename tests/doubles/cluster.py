@@ -1,20 +1,20 @@
-"""A Kubeflow cluster on this machine, for tests/test_cluster_e2e.py.
+"""A Kubeflow cluster on this machine, for tests/pipelines/test_cluster_e2e.py.
 
     with local_cluster(folder, gcs_endpoint, CONFIG_OVERRIDES) as cluster:
         result = cluster.backend.run(cluster.yaml, cluster.params())
 
 What runs, and which double stands for what:
 - the pipeline YAML that `gptpipe compile` writes, run by KFP backend 2.5.0's driver, launcher
-  and Argo (tests/kfp_backend.py), every step a fresh process;
+  and Argo (tests/doubles/kfp/backend.py), every step a fresh process;
 - GCS: gcp-storage-emulator (the pipeline root, the corpus, the Examples, the work folder, the
   serving folder), reached by the steps through STORAGE_EMULATOR_HOST;
-- ML Metadata: ml_metadata's own gRPC service over SQLite (tests/mlmd_server.py), at the address
-  the harness gives the steps as METADATA_GRPC_SERVICE_HOST/_PORT;
+- ML Metadata: ml_metadata's own gRPC service over SQLite (tests/doubles/mlmd/server.py), at the
+  address the harness gives the steps as METADATA_GRPC_SERVICE_HOST/_PORT;
 - Kubernetes: the API server double with the Training Operator v1.9 behind it and a kubelet that
-  runs the TFJob's worker pods as processes (tests/k8s_double.py), reached by the steps through
-  KUBECONFIG (`config.load_incluster_config()` fails in a step: no service account);
+  runs the TFJob's worker pods as processes (tests/doubles/kubernetes/), reached by the steps
+  through KUBECONFIG (`config.load_incluster_config()` fails in a step: no service account);
 - TensorFlow's GCS file system in the workers: the kubelet's opt-in stand-in
-  (tests/tf_gcs_stand_in.py); the workers get no STORAGE_EMULATOR_HOST.
+  (tests/doubles/gcs/tf_stand_in.py); the workers get no STORAGE_EMULATOR_HOST.
 
 The harness runs each step's pod as a process but creates no pod object in the Kubernetes double,
 while the steps read their own pod through the API (the train step its service account and image

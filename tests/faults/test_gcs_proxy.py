@@ -1,8 +1,8 @@
 """What the precondition-enforcing proxy (`gcs_strict`, `gcs_faults`) adds to the emulator.
 
 gcp-storage-emulator ignores `ifGenerationMatch` and its kin; `PreconditionGate` in
-tests/gcs_emulator.py enforces them as GCS does. Each test here pins one behaviour through the
-real google-cloud-storage client, and `test_raw_emulator_ignores_preconditions` pins that the
+tests/doubles/gcs/gate.py enforces them as GCS does. Each test here pins one behaviour through
+the real google-cloud-storage client, and `test_raw_emulator_ignores_preconditions` pins that the
 emulator alone does not, so these tests prove the proxy, not the emulator, is what enforces.
 """
 

@@ -3,7 +3,7 @@ that fails is one line naming it, and concurrent writers retry the lock and lose
 
 Every failure is real: a SQLite store locked by another process's open write transaction,
 removed or replaced by a folder while the step runs, holding a type another tool registered
-with other property kinds, or a gRPC service (`mlmd_server`) stopped under the step. Racing
+with other property kinds, or a gRPC service (doubles/mlmd) stopped under the step. Racing
 writers are real processes released at one moment (`processes.run_together`).
 """
 

@@ -12,9 +12,10 @@
    product's code, each checker first shown to catch planted code; the Makefile's targets quote
    every variable a user sets, and `make upload/submit/schedule` pass hostile values through as
    single words.
-4. The image and the TFJob worker pods run as a numeric non-root user (tests/pod_security.py
-   holds the Pod Security "restricted" checks; tests/test_step_pod_security.py covers the step
-   pods KFP builds, so here only what the compiled YAML asks of them is checked).
+4. The image and the TFJob worker pods run as a numeric non-root user
+   (tests/doubles/kubernetes/pod_security.py holds the Pod Security "restricted" checks;
+   tests/pipelines/test_step_pod_security.py covers the step pods KFP builds, so here only what
+   the compiled YAML asks of them is checked).
 5. deploy/rbac.yaml grants the launcher exactly the (apiGroup, resource, verb) triples it uses,
    recorded by the Kubernetes double over every launcher path: create, watch, logs, restarts,
    the deadline, cancel, re-attach, a transient outage, the release exit handler, and the step
@@ -912,7 +913,7 @@ def test_the_tfjob_workers_get_no_kubernetes_api_token():
 
 # KFP 2.5 builds the step pods; the compiled YAML can only ask for more through the kubernetes
 # platform spec. It asks for the run id and namespace (downward API) and pull secrets, nothing
-# that loosens a pod (tests/test_step_pod_security.py checks the pod KFP builds from it).
+# that loosens a pod (tests/pipelines/test_step_pod_security.py checks the pod KFP builds from it).
 STEP_POD_FIELDS = {"fieldPathAsEnv", "imagePullSecret"}
 
 

@@ -1,8 +1,9 @@
 """The TFJob launcher against the operator double running real processes: restarts counted
 once per restart of the job, re-attaching, a Failed job run again, the deadline, cancellation.
 
-The fast tests run tests/fake_worker.py; the slow ones run the trainer itself (2 workers, the
-tiny config) and inject faults with its test-only `--fault-*` flags (trainer/faults.py).
+The fast tests run tests/doubles/kubernetes/fake_worker.py; the slow ones run the trainer itself
+(2 workers, the tiny config) and inject faults with its test-only `--fault-*` flags
+(trainer/faults.py).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The compiled pipeline on a Kubeflow cluster made of doubles: KFP 2.5.0, a TFJob, GCS, MLMD.
 
-`gptpipe compile` writes the YAML; tests/kfp_backend.py runs it as KFP's backend does (every
+`gptpipe compile` writes the YAML; tests/doubles/kfp/backend.py runs it as KFP's backend does (every
 step a fresh process); train creates a TFJob in the Kubernetes API double, whose Training
 Operator double runs 2 trainer workers as processes; every byte between steps goes through
 gcp-storage-emulator, and every step records lineage in ml_metadata's gRPC service.
-tests/cluster_fixture.py says which double stands for what.
+tests/doubles/cluster.py says which double stands for what.
 
 Four runs share one cluster and one KFP cache: a run that trains and pushes, a second run on the
 same data and config that KFP's cache serves train from, a run cancelled while its TFJob trains,

@@ -1,6 +1,6 @@
 """The trainer's loss curve, pinned: speed work must keep it within noise of the recorded one.
 
-Recorded in float32, with this file's config on trainer_fixtures' corpus at the config's seed.
+Recorded in float32, with this file's config on tests/tiny.py's corpus at the config's seed.
 The data order is fixed by the seed (trainer/data.py), so a run repeats its curve exactly on one
 machine. First recorded with the model and optimizer of commit 46564de (before the 2-D Dense
 inputs and `auto` bfloat16 on CPU); float32 and mixed_bfloat16 agreed to 0.1% at every point, and

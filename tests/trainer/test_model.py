@@ -321,8 +321,8 @@ def test_bfloat16_softmax_and_sums_accumulate_in_float32():
 
     assert error(tf.reduce_sum(tf.abs(x), axis=-1), tf.reduce_sum(tf.abs(wide), axis=-1)) <= 2**-7
     softmax = error(tf.nn.softmax(x, axis=-1), tf.nn.softmax(wide, axis=-1))
-    # Without the instructions `auto` picks float32 (tests/test_config.py) and an explicit
-    # mixed_bfloat16 is warned about (tests/test_trainer_precision.py): a looser bound here.
+    # Without the instructions `auto` picks float32 (tests/trainer/test_config.py) and an explicit
+    # mixed_bfloat16 is warned about (tests/trainer/test_precision.py): a looser bound here.
     assert softmax <= (2.0**-7 if precision.cpu_has_bf16() else 2.0**-4)
 
 

@@ -1,8 +1,9 @@
 """The lineage layer over a real MLMD gRPC service, plaintext and TLS, and how steps address it.
 
-The service is ml_metadata's own MetadataStoreService over a SQLite store (tests/mlmd_server.py),
-so every call crosses the wire as it does to KFP's metadata-grpc-service. What the steps record
-and read back must equal the same calls on a SQLite file.
+The service is ml_metadata's own MetadataStoreService over a SQLite store
+(tests/doubles/mlmd/server.py), so every call crosses the wire as it does to KFP's
+metadata-grpc-service. What the steps record and read back must equal the same calls on a SQLite
+file.
 """
 
 from __future__ import annotations

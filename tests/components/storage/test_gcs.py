@@ -7,7 +7,7 @@ to test the real behaviour instead):
 1. Preconditions are ignored: `ifGenerationMatch` (upload, copy, get, download) never
    returns 412. Real GCS answers 412, which the storage layer relies on (create-only claims
    and copies, ObjectChangedError on reads). The `gcs_strict` and `gcs_faults` fixtures put
-   tests/gcs_gate.py's PreconditionGate in front of the emulator, which enforces them as GCS
+   tests/doubles/gcs/gate.py's PreconditionGate in front of the emulator, which enforces them as GCS
    does (tests/faults/test_gcs_proxy.py pins it); tests here on the raw `gcs` fixture check
    the end-of-read checks (live generation and crc32c) that work even without 412s.
 2. Reading `?generation=N` returns the live object, whatever N (real GCS: 404 once the

@@ -3,7 +3,7 @@
 gcp-storage-emulator ignores GCS's request preconditions (`ifGenerationMatch` and the rest);
 `PreconditionGate` checks them against the emulator's live generations, under a per-object lock,
 before forwarding a request, and answers as GCS does (412 `conditionNotMet`, 304). The proxy in
-tests/gcs_emulator.py (`FaultProxy`) uses it; tests/faults/test_gcs_proxy.py pins what it adds.
+proxy.py (`FaultProxy`) uses it; tests/faults/test_gcs_proxy.py pins what it adds.
 """
 
 from __future__ import annotations

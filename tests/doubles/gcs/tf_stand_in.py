@@ -1,4 +1,4 @@
-"""A stand-in for TensorFlow's own GCS file system, around the TFJob worker pods of kubelet_double.
+"""A stand-in for TensorFlow's own GCS file system, around the kubelet double's TFJob worker pods.
 
 It stands in for TensorFlow, NOT for anything Kubernetes does. On a cluster the trainer reads
 `--examples` and writes `--model-dir` and `--work-dir` on gs:// itself, through TensorFlow's GCS

@@ -1,4 +1,4 @@
-"""Argo's part of running a KFP 2.5.0 pipeline, for tests/kfp_backend.py.
+"""Argo's part of running a KFP 2.5.0 pipeline, for tests/doubles/kfp/backend.py.
 
 The Argo Workflow that backend/src/v2/compiler/argocompiler (argo.go, dag.go, container.go)
 makes of a pipeline, executed by argo-workflows 3.5 (the version KFP 2.5.0 builds against):
@@ -385,7 +385,7 @@ def _terminate(process: subprocess.Popen[bytes], grace: float) -> None:
     """The kubelet stopping a container: SIGTERM (Argo's emissary forwards it to the process
     group), then SIGKILL when the grace period is over."""
     signal_group(process, signal.SIGTERM)
-    # Not process.wait: the launcher thread (kfp_launcher.run_user_command) is the one that
+    # Not process.wait: the launcher thread (launcher.run_user_command) is the one that
     # reaps, after it has SIGKILLed what the process left in its group.
     if not wait_unreaped(process, grace):
         signal_group(process, signal.SIGKILL)

@@ -10,10 +10,10 @@ reproduced, each with the KFP source file it follows, and what is not.
     result = backend.run("pipeline.yaml", {"corpus": "gs://..."})
     result.state, result.tasks["train"].state, result.tasks["train"].output_parameters
 
-Modules: kfp_ir (the YAML, the Argo compiler's DAG rules), kfp_driver (inputs, outputs, cache
-lookup, the pod's environment), kfp_launcher (the pod: artifacts, the command, outputs),
-kfp_cache (fingerprints, the cache table and the MLMD records it reuses), kfp_gojson.
-kfp_argo (Argo's part: the order of tasks, retries, exit hooks, termination), kfp_results.
+Modules: ir (the YAML, the Argo compiler's DAG rules), driver (inputs, outputs, cache lookup,
+the pod's environment), launcher (the pod: artifacts, the command, outputs), cache
+(fingerprints, the cache table and the MLMD records it reuses), gojson, argo (Argo's part: the
+order of tasks, retries, exit hooks, termination), results.
 """
 
 from __future__ import annotations

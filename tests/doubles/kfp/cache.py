@@ -1,4 +1,4 @@
-"""KFP v2's task cache and the ML Metadata records it reads, for tests/kfp_backend.py.
+"""KFP v2's task cache and the ML Metadata records it reads, for tests/doubles/kfp/backend.py.
 
 Follows KFP backend 2.5.0 (`git show 2.5.0:<path>` in kubeflow/pipelines):
 

@@ -1,4 +1,4 @@
-"""The KFP v2 driver's part of running a task, for tests/kfp_backend.py.
+"""The KFP v2 driver's part of running a task, for tests/doubles/kfp/backend.py.
 
 Follows KFP backend 2.5.0, backend/src/v2/driver/driver.go unless said otherwise (later
 releases moved this code to driver/resolve.go, container.go, dag.go, k8s.go and cache.go):

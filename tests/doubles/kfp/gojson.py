@@ -1,4 +1,4 @@
-"""JSON as KFP's Go binaries write it, for the harness in tests/kfp_backend.py.
+"""JSON as KFP's Go binaries write it, for the harness in tests/doubles/kfp/backend.py.
 
 The v2 driver and launcher are Go: numbers and escaping follow Go, not Python's `json`. This
 matters where bytes are hashed (the cache fingerprint) and where a Python executor parses the

@@ -1,4 +1,4 @@
-"""The compiled pipeline as KFP 2.5.0's API server and Argo compiler read it (tests/kfp_backend.py).
+"""The compiled pipeline as KFP 2.5.0's API server and Argo compiler read it (backend.py).
 
 - `load`: backend/src/apiserver/template/v2_template.go (NewV2SpecTemplate): the first YAML
   document is a PipelineSpec and the second a PlatformSpec, both parsed strictly (protojson:

@@ -1,9 +1,9 @@
-"""The KFP v2 launcher inside one executor pod, for tests/kfp_backend.py.
+"""The KFP v2 launcher inside one executor pod, for tests/doubles/kfp/backend.py.
 
 Follows KFP backend 2.5.0, backend/src/v2/component/launcher_v2.go (Execute, executeV2,
 execute, getPlaceholders, addDefaultParams, downloadArtifacts, prepareOutputFolders, getLogWriter,
 getExecutorOutputFile, collectOutputParameters, uploadOutputArtifacts, mergeRuntimeArtifacts)
-and backend/src/v2/metadata/converter.go (TextToPbValue); bytes move through kfp_objectstore.
+and backend/src/v2/metadata/converter.go (TextToPbValue); bytes move through objectstore.py.
 
 A pod is a folder, `Sandbox`: the user command runs as a fresh process group with that folder's
 `workdir/` as its working directory, `home/` as HOME and `tmp/` as TMPDIR, and nothing else of
@@ -48,7 +48,7 @@ from tests.processes import signal_group, wait_unreaped
 _REPO_VENV = Path(__file__).resolve().parents[3] / ".venv" / "bin"
 VENV_BIN = _REPO_VENV if (_REPO_VENV / "python3").exists() else Path(sys.executable).parent
 
-_SITECUSTOMIZE = '''"""Written by tests/kfp_launcher.py: this pod's /gcs/ mount, for the KFP SDK."""
+_SITECUSTOMIZE = '''"""Written by tests/doubles/kfp/launcher.py: this pod's /gcs/ mount, for KFP."""
 import importlib.abc
 import sys
 

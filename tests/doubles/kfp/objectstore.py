@@ -1,4 +1,4 @@
-"""KFP's object store access from inside a pod, for tests/kfp_launcher.py.
+"""KFP's object store access from inside a pod, for tests/doubles/kfp/launcher.py.
 
 Follows KFP backend 2.5.0: backend/src/v2/component/launcher_v2.go (LocalPathForURI) and
 backend/src/v2/objectstore/config.go (ParseBucketConfig, PrefixedBucket, KeyFromURI) and

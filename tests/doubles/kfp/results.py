@@ -1,4 +1,4 @@
-"""What tests/kfp_backend.py reports about a run: per task state, pods, outputs, logs."""
+"""What tests/doubles/kfp/backend.py reports about a run: per task state, pods, outputs, logs."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The KFP 2.5.0 backend harness (tests/kfp_backend.py) on tiny compiled pipelines.
+"""The KFP 2.5.0 backend harness (tests/doubles/kfp/backend.py) on tiny compiled pipelines.
 
 Every pipeline here is compiled to YAML by kfp's Compiler and run from that YAML only: each task
 is a fresh `python3 -m kfp.dsl.executor_main` process in its own folder, and parameters and
@@ -506,7 +506,7 @@ def test_cancel_terminates_the_running_task_and_still_runs_the_exit_handler(back
     handle.cancel(grace_seconds=1)
     result = handle.wait(60)
     assert time.monotonic() - started < 60
-    assert result.state == FAILED  # never CANCELED in KFP 2.5 (kfp_argo.py says why)
+    assert result.state == FAILED  # never CANCELED in KFP 2.5 (argo.py says why)
     sleeper_task = result.tasks["sleeper"]
     assert sleeper_task.state == FAILED and "deadline" in sleeper_task.error
     # SIGTERM reaches the whole process group; the component's `sh -ec` wrapper dies of it at

@@ -17,8 +17,8 @@ client-go's broadcaster with its default EventCorrelator. Played here, from the 
   - the spam filter (`EventSourceObjectSpamFilter`, keyed by `getSpamKey`: source and
     object): a token bucket per object, 25 at first, one more every 300 s; an event that
     finds the bucket empty is dropped.
-The store keeps Events as the apiserver would (Cluster.kube_events); k8s_double.py lists them
-by fieldSelector (k8s_store.py `event_fields`).
+The store keeps Events as the apiserver would (Cluster.kube_events); apiserver.py lists them
+by fieldSelector (store.py `event_fields`).
 """
 
 from __future__ import annotations

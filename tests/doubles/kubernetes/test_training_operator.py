@@ -1,5 +1,5 @@
 """The operator double plays the Training Operator v1.9 and the kubelet: checked with fake worker
-processes (tests/fake_worker.py) that start in milliseconds, through the Kubernetes client."""
+processes (fake_worker.py) that start in milliseconds, through the Kubernetes client."""
 
 from __future__ import annotations
 

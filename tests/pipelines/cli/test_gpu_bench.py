@@ -1,8 +1,8 @@
 """`gptpipe gpu-bench`: the GPU benchmark as a one-worker TFJob in the trainer image.
 
 The TFJob runs against the Kubernetes double with the Training Operator and a kubelet that runs
-the pod's command as a local process (tests/k8s_double.py, tests/kubelet_double.py), so the
-benchmark really runs: on this machine's CPU, as its dry run, or finding no GPU.
+the pod's command as a local process (tests/doubles/kubernetes/: apiserver.py, kubelet.py), so
+the benchmark really runs: on this machine's CPU, as its dry run, or finding no GPU.
 """
 
 from __future__ import annotations

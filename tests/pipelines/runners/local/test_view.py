@@ -1,7 +1,7 @@
 """The run view of `gptpipe run --local`: its state from kfp.local's lines, the steps' progress
 events and lineage; its frames; the output it keeps off the terminal; what the steps report.
 
-A real run's view is checked in tests/test_pipeline_e2e.py, on the e2e tests' own runs.
+A real run's view is checked in tests/pipelines/test_pipeline_e2e.py, on the e2e tests' own runs.
 """
 
 import json
