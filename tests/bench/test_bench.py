@@ -292,6 +292,7 @@ def test_a_gpu_runs_result_is_its_last_json_line_and_a_failure_tells_its_stderr(
     assert gpu_bench._tail(None) == ""
 
 
+@pytest.mark.slow
 def test_gpu_script_without_a_gpu_prints_that_it_was_skipped_and_exits_0():
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHON": sys.executable}
     done = subprocess.run(

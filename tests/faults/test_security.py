@@ -1129,6 +1129,7 @@ def load_rbac() -> tuple[dict[str, Any], dict[str, Any]]:
     return role, binding
 
 
+@pytest.mark.slow
 def test_the_launchers_role_grants_exactly_what_the_launcher_uses(launcher_use):
     role, binding = load_rbac()
     # Namespaced: the launcher never needs a ClusterRole's reach into other namespaces.
@@ -1139,6 +1140,7 @@ def test_the_launchers_role_grants_exactly_what_the_launcher_uses(launcher_use):
 
 
 @pytest.mark.fault("a Role with a rule the launcher never uses, and one missing a verb it uses")
+@pytest.mark.slow
 def test_the_role_check_catches_an_extra_and_a_missing_grant(launcher_use):
     role, _ = load_rbac()
     role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
@@ -1163,6 +1165,7 @@ def test_requests_map_to_the_verbs_rbac_checks():
 
 
 @pytest.mark.fault("credentials in the launcher's environment")
+@pytest.mark.slow
 def test_the_launcher_sends_no_credential_and_submits_restricted_worker_pods(launcher_use):
     assert launcher_use.planted is not None
     assert launcher_use.submitted and launcher_use.bodies

@@ -257,6 +257,7 @@ def test_pipelines_that_share_the_shards_split_each_one_between_them(shards):
 
 
 @pytest.mark.parametrize("keep", [(1, 0), (2, 1)])
+@pytest.mark.slow
 def test_a_resumed_stream_is_the_uninterrupted_one_from_its_place(shards, keep):
     """records(skip=S) continues the stream at window S, in three data epochs (each with its own
     block sizes): at each block's first window, the windows either side of it, and inside the

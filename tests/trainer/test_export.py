@@ -154,6 +154,7 @@ def test_score_matches_keras_on_the_same_windows(exported, tokenizer_path):
     assert out["nats"].numpy()[2] == 0.0 and per_token[2] == 0.0
 
 
+@pytest.mark.slow
 def test_a_rotary_model_exports_generates_and_scores_like_keras(tokenizer_path, tmp_path):
     """model.position=rotary: no position table in the SavedModel, the same signatures."""
     model, loaded, _ = _export(tokenizer_path, tmp_path, "position=rotary")

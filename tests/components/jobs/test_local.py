@@ -208,6 +208,7 @@ def test_retryable_exits_past_the_backoff_limit_fail(job, tmp_path, policy, atte
     assert not any(alive(p) for p in recorded_pids(tmp_path))
 
 
+@pytest.mark.slow
 def test_the_deadline_stops_every_worker_and_fails(job, tmp_path):
     with pytest.raises(LaunchTimeout) as err:
         run_local(job("hang", active_deadline_seconds=3), tmp_path)

@@ -128,6 +128,7 @@ def test_one_worker_gets_no_tf_config(tmp_path, records):
     assert starts(records, 0)[0]["tf_config"] is None
 
 
+@pytest.mark.slow
 def test_exit_code_policy_recreates_failed_pods_only_and_never_succeeded_ones(tmp_path, records):
     with running(tmp_path) as kube:
         create(kube, spec(records, "flaky"))
@@ -230,6 +231,7 @@ def events_on(kube: FakeKube, selector: str) -> list[Any]:
     )
 
 
+@pytest.mark.slow
 def test_the_operator_records_exits_and_pod_changes_as_events_on_the_job(tmp_path, records):
     with running(tmp_path) as kube:
         create(kube, spec(records, "flaky"))

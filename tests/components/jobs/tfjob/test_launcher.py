@@ -56,6 +56,7 @@ def test_success_reports_gpu_hours_digests_and_streams_worker0_log():
     assert not kube.calls("DELETE")  # a finished job is left to ttlSecondsAfterFinished
 
 
+@pytest.mark.slow
 def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
     # A proxy's idle timeout drops the follow stream twice while worker 0 runs on, and the API
     # server ends it cleanly twice (its leg to the kubelet broke): each line still reaches the
