@@ -64,6 +64,7 @@ RUN_ARGS = $(foreach p,$(PARAMS),--param $(call q,$(p))) \
 help:
 	@echo "make run     install, then run the pipeline locally on data/tinyshakespeare.txt"
 	@echo "make test    install, then run the whole test suite"
+	@echo "make test-fast  the fast tier: the tests not marked slow or e2e"
 	@echo "make lint    ruff and mypy"
 	@echo "make bench   benchmarks (ratios against a reference in the same run)"
 	@echo "make images REGISTRY=...  build + push both images, write images/digests.json"
