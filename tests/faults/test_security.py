@@ -396,7 +396,7 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
     # `reproduce` have a pushed model to start from.
     script = (
         "import json, sys\n"
-        "from pipelines import local_runner\n"
+        "from pipelines.runners.local import runner as local_runner\n"
         "from trainer.config import resolve_config\n"
         "root, corpus, *overrides = sys.argv[1:]\n"
         "run = local_runner.LocalRun(root=root, corpus=corpus, workers=2, max_nats_per_char=5.0,\n"

@@ -50,7 +50,8 @@ def corpus(tmp_path_factory):
 # tests (the CLI has no option for it), so that the first model is pushed.
 ON_A_TERMINAL = (
     "import sys\n"
-    "from pipelines import cli, local_runner\n"
+    "from pipelines.cli import main as cli\n"
+    "from pipelines.runners.local import runner as local_runner\n"
     "from trainer.config import resolve_config\n"
     "root, corpus, *overrides = sys.argv[1:]\n"
     "run = local_runner.LocalRun(root=root, corpus=corpus, workers=2, max_nats_per_char=5.0,\n"
