@@ -292,6 +292,7 @@ for i in range({rounds}):
 
 
 @pytest.mark.fault("two steps write ML Metadata at the same moment")
+@pytest.mark.slow
 def test_steps_writing_at_the_same_moment_retry_the_lock_and_lose_nothing(tmp_path, ledger):
     address = str(tmp_path / "metadata.sqlite")
     lineage.record_execution(  # run-0's tokenize made the Examples every writer reads

@@ -286,6 +286,7 @@ def test_a_place_a_billion_epochs_in_is_found_without_reading_them(shards):
     assert order.locate(far + 11)[0] == 10**9
 
 
+@pytest.mark.slow
 def test_workers_train_on_their_own_shards_or_their_own_windows_of_each(shards):
     cfg = resolve_config("tiny", ("model.seq_len=2", "train.batch_size=1"))
     two = data.Shards(shards.files[:2], shards.windows[:2])  # windows 0-4 and 5-7

@@ -151,6 +151,7 @@ def test_the_release_calls_these_make_targets_in_this_order():
     assert names.index("KFP token file") < names.index("Upload version git-<sha>")
 
 
+@pytest.mark.slow
 def test_the_release_uploads_smoke_runs_and_schedules_and_a_rerun_changes_nothing(double, tmp_path):
     first = run_release(double, tmp_path)
     rerun = run_release(double, tmp_path)  # the job re-run for the same commit

@@ -365,6 +365,7 @@ def test_folder_markers_are_deleted_and_nothing_else(gcs):
     assert storage.delete_folder_markers(gcs.uri("model")) == 0
 
 
+@pytest.mark.slow
 def test_no_credentials_is_one_user_error_saying_how_to_provide_them(monkeypatch, tmp_path):
     from components.storage import gcs as storage_gcs_module
 

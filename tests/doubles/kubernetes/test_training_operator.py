@@ -175,6 +175,7 @@ def test_backoff_limit_zero_fails_the_job_at_the_first_failure(tmp_path, records
     )
 
 
+@pytest.mark.slow
 def test_the_active_deadline_fails_the_job_and_kills_its_pods(tmp_path, records):
     with running(tmp_path) as kube:
         create(kube, spec(records, "stubborn", active_deadline_seconds=1))
