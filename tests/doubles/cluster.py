@@ -254,6 +254,9 @@ def _backend(
         "STORAGE_EMULATOR_HOST": endpoint,
         "KUBECONFIG": str(write_kubeconfig(folder / "kubeconfig", kube.host)),
         "TF_CPP_MIN_LOG_LEVEL": "2",
+        # The image installs this checkout (images/Dockerfile); the virtualenv's editable install
+        # may point at another one, so the steps get this one first, as TRAINER_ENV's workers do.
+        "PYTHONPATH": str(REPO),
     }
     return KfpBackend(
         pipeline_root=root,
