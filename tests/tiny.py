@@ -1,8 +1,10 @@
-"""Helpers that build tiny artifacts in tmp_path: an Examples folder and an exported Model.
+"""The tiny configs and corpus tests train on, and the builders of a tiny Examples folder and
+an exported Model from them.
 
-    from tests.tiny import make_examples_dir, make_model_dir, TINY_OVERRIDES
-    examples = make_examples_dir(tmp_path / "examples")
-    model_dir = make_model_dir(tmp_path, examples)       # trains ~20 steps and exports
+Tests take the built artifacts as tests/conftest.py's session fixtures `examples` and
+`tiny_model`, made once per run; they combine the configs themselves:
+
+    cfg = resolve_config("tiny", TINY_OVERRIDES + ("train.train_steps=10",))
 
 The tokenizer is trained with `SENTENCEPIECE_TRAINER_OPTIONS`, the same options the
 tokenize step uses, so the in-graph tensorflow_text tokenizer matches the python one.
