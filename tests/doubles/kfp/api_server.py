@@ -105,7 +105,8 @@ class KfpApiDouble:
         handler = type("Handler", (_Handler,), {"double": self})
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.host = f"http://127.0.0.1:{self._server.server_address[1]}"
-        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        # A short poll: shutdown() waits for the loop to look, 0.5 s by default, at every exit.
+        threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True).start()
         return self
 
     def __exit__(self, *exc: object) -> None:

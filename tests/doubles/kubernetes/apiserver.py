@@ -448,7 +448,8 @@ class FakeKube:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
         self.host = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._serve = threading.Thread(target=self.server.serve_forever, daemon=True)
+        # A short poll: shutdown() waits for the loop to look, 0.5 s by default, at every exit.
+        self._serve = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
 
     @classmethod
     def running(
