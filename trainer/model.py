@@ -241,7 +241,7 @@ class CausalSelfAttention(keras.layers.Layer):
         # them and as Megatron's fused softmax takes and gives bfloat16 (Keras 3's
         # dot_product_attention, the peer's, up-casts them to float32). TensorFlow's bfloat16
         # softmax and sums accumulate in float32 and round once where the CPU has bfloat16
-        # instructions (within one bfloat16 ulp of float64: tests/test_model.py; where it
+        # instructions (within one bfloat16 ulp of float64: tests/trainer/test_model.py; where it
         # emulates bfloat16, `auto` picks float32: trainer/precision.py), oneDNN accumulates
         # the bfloat16 matmul in float32, and the probabilities go to the A.V matmul in
         # bfloat16 anyway; the float32 round trip

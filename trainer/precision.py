@@ -35,7 +35,7 @@ CPU_BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 # Said once when train.precision=mixed_bfloat16 is asked for on a CPU without them (`auto` never
 # picks it there): TensorFlow then emulates bfloat16, and its softmax rounds the intermediate
 # values (2.8% largest relative error over 256-long rows on an AVX2 EPYC; within one bfloat16
-# ulp where the instructions exist: tests/test_model.py).
+# ulp where the instructions exist: tests/trainer/test_model.py).
 EMULATED_BF16 = (
     "train.precision=mixed_bfloat16 on a CPU without bfloat16 instructions (AVX512-BF16, AMX): "
     "TensorFlow emulates it, slower than float32 and with a less exact attention softmax; "

@@ -107,8 +107,9 @@ class SplitWriter:
 # tf.train.Example{features{feature{key: "input_ids", value{int64_list{value: [...]}}}}}: each
 # message is a tag, a length and its fields, and every field but the ids is a prefix. So a
 # record is a header that depends only on the packed ids' byte count, then the ids as packed
-# varints, which numpy writes for a whole chunk at once. tests/test_tokenize_stream.py checks
-# that the bytes equal tf.train.Example's own serialization.
+# varints, which numpy writes for a whole chunk at once.
+# tests/components/tokenize/test_stream.py checks that the bytes equal tf.train.Example's own
+# serialization.
 _KEY = b"\x0a\x09input_ids"  # map entry field 1 (key), length 9, the feature's name
 
 

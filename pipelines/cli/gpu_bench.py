@@ -37,8 +37,8 @@ from contracts.errors import UserError
 from pipelines.cli.options import image_pull_secret_option
 
 BENCH_ROOT = "/opt/gptpipe"  # images/Dockerfile's WORKDIR for the sources, bench/ included
-# bench/gpu_bench.py's configurations (its RUNS; tests/test_gpu_bench_job.py holds them equal):
-# named here too, so that a typo fails before a GPU node is taken and a large image pulled.
+# bench/gpu_bench.py's configurations (its RUNS; tests/pipelines/cli/test_gpu_bench.py holds them
+# equal): named here too, so that a typo fails before a GPU node is taken and a large image pulled.
 RUNS = ("bf16_xla", "bf16", "fp32", "mirrored", "bf16_xla_host_syncs")
 SHAPES = ("gpt2-small", "tiny")  # its SHAPES: tiny only for a dry run on CPU
 # bench/gpu_bench.py ends its runs by 440 s once it starts; the job's deadline also covers the
@@ -65,9 +65,9 @@ def job_spec(
     that exits 1-127 fails the job at once and its pod stays, log included; one killed by a
     signal (preemption, out of memory) is tried once more. Not a backoff limit of 0: the
     operator deletes every pod of a job past its limit, so the first failure would take the log
-    with it (common/job.go; tests/operator_double.py `_past_limits`). `allow_cpu` is the dry
-    run on a CPU node, with no GPU asked for. `placement` is JobSpec's scheduling fields
-    (node_selector, tolerations, service_account, image_pull_secrets, cpu, memory,
+    with it (common/job.go; tests/doubles/kubernetes/training_operator.py `_past_limits`).
+    `allow_cpu` is the dry run on a CPU node, with no GPU asked for. `placement` is JobSpec's
+    scheduling fields (node_selector, tolerations, service_account, image_pull_secrets, cpu, memory,
     allow_unpinned)."""
     _check(gpus, runs, allow_cpu)
     # Two benchmarks started in the same second are two jobs, not one re-attached to.

@@ -27,10 +27,8 @@ from pipelines.cli import main as cli
 from pipelines.pipeline import Target
 from pipelines.runners.kfp import auth as kfp_auth
 from pipelines.runners.kfp import client as kfp_client
-from tests.kfp_api_double import KfpApiDouble
+from tests.doubles.kfp.api_server import KfpApiDouble
 from trainer.config import config_to_dict, resolve_config
-
-pytest_plugins = ["gcs_emulator"]
 
 REPO = Path(__file__).resolve().parents[2]
 SHAKESPEARE = REPO / "data" / "tinyshakespeare.txt"
@@ -478,8 +476,7 @@ def test_windows_longer_than_the_position_table(tmp_path):
     # The model takes at most model.seq_len tokens (trainer/model.py: the position table's rows,
     # or ContextLimit), so no config can ask for more; windows cut for a longer seq_len are what
     # could, and train refuses them.
-    from trainer_fixtures import examples_manifest
-
+    from tests.tiny import examples_manifest
     from trainer import data
 
     manifest = examples_manifest({}, seq_len=128, vocab_size=512)

@@ -9,10 +9,10 @@ import json
 import os
 
 import pytest
-from processes import REPO, run_together
-from trainer_fixtures import PIPELINE_SMALL
 
 from components import serving, storage
+from tests.processes import REPO, run_together
+from tests.tiny import PIPELINE_SMALL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -15,13 +15,11 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import REPO, run_together
 
 from components import storage
 from components.storage import lease
 from contracts.process import stat_fields
-
-pytest_plugins = ["gcs_emulator"]
+from tests.processes import REPO, run_together
 
 CORPUS = REPO / "data" / "tinyshakespeare.txt"
 
@@ -42,6 +40,7 @@ def child_env() -> dict[str, str]:
 
 @pytest.mark.fault("three runs tokenize the same data at the same moment")
 @pytest.mark.parametrize("where", ["local", "gcs"])
+@pytest.mark.slow
 def test_racing_runs_tokenize_a_dataset_once(where, tmp_path, request, ledger):
     if where == "local":
         corpus, root = str(tmp_path / "corpus.txt"), str(tmp_path / "datasets")
@@ -119,6 +118,7 @@ def start_holder(uri: str, skew: float = 0.0, elsewhere: bool = False) -> subpro
 
 
 @pytest.mark.fault("the process holding a dataset's lease is SIGKILLed on another machine")
+@pytest.mark.slow
 def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
     uri = str(tmp_path / "datasets" / ".v1.lease")
     holder = start_holder(uri, elsewhere=True)
@@ -245,6 +245,7 @@ def lease_uri(where: str, tmp_path: Path, request: pytest.FixtureRequest) -> str
 
 @pytest.mark.fault("a live lease holder's clock is an hour behind the waiter's")
 @pytest.mark.parametrize("where", ["local", "gcs"])
+@pytest.mark.slow
 def test_a_live_holder_with_a_slow_clock_keeps_its_lease(where, tmp_path, request):
     """A live holder whose clock is slow keeps its lease.
 

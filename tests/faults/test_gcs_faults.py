@@ -17,8 +17,6 @@ from google.cloud.storage.retry import DEFAULT_RETRY
 from components import storage
 from components.storage import gcs as storage_gcs
 
-pytest_plugins = ["gcs_emulator"]
-
 CHUNK = 3 << 20  # resumable chunk: a multiple of 256 KiB, as GCS requires
 # Over google-cloud-storage's multipart limit (blob.py `_MAX_MULTIPART_SIZE`, 8 MiB), which the
 # storage layer's RESUMABLE_THRESHOLD equals: uploaded resumable, in three chunks.

@@ -1,8 +1,8 @@
 """What the precondition-enforcing proxy (`gcs_strict`, `gcs_faults`) adds to the emulator.
 
 gcp-storage-emulator ignores `ifGenerationMatch` and its kin; `PreconditionGate` in
-tests/gcs_emulator.py enforces them as GCS does. Each test here pins one behaviour through the
-real google-cloud-storage client, and `test_raw_emulator_ignores_preconditions` pins that the
+tests/doubles/gcs/gate.py enforces them as GCS does. Each test here pins one behaviour through
+the real google-cloud-storage client, and `test_raw_emulator_ignores_preconditions` pins that the
 emulator alone does not, so these tests prove the proxy, not the emulator, is what enforces.
 """
 
@@ -18,8 +18,6 @@ import pytest
 import requests
 from google.api_core import exceptions as gexc
 from google.cloud import storage as gcs_lib
-
-pytest_plugins = ["gcs_emulator"]
 
 CHUNK = 256 << 10  # the smallest resumable chunk GCS accepts
 

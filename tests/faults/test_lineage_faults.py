@@ -3,7 +3,7 @@ that fails is one line naming it, and concurrent writers retry the lock and lose
 
 Every failure is real: a SQLite store locked by another process's open write transaction,
 removed or replaced by a folder while the step runs, holding a type another tool registered
-with other property kinds, or a gRPC service (`mlmd_server`) stopped under the step. Racing
+with other property kinds, or a gRPC service (doubles/mlmd) stopped under the step. Racing
 writers are real processes released at one moment (`processes.run_together`).
 """
 
@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from mlmd_server import MetadataGrpcServer
-from processes import REPO, run_together
 
 from components import lineage
 from components.lineage import store as store_module
 from components.lineage.query import execution_views
 from components.lineage.store import mlmd
 from contracts.errors import UserError
+from tests.doubles.mlmd.server import MetadataGrpcServer
+from tests.processes import REPO, run_together
 
 PIPELINE = "gptpipe"
 LOCK_RETRY_S = 0.3  # the tests' retry budget: a held lock fails a call after this long
@@ -292,6 +292,7 @@ for i in range({rounds}):
 
 
 @pytest.mark.fault("two steps write ML Metadata at the same moment")
+@pytest.mark.slow
 def test_steps_writing_at_the_same_moment_retry_the_lock_and_lose_nothing(tmp_path, ledger):
     address = str(tmp_path / "metadata.sqlite")
     lineage.record_execution(  # run-0's tokenize made the Examples every writer reads

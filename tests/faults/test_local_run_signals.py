@@ -11,10 +11,10 @@ import uuid
 from pathlib import Path
 
 import pytest
-from processes import REPO, alive
-from trainer_fixtures import PIPELINE_SMALL
 
 from components import lineage
+from tests.processes import REPO, alive
+from tests.tiny import PIPELINE_SMALL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -9,11 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "reliability.md"
 START, END = "<!-- matrix -->\n", "<!-- /matrix -->\n"
 
 
+@pytest.mark.slow
 def test_the_doc_tables_list_every_marked_test(tmp_path, request):
     generated = tmp_path / "matrix.md"
     collect = subprocess.run(

@@ -12,9 +12,10 @@
    product's code, each checker first shown to catch planted code; the Makefile's targets quote
    every variable a user sets, and `make upload/submit/schedule` pass hostile values through as
    single words.
-4. The image and the TFJob worker pods run as a numeric non-root user (tests/pod_security.py
-   holds the Pod Security "restricted" checks; tests/test_step_pod_security.py covers the step
-   pods KFP builds, so here only what the compiled YAML asks of them is checked).
+4. The image and the TFJob worker pods run as a numeric non-root user
+   (tests/doubles/kubernetes/pod_security.py holds the Pod Security "restricted" checks;
+   tests/pipelines/test_step_pod_security.py covers the step pods KFP builds, so here only what
+   the compiled YAML asks of them is checked).
 5. deploy/rbac.yaml grants the launcher exactly the (apiGroup, resource, verb) triples it uses,
    recorded by the Kubernetes double over every launcher path: create, watch, logs, restarts,
    the deadline, cancel, re-attach, a transient outage, the release exit handler, and the step
@@ -45,10 +46,6 @@ from typing import Any
 import kfp.client.client
 import pytest
 import yaml
-from k8s_double import FakeKube, scenarios
-from pod_security import restricted_violations
-from tfjob_fixtures import make_spec, worker_template
-from trainer_fixtures import PIPELINE_SMALL
 
 from components import provenance
 from components.jobs import kube as kube_api
@@ -62,8 +59,12 @@ from pipelines.cli import main as cli
 from pipelines.pipeline import Target
 from pipelines.runners.kfp import auth as kfp_auth
 from pipelines.runners.kfp import client as kfp_client
-from tests import kfp_api_double
-from tests.kfp_api_double import KfpApiDouble
+from tests.components.jobs.tfjob.specs import make_spec, worker_template
+from tests.doubles.kfp import api_server as kfp_api_double
+from tests.doubles.kfp.api_server import KfpApiDouble
+from tests.doubles.kubernetes.apiserver import FakeKube, scenarios
+from tests.doubles.kubernetes.pod_security import restricted_violations
+from tests.tiny import PIPELINE_SMALL
 from trainer.config import resolve_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -928,7 +929,7 @@ def test_the_tfjob_workers_get_no_kubernetes_api_token():
 
 # KFP 2.5 builds the step pods; the compiled YAML can only ask for more through the kubernetes
 # platform spec. It asks for the run id and namespace (downward API) and pull secrets, nothing
-# that loosens a pod (tests/test_step_pod_security.py checks the pod KFP builds from it).
+# that loosens a pod (tests/pipelines/test_step_pod_security.py checks the pod KFP builds from it).
 STEP_POD_FIELDS = {"fieldPathAsEnv", "imagePullSecret"}
 
 
@@ -1144,6 +1145,7 @@ def load_rbac() -> tuple[dict[str, Any], dict[str, Any]]:
     return role, binding
 
 
+@pytest.mark.slow
 def test_the_launchers_role_grants_exactly_what_the_launcher_uses(launcher_use):
     role, binding = load_rbac()
     # Namespaced: the launcher never needs a ClusterRole's reach into other namespaces.
@@ -1154,6 +1156,7 @@ def test_the_launchers_role_grants_exactly_what_the_launcher_uses(launcher_use):
 
 
 @pytest.mark.fault("a Role with a rule the launcher never uses, and one missing a verb it uses")
+@pytest.mark.slow
 def test_the_role_check_catches_an_extra_and_a_missing_grant(launcher_use):
     role, _ = load_rbac()
     role["rules"].append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]})
@@ -1178,6 +1181,7 @@ def test_requests_map_to_the_verbs_rbac_checks():
 
 
 @pytest.mark.fault("credentials in the launcher's environment")
+@pytest.mark.slow
 def test_the_launcher_sends_no_credential_and_submits_restricted_worker_pods(launcher_use):
     assert launcher_use.planted is not None
     assert launcher_use.submitted and launcher_use.bodies

@@ -15,13 +15,11 @@ import types
 from pathlib import Path
 
 import pytest
-from processes import REPO, run_together
 
 from components import serving, storage
 from components.push import executor as push
 from contracts.artifacts import RETIRED_FILE
-
-pytest_plugins = ["gcs_emulator"]
+from tests.processes import REPO, run_together
 
 WHERE = ["local", "gcs"]
 
@@ -75,6 +73,7 @@ print(serving.publish_next({source!r}, {dest!r}))
 
 @pytest.mark.fault("four pushes publish to one destination at the same moment")
 @pytest.mark.parametrize("where", WHERE)
+@pytest.mark.slow
 def test_racing_publishes_take_distinct_whole_versions(where, tmp_path, request, ledger):
     dest = destination(where, tmp_path, request)
     sources = [f"{model(tmp_path, f'm{i}')}/Format-Serving" for i in range(4)]
@@ -132,6 +131,7 @@ for i in range(15):
 
 @pytest.mark.fault("four processes update one .retired.json at the same moment")
 @pytest.mark.parametrize("where", WHERE)
+@pytest.mark.slow
 def test_concurrent_updates_of_one_file_lose_nothing(where, tmp_path, request, ledger):
     uri = storage.join(destination(where, tmp_path, request), RETIRED_FILE)
     names = ["a", "b", "c", "d"]
@@ -154,6 +154,7 @@ print(result.pushed, result.pushed_version, result.reason)
 
 @pytest.mark.fault("a push races a rollback of the model it was compared with")
 @pytest.mark.parametrize("where", WHERE)
+@pytest.mark.slow
 def test_a_push_racing_a_rollback_never_outlives_the_rollback(where, tmp_path, request):
     dest = destination(where, tmp_path, request)
     good, bad = model(tmp_path, "good", 1024), model(tmp_path, "bad", 1024)

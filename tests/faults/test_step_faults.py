@@ -28,8 +28,6 @@ import time
 from pathlib import Path
 
 import pytest
-from processes import signal_group
-from trainer_fixtures import SEQ_LEN, TINY_OVERRIDES, VOCAB_SIZE, tiny_corpus
 
 from components import kfp_metadata, serving
 from components.evaluate import executor as evaluate
@@ -48,6 +46,8 @@ from contracts.artifacts import (
 from contracts.blessing import ModelBlessing
 from contracts.errors import UserError
 from contracts.params import EvalPolicy
+from tests.processes import signal_group
+from tests.tiny import SEQ_LEN, TINY_OVERRIDES, VOCAB_SIZE, tiny_corpus
 from trainer import data, shard_check
 from trainer.config import config_to_dict, resolve_config
 from trainer.task import main as trainer_main

@@ -1,8 +1,9 @@
 """The TFJob launcher against the operator double running real processes: restarts counted
 once per restart of the job, re-attaching, a Failed job run again, the deadline, cancellation.
 
-The fast tests run tests/fake_worker.py; the slow ones run the trainer itself (2 workers, the
-tiny config) and inject faults with its test-only `--fault-*` flags (trainer/faults.py).
+The fast tests run tests/doubles/kubernetes/fake_worker.py; the slow ones run the trainer itself
+(2 workers, the tiny config) and inject faults with its test-only `--fault-*` flags
+(trainer/faults.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_worker import BAD_SHARD
-from k8s_double import FakeKube
-from processes import alive
-from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.jobs import kube as kube_api
 from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout, WorkerInputError
@@ -30,10 +27,14 @@ from components.jobs.spec import JobSpec
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import manifest
 from components.train import executor
+from tests.doubles.kubernetes.apiserver import FakeKube
+from tests.doubles.kubernetes.fake_worker import BAD_SHARD
+from tests.processes import alive
+from tests.tiny import TINY_OVERRIDES
 from trainer.config import resolve_config
 
-REPO = Path(__file__).resolve().parents[1]
-FAKE_WORKER = Path(__file__).parents[1] / "fake_worker.py"
+REPO = Path(__file__).resolve().parents[2]
+FAKE_WORKER = Path(__file__).parents[1] / "doubles" / "kubernetes" / "fake_worker.py"
 IMAGE = "us-docker.pkg.dev/proj/gptpipe/trainer@sha256:" + "cd" * 32
 RUN = "3f2a9c1e-5b7d-4e0a-9c1b-2d3e4f5a6b7c"
 KEY = ("ml", "train-faults")
@@ -237,11 +238,6 @@ def test_cancel_deletes_the_job_and_its_worker_processes(tmp_path, records):
 
 
 # -- slow: the trainer itself --
-
-
-@pytest.fixture(scope="module")
-def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_examples_dir(tmp_path_factory.mktemp("examples"))
 
 
 def trainer_spec(root: Path, examples: Path, *flags: str, **overrides: Any) -> JobSpec:

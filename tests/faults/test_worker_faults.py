@@ -15,24 +15,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from trainer_fixtures import TINY_OVERRIDES, make_examples_dir
 
 from components.jobs.launcher import LaunchResult
 from components.jobs.local import LocalLauncher
 from components.jobs.spec import JobSpec
 from components.train.executor import trainer_command
 from contracts.artifacts import TRAIN_HISTORY
+from tests.tiny import TINY_OVERRIDES
 from trainer.config import resolve_config
 from trainer.preemption import backed_up_step
 
 STEPS = 40  # TINY_OVERRIDES: train.train_steps
 BACKUP_EVERY = 20  # TINY_OVERRIDES: train.checkpoint_every
 FAULT_STEP = 25  # between two periodic backups
-
-
-@pytest.fixture(scope="module")
-def examples(tmp_path_factory):
-    return make_examples_dir(tmp_path_factory.mktemp("examples"))
 
 
 class Job:

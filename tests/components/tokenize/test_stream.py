@@ -1,0 +1,297 @@
+"""The tokenize step streams: chunks that depend on the bytes alone, worker processes that keep
+the corpus's order and bound the work in flight, the same bytes whatever the worker count, a
+bounded tokenizer sample, shards serialized as protobuf does, and memory that does not grow
+with the corpus."""
+
+import hashlib
+import json
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+import tensorflow as tf
+
+from components import storage
+from components.tokenize import bpe, corpus, encode, executor, shards
+from contracts.errors import UserError
+from contracts.examples import SplitStats
+
+REPO = Path(__file__).resolve().parents[3]
+SHAKESPEARE = REPO / "data" / "tinyshakespeare.txt"
+VOCAB = 340  # the smallest vocabulary a Shakespeare slice trains (see test_tokenize.py)
+SEQ_LEN = 32
+MIXED = (
+    "ROMEO:\nBut soft, what light through yonder window breaks?\n\n"
+    "Écoute, 漢字 et l'été\n  two  spaces,\ttab.\n" + "x" * 300 + "\n"
+) * 20 + "the last line has no newline"
+
+
+def _write(path: Path, data: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return path
+
+
+def _chunks(path: Path, chunk_bytes: int, eval_fraction: float = 0.1) -> list[corpus.Chunk]:
+    source = storage.list_files(str(path))[0]
+    return list(corpus.read_chunks(source, eval_fraction, chunk_bytes))
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+# ---- chunks and the split ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [1, 7, 100, 4096])
+def test_chunks_depend_on_the_bytes_not_on_how_they_are_read(tmp_path, monkeypatch, block):
+    path = _write(tmp_path / "mixed.txt", MIXED)
+    expected = _chunks(path, 200)
+    monkeypatch.setattr(corpus, "READ_CHUNK_BYTES", block)
+    assert _chunks(path, 200) == expected
+
+
+def test_chunks_are_whole_lines_cut_after_each_chunk_bytes_and_at_the_split(tmp_path):
+    data = MIXED.encode("utf-8")
+    chunks = _chunks(_write(tmp_path / "mixed.txt", data), 200)
+    # The eval part starts at the first line start at or after 90% of the bytes.
+    target = round(len(data) * 0.9)
+    cut = data.index(b"\n", target - 1) + 1
+    train = [c for c in chunks if c.split == "train"]
+    assert [c.split for c in chunks] == ["train"] * len(train) + ["eval"] * (
+        len(chunks) - len(train)
+    )
+    assert sum(c.size for c in train) == cut and sum(c.size for c in chunks) == len(data)
+    assert "".join(c.text for c in train) == data[:cut].decode("utf-8")
+    assert "".join(c.text for c in chunks[len(train) :]) == data[cut:].decode("utf-8") + "\n"
+    for part in (train, chunks[len(train) :]):
+        for chunk in part[:-1]:  # every chunk but a part's last: the first lines reaching 200
+            body = chunk.text.encode("utf-8")
+            assert body.endswith(b"\n") and len(body) >= 200
+            assert body.rfind(b"\n", 0, len(body) - 1) < 199  # the line before ends short of it
+    assert corpus.split_corpus([MIXED], 0.1, "x") == {
+        "train": data[:cut].decode("utf-8"),
+        "eval": data[cut:].decode("utf-8") + "\n",
+    }
+
+
+def test_a_file_with_no_line_start_after_the_target_is_cut_at_a_character(tmp_path):
+    text = "é" * 20  # 40 bytes, no newline: 90% is byte 36, the start of a character
+    assert corpus.split_corpus([text], 0.1, "x") == {"train": "é" * 18 + "\n", "eval": "éé\n"}
+    odd = "a" + "é" * 20  # 41 bytes: byte 37 is inside a character; cut before it
+    assert corpus.split_corpus([odd], 0.1, "x") == {"train": odd[:19] + "\n", "eval": "éé\n"}
+    one_line = "hello world\n"  # its only line start after the target is the end of the file
+    assert corpus.split_corpus([one_line], 0.1, "x") == {"train": "hello world\n", "eval": "\n"}
+
+
+def test_a_byte_that_is_not_utf8_in_a_later_chunk_is_named_by_offset_and_line(tmp_path):
+    lines = [f"line {i}\n".encode() for i in range(300)]
+    offset = sum(map(len, lines[:250])) + 3
+    lines[250] = b"lin\xe9 250\n"
+    path = _write(tmp_path / "latin1.txt", b"".join(lines))
+    with pytest.raises(UserError, match=f"byte 0xe9 at offset {offset} \\(line 251\\)"):
+        _chunks(path, 64)
+
+
+# ---- workers ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model() -> bytes:
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:12_000]
+    return bpe.train(text, VOCAB, "slice", lambda line: None)
+
+
+def test_workers_keep_the_input_order_and_pull_only_as_results_are_taken(model):
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:40_000]
+    pieces = [text[i : i + 997] for i in range(0, len(text), 997)]
+    pulled = []
+
+    def source():
+        for i, piece in enumerate(pieces):
+            pulled.append(i)
+            yield i, piece
+
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    with encode.Encoder(model, 3) as encoder:
+        for taken, ((index, piece), ids) in enumerate(encoder.map(source(), lambda p: p[1])):
+            assert index == taken and ids.tolist() == processor.encode(piece)
+            # In flight: one item per worker, and the next one read while they encode.
+            assert len(pulled) <= taken + 1 + 3
+    assert len(pulled) == len(pieces)
+
+
+def test_a_worker_that_dies_is_an_error_naming_it(model):
+    with encode.Encoder(model, 2) as encoder, pytest.raises(RuntimeError, match="exited with"):
+        for _ in encoder.map(["some text\n"] * 10, lambda text: text):
+            encoder._workers[1].process.kill()
+
+
+def test_one_and_two_worker_processes_write_the_same_bytes(tmp_path, capsys):
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:120_000]
+    half = text.index("\n", len(text) // 2) + 1
+    _write(tmp_path / "docs" / "a.txt", text[:half])
+    _write(tmp_path / "docs" / "b.txt", text[half:])
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "shard_windows": 300, "chunk_bytes": 4096}
+    one = executor.run(str(tmp_path / "docs"), str(tmp_path / "one"), workers=1, **options)
+    assert "in this process" in capsys.readouterr().err
+    two = executor.run(str(tmp_path / "docs"), str(tmp_path / "two"), workers=2, **options)
+    assert re.search(r"encoding \d\d chunks on 2 worker processes", capsys.readouterr().err)
+    assert one.dataset_version == two.dataset_version
+    assert len(one.splits["train"].shards) > 1
+    assert _tree(tmp_path / "one") == _tree(tmp_path / "two")  # the manifest too
+
+
+@pytest.mark.parametrize(
+    "files, cpus",
+    [
+        ({"cpu.max": "250000 100000\n"}, 2.5),  # cgroup v2: a pod limited to 2.5 CPUs
+        ({"cpu.max": "max 100000\n"}, None),
+        ({"cpu/cpu.cfs_quota_us": "400000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 4.0),
+        ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ({}, None),
+    ],
+)
+def test_the_default_worker_count_follows_a_cgroup_cpu_limit(tmp_path, files, cpus):
+    for name, text in files.items():
+        _write(tmp_path / name, text)
+    assert encode.cpu_quota(tmp_path) == cpus
+
+
+# ---- the tokenizer's sample ------------------------------------------------------------------
+
+
+def test_the_sample_takes_lines_from_every_chunk_within_its_budget():
+    chunks = ["".join(f"chunk {c} line {i}\n" for i in range(100)) for c in range(10)]
+    total = sum(map(len, chunks))
+    sample = bpe.Sample(budget=5_000, train_bytes=total)
+    for chunk in chunks:
+        sample.add(chunk)
+    assert len(sample.pieces) == 10 and sample.fraction == 5_000 / total
+    assert all(
+        p.startswith(f"chunk {c} line 0\n") and p.endswith("\n")
+        for c, p in enumerate(sample.pieces)
+    )
+    assert 4_500 < sum(map(len, sample.pieces)) <= 5_000 + 10 * len("chunk 0 line 00\n")
+    everything = bpe.Sample(budget=10**6, train_bytes=total)
+    for chunk in chunks:
+        everything.add(chunk)
+    assert everything.pieces == chunks
+
+
+def test_a_bounded_sample_trains_the_same_tokenizer_from_the_same_bytes(tmp_path):
+    path = _write(
+        tmp_path / "corpus" / "text.txt", SHAKESPEARE.read_text(encoding="utf-8")[:60_000]
+    )
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "progress": False, "chunk_bytes": 2048}
+    small = executor.run(str(path), str(tmp_path / "a"), tokenizer_sample_bytes=20_000, **options)
+    executor.run(str(path), str(tmp_path / "b"), tokenizer_sample_bytes=20_000, **options)
+    whole = executor.run(str(path), str(tmp_path / "c"), **options)
+    assert _tree(tmp_path / "a") == _tree(tmp_path / "b")
+    assert small.tokenizer.sha256 != whole.tokenizer.sha256
+    assert small.dataset_version != whole.dataset_version
+    assert small.parameters.tokenizer_sample_bytes == 20_000
+
+
+# ---- shards ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("high", [2, 128, 512, 16_384, 2**21 + 3, 2**31 - 1])
+def test_records_are_byte_for_byte_tf_train_examples(high):
+    rng = np.random.default_rng(high)
+    for shape in ((40, 65), (3, 2)):
+        windows = rng.integers(0, high, shape)
+        windows[0, 0] = high - 1
+        expected = [
+            tf.train.Example(
+                features=tf.train.Features(
+                    feature={"input_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=w))}
+                )
+            ).SerializeToString()
+            for w in windows.tolist()
+        ]
+        assert shards.serialize(windows) == expected
+
+
+def test_shards_are_written_as_they_fill_and_named_for_their_count_at_the_end(tmp_path):
+    writer = shards.SplitWriter(tmp_path, "train", seq_len=4, shard_windows=3)
+    stream = np.arange(1, 46, dtype=np.int32)  # 11 windows
+    for part in np.array_split(stream, 7):
+        writer.add(part)
+    written = sorted(p.name for p in (tmp_path / "Split-train").iterdir())
+    assert written == [f"data_tfrecord-{i:05d}.gz" for i in range(4)]  # 3 full, 1 open
+    stats = writer.finish(chars=90)
+    windows = (len(stream) - 1) // 4
+    assert stats == SplitStats(
+        tuple(f"Split-train/data_tfrecord-{i:05d}-of-00004.gz" for i in range(4)),
+        windows,
+        len(stream),
+        90,
+    )
+    files = [str(tmp_path / name) for name in stats.shards]
+    spec = {"input_ids": tf.io.FixedLenFeature([5], tf.int64)}
+    rows = [
+        tf.io.parse_single_example(r, spec)["input_ids"].numpy().tolist()
+        for r in tf.data.TFRecordDataset(files, compression_type="GZIP")
+    ]
+    assert rows == [stream[4 * w : 4 * w + 5].tolist() for w in range(windows)]
+
+
+# ---- memory ----------------------------------------------------------------------------------
+
+# A fresh wrapper per corpus size runs the step in its own child and waits for it, and the step
+# waits for its workers: the wrapper's RUSAGE_CHILDREN then holds the largest peak of them all.
+_WRAPPER = """
+import json, resource, subprocess, sys
+step = '''
+import sys
+from components.tokenize import executor
+executor.run(sys.argv[1], sys.argv[2], vocab_size=512, seq_len=64, progress=False,
+             workers=2, tokenizer_sample_bytes=1 << 20)
+'''
+subprocess.run([sys.executable, "-c", step, *sys.argv[1:]], check=True)
+print(json.dumps(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10))
+"""
+
+
+def _shuffled_lines(path: Path, mb: int) -> Path:
+    lines = SHAKESPEARE.read_text(encoding="utf-8").split("\n")
+    rng = random.Random(0)
+    with path.open("w", encoding="utf-8") as f:
+        for _ in range(mb * 10**6 // 1_115_000):
+            rng.shuffle(lines)
+            f.write("\n".join(lines) + "\n")
+    return path
+
+
+def _peak_mb(corpus_path: Path, out: Path) -> int:
+    done = subprocess.run(
+        [sys.executable, "-c", _WRAPPER, str(corpus_path), str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
+    small = _peak_mb(_shuffled_lines(tmp_path / "small.txt", 5), tmp_path / "small")
+    large = _peak_mb(_shuffled_lines(tmp_path / "large.txt", 35), tmp_path / "large")
+    manifest = json.loads((tmp_path / "large" / "manifest.json").read_text())
+    assert manifest["splits"]["train"]["windows"] > 250_000  # the large one is 7 times larger
+    print(f"peak RSS: {small} MiB at 5 MB of text, {large} MiB at 35 MB")
+    assert large - small < 48, f"peak RSS {small} MiB at 5 MB of text, {large} MiB at 35 MB"
+    assert large < 1024

@@ -1,0 +1,150 @@
+"""Train's run(), its job spec and cluster placement, and its KFP component's parameters."""
+
+import inspect
+import json
+
+import pytest
+
+from components.jobs import kube
+from components.jobs.naming import job_name
+from components.train import component, executor
+from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, TRAIN_METRICS
+from contracts.errors import UserError
+from tests.doubles.kubernetes.apiserver import FakeKube
+from tests.tiny import TINY_OVERRIDES
+from trainer.config import config_from_dict, config_hash, resolve_config
+
+PINNED = "r/t@sha256:" + "a" * 64
+
+
+@pytest.mark.slow
+def test_local_run_trains_exports_and_reports(tmp_path, examples):
+    model, work = tmp_path / "model", tmp_path / "work"
+    steps = ("train.train_steps=10", "train.warmup_steps=2", "train.checkpoint_every=5")
+    cfg = resolve_config("tiny", TINY_OVERRIDES + steps)
+    spec = executor.job_spec(
+        str(examples), str(model), str(work), cfg, launcher="local", run_id="run-1", workers=1
+    )
+    result = executor.run(
+        spec, cfg, str(model), str(work), executor.make_launcher("local", str(work))
+    )
+    assert (model / SERVING_DIR / SAVED_MODEL_FILE).is_file()
+    assert json.loads((model / TRAIN_METRICS).read_text())["steps"] == 10
+    assert result.model_properties["steps"] == 10 and result.model_properties["diverged"] == 0
+    assert result.model_properties["config_hash"] == config_hash(cfg)
+    assert result.model_properties["gpu_hours"] == 0
+    assert result.model_properties["precision_policy"] in ("float32", "mixed_bfloat16")
+    assert result.execution_properties["job_name"] == job_name("run-1", "train")
+    assert result.execution_properties["attempts"] == 1
+    assert list((work / "worker-logs").rglob("worker-0.log"))
+    # The job succeeded: the train step, not a worker, removed the training backup.
+    assert (work / "checkpoints").is_dir() and not (work / "backup").exists()
+
+
+def test_workers_get_the_resolved_config_as_canonical_json():
+    cfg = resolve_config("tiny", ["train.train_steps=77"])
+    spec = executor.job_spec(
+        "gs://b/examples", "gs://b/model", "gs://b/work", cfg, launcher="tfjob", run_id="run-1"
+    )
+    command = list(spec.command)
+    assert command[:3] == [executor.CONTAINER_PYTHON, "-m", "trainer.task"]
+    assert "--config" not in command and "--set" not in command  # nothing left to resolve
+    sent = command[command.index("--config-json") + 1]
+    assert config_from_dict(json.loads(sent)) == cfg
+    assert sent == json.dumps(json.loads(sent), sort_keys=True, separators=(",", ":"))
+
+
+def test_job_options_keep_jobspec_names_and_the_derived_fields():
+    cfg = resolve_config("tiny")
+    spec = executor.job_spec(
+        "gs://b/examples",
+        "gs://b/model",
+        "gs://b/work",
+        cfg,
+        launcher="tfjob",
+        run_id="Run 1/retry",
+        image=PINNED,
+        workers=3,
+        active_deadline_seconds=600,
+    )
+    assert (spec.name, spec.run_id) == (job_name("Run 1/retry", "train"), "Run-1-retry")
+    assert (spec.image, spec.workers, spec.active_deadline_seconds) == (PINNED, 3, 600)
+    assert not spec.allow_unpinned  # only a local run accepts an image by tag
+
+
+def test_cluster_placement_reads_the_pod_identity(tmp_path):
+    namespace = tmp_path / "namespace"
+    namespace.write_text("team-a\n")
+    env = {kube.POD_NAME_ENV: "run-train-123", kube.POD_UID_ENV: "uid-9"}
+    pod = kube.pod_identity(env, str(namespace))
+    assert pod == kube.PodIdentity("run-train-123", "uid-9", "team-a")
+    with FakeKube() as cluster:
+        cluster.cluster.add_pod(
+            "team-a",
+            "run-train-123",
+            {"main": (PINNED, PINNED)},
+            service_account="pipeline-runner",
+            image_pull_secrets=("regcred", "mirror"),
+        )
+        placement = executor.cluster_placement(pod, api_client=cluster.api_client())
+        chosen = executor.cluster_placement(pod, "trainer", api_client=cluster.api_client())
+        (get, _) = cluster.calls("GET", "/api/v1/namespaces/team-a/pods/run-train-123")
+    assert placement["namespace"] == "team-a"
+    assert (placement["owner"].name, placement["owner"].uid) == ("run-train-123", "uid-9")
+    # The workers run as the step does, and pull the image as the step did.
+    assert placement["service_account"] == "pipeline-runner"
+    assert placement["image_pull_secrets"] == ("regcred", "mirror")
+    assert (chosen["service_account"], chosen["image_pull_secrets"]) == (
+        "trainer",
+        ("regcred", "mirror"),
+    )
+    spec = executor.job_spec(
+        "gs://b/e", "gs://b/m", "gs://b/w", resolve_config("tiny"), launcher="tfjob",
+        run_id="run-1", image=PINNED, **placement,
+    )  # fmt: skip
+    assert (spec.service_account, spec.image_pull_secrets) == (
+        "pipeline-runner",
+        ("regcred", "mirror"),
+    )
+    outside = kube.pod_identity({}, str(tmp_path / "none"))
+    assert outside == kube.PodIdentity() and executor.cluster_placement(outside) == {}
+    assert executor.cluster_placement(outside, "trainer") == {"service_account": "trainer"}
+
+
+def test_a_step_pod_that_cannot_be_read_is_a_clear_error():
+    pod = kube.PodIdentity("gone", "uid-1", "team-a")
+    with FakeKube() as cluster, pytest.raises(UserError, match="grant .* 'get' on pods"):
+        executor.cluster_placement(pod, api_client=cluster.api_client())
+
+
+def test_the_component_takes_its_job_as_one_object_and_copies_no_default():
+    """The train job's knobs live in contracts.params.TrainJob alone: the component takes the
+    object whole, by the pipeline's name for it, and repeats none of its defaults."""
+    params = inspect.signature(component.train).parameters
+    assert {"examples_uri", "config", "train_job", "artifact_root"} <= set(params)
+    assert not {"workers", "worker_cpu", "launcher"} & set(params)
+    assert all(p.default is inspect.Parameter.empty for p in params.values())
+
+
+def test_a_pipeline_compiled_with_allow_unpinned_may_start_workers_from_its_tags():
+    """`gptpipe compile --allow-unpinned` makes a pipeline whose train step starts its workers
+    from the unpinned trainer tag; one compiled from the lock refuses a tag."""
+    from components.jobs.tfjob import manifest
+    from pipelines import compiler
+
+    unpinned = compiler.UNPINNED_IMAGES
+    assert executor.allows_unpinned("tfjob", unpinned.pipeline)
+    assert not executor.allows_unpinned("tfjob", PINNED)
+    assert executor.allows_unpinned("local", PINNED)
+    spec = executor.job_spec(
+        "gs://b/examples",
+        "gs://b/model",
+        "gs://b/work",
+        resolve_config("tiny"),
+        launcher="tfjob",
+        run_id="run-1",
+        image=unpinned.trainer,
+        allow_unpinned=executor.allows_unpinned("tfjob", unpinned.pipeline),
+    )
+    pod = manifest.build_manifest(spec)["spec"]["tfReplicaSpecs"]["Worker"]["template"]
+    assert pod["spec"]["containers"][0]["image"] == unpinned.trainer

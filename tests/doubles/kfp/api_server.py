@@ -1,0 +1,676 @@
+"""A wire-level double of KFP 2.5's v2beta1 REST API, for the real `kfp.Client(host=...)`.
+
+It serves what `gptpipe kfp` calls, over HTTP from a thread: pipelines (list with a filter,
+create, upload, get), pipeline versions (upload, list), experiments (list, create), runs
+(create, get, list) and recurring runs (list, create, delete, disable). Request bodies are
+parsed into kfp_server_api's models and answers are those models' JSON, the shapes of
+backend/api/v2beta1/*.proto with original (snake_case) field names, as grpc-gateway v1.16
+marshals them (OrigName, no default values: an empty list is left out).
+
+Each behaviour names the KFP 2.5.0 source it follows. Faults for tests: `fail_next` (an HTTP
+error such as a 503, then the real answer), `reset_next` (the connection dropped unanswered)
+and `refuse` (nothing listens any more). Runs follow `RunScript`s: each GET of a run moves it
+on, PENDING, then RUNNING, then SUCCEEDED or FAILED, so no test waits on a clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+import email.parser
+import email.policy
+import json
+import re
+import socket
+import struct
+import threading
+import time
+import types
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import kfp_server_api
+import yaml
+
+_MODELS = kfp_server_api.ApiClient()  # the client's own (de)serializer of the models
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_START = datetime.datetime(2025, 1, 6, 2, 0, tzinfo=datetime.UTC)
+RESET = -1  # a fault that drops the connection instead of answering
+STALL = -2  # a fault that answers nothing for STALL_S, then drops it (a half-open connection)
+STALL_S = 3.0
+
+
+def parse(body: bytes, model: str) -> Any:
+    """A request body as a kfp_server_api model, the way the client reads an answer."""
+    return _MODELS.deserialize(types.SimpleNamespace(data=body), model)
+
+
+def dump(model: Any) -> Any:
+    """A model as JSON values; None fields are left out, as grpc-gateway leaves out defaults."""
+    return _MODELS.sanitize_for_serialization(model)
+
+
+@dataclass
+class RunScript:
+    """How the next created run goes."""
+
+    outcome: str = "SUCCEEDED"  # or "FAILED"
+    running_polls: int = 2  # GETs that answer RUNNING before the outcome
+    failed_task: str = "train"  # the task that fails when the outcome is FAILED
+    # Its error. KFP 2.5 leaves a task's `error` empty (api_converter.go toApiPipelineTaskDetail);
+    # "" serves that, any text serves the proto's field filled in.
+    error: str = "worker 0 exited with code 137 (OOMKilled)"
+    duration_s: int = 3725  # created_at to finished_at
+    run_id: str = ""  # the id the run gets ("" for a fresh uuid), to seed ML Metadata with
+    release_fails: bool = False  # the exit task fails (the run's state stays the steps')
+    attempts: int = 1  # pods the failed task ran (KFP 2.14+ honours a retry policy)
+    flaked_task: str = ""  # a task whose first pod failed and whose retry succeeded
+    release_error: str = ""  # its error, as `error` is the failed step's
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, grpc code and message."""
+
+    def __init__(self, status: int, code: int, message: str, upload: bool = False) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.upload = status, code, message, upload
+
+
+class KfpApiDouble:
+    """The double's state and its HTTP server. Use as a context manager; `host` is its URL."""
+
+    def __init__(self, token: str | None = "secret-token", multi_user: bool = False) -> None:
+        self.token = token  # the bearer token it accepts; None accepts any request
+        self.multi_user = multi_user
+        self.pipelines: dict[str, Any] = {}
+        self.versions: dict[str, Any] = {}
+        self.version_yaml: dict[str, str] = {}
+        self.experiments: dict[str, Any] = {}
+        self.runs: dict[str, Any] = {}
+        self.recurring_runs: dict[str, Any] = {}
+        self.run_scripts: list[RunScript] = []  # for the next created runs; then the default
+        self.requests: list[tuple[str, str, int]] = []  # (method, path, status) answered
+        self._scripts: dict[str, tuple[RunScript, int]] = {}
+        self._faults: list[tuple[int, str, str]] = []  # (status or RESET, method, path prefix)
+        self._clock = _START
+        self._lock = threading.RLock()
+        self._server: ThreadingHTTPServer | None = None
+
+    # ---- lifecycle and faults ------------------------------------------------------------
+
+    def __enter__(self) -> KfpApiDouble:
+        handler = type("Handler", (_Handler,), {"double": self})
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.host = f"http://127.0.0.1:{self._server.server_address[1]}"
+        # A short poll: shutdown() waits for the loop to look, 0.5 s by default, at every exit.
+        threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.refuse()
+
+    def refuse(self) -> None:
+        """Stop listening: every later connection is refused."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def fail_next(
+        self, status: int = 503, times: int = 1, method: str = "", path: str = ""
+    ) -> None:
+        """Answer the next `times` matching requests with `status` instead of serving them."""
+        self._faults += [(status, method, path)] * times
+
+    def stall_next(self, times: int = 1, method: str = "", path: str = "") -> None:
+        """Leave the next `times` matching requests unanswered for STALL_S, then drop them."""
+        self._faults += [(STALL, method, path)] * times
+
+    def reset_next(self, times: int = 1, method: str = "", path: str = "") -> None:
+        """Drop the next `times` matching connections without an answer (a reset)."""
+        self._faults += [(RESET, method, path)] * times
+
+    def statuses(self, method: str, path: str) -> list[int]:
+        """The statuses answered to `method path`, in order."""
+        return [s for m, p, s in self.requests if m == method and p == path]
+
+    # ---- seeding -------------------------------------------------------------------------
+
+    def tick(self, seconds: int = 1) -> datetime.datetime:
+        """The double's clock, moved on: creation times are distinct and ordered."""
+        self._clock += datetime.timedelta(seconds=seconds)
+        return self._clock
+
+    def add_run(self, name: str, state: str, version_id: str = "", duration_s: int = 0) -> str:
+        """A run that is already where a test needs it (finished, or still RUNNING)."""
+        created = self.tick(60)
+        run = kfp_server_api.V2beta1Run(
+            run_id=str(uuid.uuid4()),
+            display_name=name,
+            experiment_id="",
+            state=state,
+            storage_state="AVAILABLE",
+            created_at=created,
+            finished_at=created + datetime.timedelta(seconds=duration_s) if duration_s else _EPOCH,
+            pipeline_version_reference=kfp_server_api.V2beta1PipelineVersionReference(
+                pipeline_id="", pipeline_version_id=version_id
+            ),
+        )
+        self.runs[run.run_id] = run
+        return str(run.run_id)
+
+    # ---- pipelines and versions ----------------------------------------------------------
+
+    def list_pipelines(self, query: dict[str, str]) -> dict[str, Any]:
+        # pipeline_server.go ListPipelines: the filter (filter.proto) over display_name.
+        found = _listed(self.pipelines.values(), query)
+        return _page("pipelines", found)
+
+    def create_pipeline(self, body: bytes) -> Any:
+        pipeline = parse(body, "V2beta1Pipeline")
+        self._unique_pipeline(pipeline.display_name, pipeline.namespace)
+        pipeline.pipeline_id = str(uuid.uuid4())
+        pipeline.created_at = self.tick()
+        self.pipelines[pipeline.pipeline_id] = pipeline
+        return dump(pipeline)
+
+    def _unique_pipeline(self, name: str, namespace: str | None) -> None:
+        # pipeline_store.go CreatePipeline: a duplicate (name, namespace) is AlreadyExists.
+        if any(
+            p.display_name == name and (p.namespace or "") == (namespace or "")
+            for p in self.pipelines.values()
+        ):
+            raise ApiError(
+                409, 6, f"Failed to create a new pipeline. The name {name} already exists."
+            )
+
+    def upload_pipeline(self, query: dict[str, str], form: tuple[str, bytes]) -> Any:
+        # pipeline_upload_server.go UploadPipeline: a pipeline and its first version, both
+        # named after `name` (else the file name); 409 in the upload handler's error shape.
+        filename, data = form
+        name = query.get("name") or filename
+        try:
+            self._unique_pipeline(name, query.get("namespace"))
+        except ApiError as err:
+            raise ApiError(409, 6, err.message, upload=True) from None
+        pipeline = kfp_server_api.V2beta1Pipeline(
+            pipeline_id=str(uuid.uuid4()),
+            display_name=name,
+            description=query.get("description"),
+            namespace=query.get("namespace") or None,
+            created_at=self.tick(),
+        )
+        self.pipelines[pipeline.pipeline_id] = pipeline
+        self._add_version(pipeline.pipeline_id, name, data.decode())
+        return dump(pipeline)
+
+    def upload_version(self, query: dict[str, str], form: tuple[str, bytes]) -> Any:
+        # pipeline_upload_server.go UploadPipelineVersion: `pipelineid` is required (400);
+        # a name taken in the pipeline is AlreadyExists (pipeline_store.go), answered 409; any
+        # other failure, an unknown pipeline included, is a 500.
+        pipeline_id = query.get("pipelineid", "")
+        if not pipeline_id:
+            raise ApiError(
+                400,
+                3,
+                "Failed to create a pipeline version due to error reading pipeline id",
+                upload=True,
+            )
+        if pipeline_id not in self.pipelines:
+            raise ApiError(
+                500,
+                5,
+                f"Failed to create a pipeline version: pipeline {pipeline_id} not found",
+                upload=True,
+            )
+        name = query.get("name") or form[0]
+        if any(
+            v.pipeline_id == pipeline_id and v.display_name == name for v in self.versions.values()
+        ):
+            raise ApiError(
+                409,
+                6,
+                "Failed to create a pipeline version. The pipeline already exists.: Failed to "
+                f"create a new pipeline version. The name {name} already exist. Specify a new name",
+                upload=True,
+            )
+        return dump(self._add_version(pipeline_id, name, form[1].decode()))
+
+    def _add_version(self, pipeline_id: str, name: str, text: str) -> Any:
+        version = kfp_server_api.V2beta1PipelineVersion(
+            pipeline_id=pipeline_id,
+            pipeline_version_id=str(uuid.uuid4()),
+            display_name=name,
+            created_at=self.tick(),
+            pipeline_spec=_spec_struct(text),
+        )
+        self.versions[version.pipeline_version_id] = version
+        self.version_yaml[version.pipeline_version_id] = text
+        return version
+
+    def get_pipeline(self, pipeline_id: str) -> Any:
+        # pipeline_server.go GetPipeline: an unknown id is NotFound (404).
+        if pipeline_id not in self.pipelines:
+            raise ApiError(404, 5, f"Pipeline {pipeline_id} not found")
+        return dump(self.pipelines[pipeline_id])
+
+    def list_versions(self, pipeline_id: str, query: dict[str, str]) -> dict[str, Any]:
+        # pipeline_server.go ListPipelineVersions: 404 for an unknown pipeline; filter, then
+        # sort_by ("created_at desc"), then page_size.
+        if pipeline_id not in self.pipelines:
+            raise ApiError(404, 5, f"Pipeline {pipeline_id} not found")
+        mine = [v for v in self.versions.values() if v.pipeline_id == pipeline_id]
+        return _page("pipeline_versions", _listed(mine, query))
+
+    def latest_version(self, pipeline_id: str) -> Any:
+        # resource_manager.go GetLatestPipelineVersion: the newest by creation time.
+        mine = [v for v in self.versions.values() if v.pipeline_id == pipeline_id]
+        if pipeline_id not in self.pipelines or not mine:
+            raise ApiError(404, 5, f"Failed to get the latest pipeline version of {pipeline_id}")
+        return max(mine, key=lambda v: v.created_at)
+
+    # ---- experiments ---------------------------------------------------------------------
+
+    def list_experiments(self, query: dict[str, str]) -> dict[str, Any]:
+        # experiment_server.go ListExperiments: the filter, within `namespace`.
+        return _page("experiments", _listed(self.experiments.values(), query))
+
+    def create_experiment(self, body: bytes) -> Any:
+        # experiment_store.go CreateExperiment: a duplicate (name, namespace) is AlreadyExists.
+        experiment = parse(body, "V2beta1Experiment")
+        if any(
+            e.display_name == experiment.display_name
+            and (e.namespace or "") == (experiment.namespace or "")
+            for e in self.experiments.values()
+        ):
+            raise ApiError(409, 6, f"Experiment {experiment.display_name} already exists")
+        experiment.experiment_id = str(uuid.uuid4())
+        experiment.created_at = self.tick()
+        experiment.storage_state = "AVAILABLE"
+        self.experiments[experiment.experiment_id] = experiment
+        return dump(experiment)
+
+    # ---- runs ----------------------------------------------------------------------------
+
+    def create_run(self, body: bytes) -> Any:
+        # run_server.go CreateRun over resource_manager.go CreateRun: the experiment must exist;
+        # a version reference without a version id runs the newest version
+        # (fetchPipelineVersionFromPipelineSpec) and the run records the version it ran.
+        run = parse(body, "V2beta1Run")
+        if run.experiment_id not in self.experiments:
+            raise ApiError(404, 5, f"Experiment {run.experiment_id} not found")
+        reference = run.pipeline_version_reference
+        if reference is not None:
+            version = (
+                self.versions.get(reference.pipeline_version_id)
+                if reference.pipeline_version_id
+                else self.latest_version(reference.pipeline_id)
+            )
+            if version is None:
+                raise ApiError(
+                    404, 5, f"Pipeline version {reference.pipeline_version_id} not found"
+                )
+            reference.pipeline_version_id = version.pipeline_version_id
+        elif not run.pipeline_spec:
+            raise ApiError(400, 3, "Failed to create a run: a pipeline spec source is missing")
+        script = self.run_scripts.pop(0) if self.run_scripts else RunScript()
+        run.run_id = script.run_id or str(uuid.uuid4())
+        run.state = "PENDING"
+        run.storage_state = "AVAILABLE"
+        run.created_at = self.tick()
+        run.finished_at = _EPOCH  # toApiRun: an unfinished run's FinishedAtInSec is 0
+        self.runs[run.run_id] = run
+        self._scripts[run.run_id] = (script, 0)
+        return dump(run)
+
+    def get_run(self, run_id: str) -> Any:
+        # run_server.go GetRun: an unknown id is NotFound; a known one moves on (RunScript).
+        if run_id not in self.runs:
+            raise ApiError(404, 5, f"Run {run_id} not found")
+        run = self.runs[run_id]
+        if run_id in self._scripts:
+            script, polls = self._scripts[run_id]
+            self._scripts[run_id] = (script, polls + 1)
+            _advance(run, script, polls + 1)
+        return dump(run)
+
+    def list_runs(self, query: dict[str, str]) -> dict[str, Any]:
+        # run_server.go ListRuns: filter, sort_by, page_size (namespace or experiment scoped).
+        return _page("runs", _listed(self.runs.values(), query))
+
+    # ---- recurring runs ------------------------------------------------------------------
+
+    def list_recurring_runs(self, query: dict[str, str]) -> dict[str, Any]:
+        # recurring_run.proto ListRecurringRunsResponse: the field is named `recurringRuns`.
+        return _page("recurringRuns", _listed(self.recurring_runs.values(), query))
+
+    def create_recurring_run(self, body: bytes) -> Any:
+        # resource_manager.go CreateJob: a pipeline id without a version id leaves the version
+        # out (the controller's runs take the newest); the pipeline needs a version to check
+        # the parameters on. api_converter.go toModelJob checks the cron with robfig's Parse.
+        job = parse(body, "V2beta1RecurringRun")
+        reference = job.pipeline_version_reference
+        if reference is None or not reference.pipeline_id:
+            raise ApiError(400, 3, "Cannot create a job with an empty pipeline ID")
+        self.latest_version(reference.pipeline_id)
+        cron = job.trigger.cron_schedule.cron if job.trigger and job.trigger.cron_schedule else ""
+        if cron and not (cron.startswith("@") or len(cron.split()) in (5, 6)):
+            raise ApiError(400, 3, f"Schedule cron is not a supported format: {cron}")
+        job.recurring_run_id = str(uuid.uuid4())
+        job.created_at = job.updated_at = self.tick()
+        job.status = "ENABLED" if job.mode != "DISABLE" else "DISABLED"
+        self.recurring_runs[job.recurring_run_id] = job
+        return dump(job)
+
+    def delete_recurring_run(self, recurring_run_id: str) -> Any:
+        # resource_manager.go DeleteJob: an unknown id is NotFound.
+        if self.recurring_runs.pop(recurring_run_id, None) is None:
+            raise ApiError(404, 5, f"RecurringRun {recurring_run_id} not found")
+        return {}
+
+    def disable_recurring_run(self, recurring_run_id: str) -> Any:
+        # resource_manager.go ChangeJobMode: mode DISABLE, the ScheduledWorkflow disabled.
+        job = self.recurring_runs.get(recurring_run_id)
+        if job is None:
+            raise ApiError(404, 5, f"RecurringRun {recurring_run_id} not found")
+        job.mode, job.status = "DISABLE", "DISABLED"
+        return {}
+
+
+def _advance(run: Any, script: RunScript, polls: int) -> None:
+    """Move a run on by one GET: RUNNING for `running_polls`, then the outcome."""
+    if polls <= script.running_polls:
+        run.state = "RUNNING"
+        return
+    if run.state in ("SUCCEEDED", "FAILED"):
+        return
+    run.state = script.outcome
+    run.finished_at = run.created_at + datetime.timedelta(seconds=script.duration_s)
+    run.run_details = kfp_server_api.V2beta1RunDetails(task_details=_tasks(run, script))
+
+
+def _tasks(run: Any, script: RunScript) -> list[Any]:
+    """Task details as KFP 2.5 builds them, one per Argo node (apiserver/server/api_converter.go
+    toModelTask for util.NodeStatus: `pod_name` is the node id, `child_tasks` the node's
+    Children, no `parent_task_id`). The nodes are those of the Workflow argocompiler makes:
+    argo.go/dag.go the entrypoint's "root-driver" then "root", per task "<name>-driver" then
+    "<name>"; container.go an executor DAG whose pod node is "executor"; dag.go addExitTask
+    the ExitHandler's exit task as a lifecycle hook of "exit-handler-1". They are linked as
+    argo-workflows 3.5 links them: dag.go executeDAGTask makes a task without dependencies a
+    child of its DAG's node and any other a child of its dependencies' outbound (pod) nodes, so
+    the steps form a chain, not a fan; exit_handler.go runOnExitNode makes the hook's node a
+    child of the task's. A failed exit hook does not fail its parent (dag.go assessDAGPhase)."""
+    failed = script.outcome == "FAILED"
+    outcome = "FAILED" if failed else "SUCCEEDED"
+    nodes: list[dict[str, Any]] = []
+
+    def node(name: str, state: str = "SUCCEEDED", parent: Any = None, error: str = "") -> Any:
+        made = {"name": name, "state": state, "error": error, "children": []}
+        made["id"] = f"{run.run_id[:8]}-{len(nodes)}"
+        if parent is not None:
+            parent["children"].append(made["id"])
+        nodes.append(made)
+        return made
+
+    workflow = node(f"gptpipe-{run.run_id[:5]}", outcome)
+    root = node("root", outcome, node("root-driver", parent=workflow))
+    handler = node("exit-handler-1", outcome, node("exit-handler-1-driver", parent=root))
+    outbound = handler  # the first task hangs off the DAG's node, each next off the last pod
+    for step in ("tokenize", "train", "evaluate", "push"):
+        fails = failed and step == script.failed_task
+        state = "FAILED" if fails else "SUCCEEDED"
+        task = node(step, state, node(f"{step}-driver", parent=outbound))
+        error = script.error if fails else ""
+        attempts = script.attempts if fails else (2 if step == script.flaked_task else 1)
+        if attempts == 1:
+            outbound = node("executor", state, task, error)
+        else:  # a retryStrategy (container.go): a Retry node over pods "executor(<attempt>)"
+            retry = node("executor", state, task)  # (argo operator.go processNodeRetries)
+            for attempt in range(attempts):
+                last = attempt == attempts - 1
+                pod_state = state if last else "FAILED"
+                outbound = node(f"executor({attempt})", pod_state, retry, error or "pod failed")
+        if fails:
+            break
+    release_state = "FAILED" if script.release_fails else "SUCCEEDED"
+    hook = node("exit-handler-1.onExit", release_state, handler)
+    release = node("release", release_state, node("release-driver", parent=hook))
+    node("executor", release_state, release, script.release_error if script.release_fails else "")
+    return [_task_detail(run, made) for made in nodes]
+
+
+def _task_detail(run: Any, made: dict[str, Any]) -> Any:
+    error = made["error"]
+    status = kfp_server_api.GooglerpcStatus(code=2, message=error) if error else None
+    return kfp_server_api.V2beta1PipelineTaskDetail(
+        run_id=run.run_id,
+        task_id=str(uuid.uuid4()),
+        display_name=made["name"],
+        state=made["state"],
+        pod_name=made["id"],
+        error=status,
+        state_history=[kfp_server_api.V2beta1RuntimeStatus(state=made["state"], error=status)],
+        child_tasks=[
+            kfp_server_api.PipelineTaskDetailChildTask(pod_name=child) for child in made["children"]
+        ]
+        or None,
+    )
+
+
+def _spec_struct(text: str) -> Any:
+    """The stored YAML as the API returns it (api_util.go yamlStringToPipelineSpecStruct):
+    the pipeline spec, or {"pipeline_spec", "platform_spec"} when a platform spec follows."""
+    docs = [yaml.safe_load(doc) for doc in text.split("\n---\n") if doc.strip()]
+    platform = [d for d in docs if isinstance(d, dict) and "platforms" in d]
+    spec = next(d for d in docs if isinstance(d, dict) and "platforms" not in d)
+    return {"pipeline_spec": spec, "platform_spec": platform[0]} if platform else spec
+
+
+def _listed(items: Iterable[Any], query: dict[str, str]) -> list[Any]:
+    """filter (filter.go: EQUALS on display_name), namespace, sort_by, page_size."""
+    found = list(items)
+    namespace = query.get("namespace", "")
+    if namespace:
+        found = [i for i in found if (getattr(i, "namespace", None) or "") in ("", namespace)]
+    for predicate in json.loads(query.get("filter") or "{}").get("predicates", []):
+        if predicate.get("operation") not in (1, "EQUALS") or predicate.get("key") not in (
+            "display_name",
+            "name",
+        ):
+            raise ApiError(400, 3, f"the double serves only EQUALS on display_name: {predicate}")
+        value = predicate.get("stringValue", predicate.get("string_value"))
+        found = [i for i in found if i.display_name == value]
+    sort_by = query.get("sort_by", "")
+    found.sort(key=lambda i: i.created_at, reverse=sort_by.endswith(" desc"))
+    size = int(query.get("page_size") or 0)
+    return found[:size] if size > 0 else found
+
+
+def _page(key: str, items: list[Any]) -> dict[str, Any]:
+    # grpc-gateway leaves out an empty list and a zero total_size (EmitDefaults false).
+    return {key: [dump(i) for i in items], "total_size": len(items)} if items else {}
+
+
+_ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = []
+
+
+def _route(method: str, pattern: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _ROUTES.append((method, re.compile(f"/apis/v2beta1/{pattern}$"), fn))
+        return fn
+
+    return register
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """HTTP in front of KfpApiDouble: faults, the bearer token, routing, error shapes."""
+
+    protocol_version = "HTTP/1.1"
+    double: KfpApiDouble
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _serve(self, method: str) -> None:
+        url = urlsplit(self.path)
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        double = self.double
+        with double._lock:
+            fault = self._take_fault(method, url.path)
+        if fault == STALL:  # outside the lock: other requests are served meanwhile
+            time.sleep(STALL_S)
+            self.close_connection = True
+            return
+        with double._lock:
+            if fault == RESET:
+                self._reset(method, url.path)
+                return
+            try:
+                if fault:
+                    raise ApiError(fault, 14, "upstream connect error or disconnect/reset")
+                self._authenticate(url.path)
+                status, payload = 200, self._dispatch(method, url.path, query, body)
+            except ApiError as err:
+                status, payload = err.status, _error_body(err)
+            double.requests.append((method, url.path, status))
+        self._send(status, payload)
+
+    def _take_fault(self, method: str, path: str) -> int:
+        for index, (status, want_method, prefix) in enumerate(self.double._faults):
+            if want_method in ("", method) and path.startswith(prefix):
+                del self.double._faults[index]
+                return status
+        return 0
+
+    def _authenticate(self, path: str) -> None:
+        # main.go serves /healthz outside the authenticated API; everything else goes through
+        # the auth interceptor (auth/authenticator_token_review.go: a bearer token, reviewed).
+        token = self.double.token
+        if token is None or path.endswith("/healthz"):
+            return
+        if self.headers.get("Authorization", "") != f"Bearer {token}":
+            raise ApiError(
+                401,
+                16,
+                "Request header error: Failed to review the token provided: the token "
+                "is not valid for audience pipelines.kubeflow.org",
+            )
+
+    def _dispatch(self, method: str, path: str, query: dict[str, str], body: bytes) -> Any:
+        for want, pattern, fn in _ROUTES:
+            match = pattern.match(path)
+            if want == method and match:
+                return fn(self, query, body, **match.groupdict())
+        raise ApiError(404, 5, f"Not Found: {method} {path}")
+
+    def _form_file(self, body: bytes) -> tuple[str, bytes]:
+        """The `uploadfile` part of a multipart form (pipeline_upload_server.go FormFileKey)."""
+        head = f"Content-Type: {self.headers['Content-Type']}\r\n\r\n".encode()
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+        for part in message.iter_parts():
+            if part.get_param("name", header="content-disposition") == "uploadfile":
+                return part.get_filename() or "", part.get_payload(decode=True)
+        raise ApiError(400, 3, "Failed to read pipeline from file: no uploadfile", upload=True)
+
+    def _reset(self, method: str, path: str) -> None:
+        self.double.requests.append((method, path, RESET))
+        self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close_connection = True
+        self.connection.close()
+
+    def _send(self, status: int, payload: Any) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    # ---- routes (paths from kfp_server_api's *_service_api.py) ---------------------------
+
+    @_route("GET", "healthz")
+    def _healthz(self, query: dict[str, str], body: bytes) -> Any:
+        # main.go: {"commit_sha", "tag_name", "multi_user"}.
+        return {"commit_sha": "double", "tag_name": "2.5.0", "multi_user": self.double.multi_user}
+
+    @_route("GET", "pipelines")
+    def _list_pipelines(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.list_pipelines(query)
+
+    @_route("POST", "pipelines")
+    def _create_pipeline(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.create_pipeline(body)
+
+    @_route("POST", "pipelines/upload")
+    def _upload(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.upload_pipeline(query, self._form_file(body))
+
+    @_route("POST", "pipelines/upload_version")
+    def _upload_version(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.upload_version(query, self._form_file(body))
+
+    @_route("GET", "pipelines/(?P<pipeline_id>[^/]+)")
+    def _get_pipeline(self, query: dict[str, str], body: bytes, pipeline_id: str) -> Any:
+        return self.double.get_pipeline(pipeline_id)
+
+    @_route("GET", "pipelines/(?P<pipeline_id>[^/]+)/versions")
+    def _list_versions(self, query: dict[str, str], body: bytes, pipeline_id: str) -> Any:
+        return self.double.list_versions(pipeline_id, query)
+
+    @_route("GET", "experiments")
+    def _list_experiments(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.list_experiments(query)
+
+    @_route("POST", "experiments")
+    def _create_experiment(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.create_experiment(body)
+
+    @_route("POST", "runs")
+    def _create_run(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.create_run(body)
+
+    @_route("GET", "runs")
+    def _list_runs(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.list_runs(query)
+
+    @_route("GET", "runs/(?P<run_id>[^/:]+)")
+    def _get_run(self, query: dict[str, str], body: bytes, run_id: str) -> Any:
+        return self.double.get_run(run_id)
+
+    @_route("GET", "recurringruns")
+    def _list_recurring(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.list_recurring_runs(query)
+
+    @_route("POST", "recurringruns")
+    def _create_recurring(self, query: dict[str, str], body: bytes) -> Any:
+        return self.double.create_recurring_run(body)
+
+    @_route("DELETE", "recurringruns/(?P<rid>[^/:]+)")
+    def _delete_recurring(self, query: dict[str, str], body: bytes, rid: str) -> Any:
+        return self.double.delete_recurring_run(rid)
+
+    @_route("POST", "recurringruns/(?P<rid>[^/:]+):disable")
+    def _disable_recurring(self, query: dict[str, str], body: bytes, rid: str) -> Any:
+        return self.double.disable_recurring_run(rid)
+
+
+def _error_body(err: ApiError) -> dict[str, Any]:
+    """An error in KFP's shapes: the upload handler's (pipeline_upload_server.go
+    writeErrorToResponse: error_message, error_details) or grpc-gateway v1.16's
+    (DefaultHTTPError: error, code, message, details)."""
+    if err.upload:
+        return {"error_message": err.message, "error_details": err.message}
+    return {"error": err.message, "code": err.code, "message": err.message, "details": []}

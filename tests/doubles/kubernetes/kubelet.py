@@ -1,0 +1,333 @@
+"""A kubelet for the Kubernetes double: each pod's `tensorflow` container is a local process.
+
+What it plays, and the Kubernetes source each behaviour follows:
+- a Pending pod's container starts: the container's command and args, its env (plus HOSTNAME, the
+  pod's name), started in its own empty working folder; the pod turns Running with a
+  containerStatus `running`, `ready`, and the imageID the runtime resolved (pkg/kubelet/
+  kubelet_pods.go, `convertToAPIContainerStatuses`);
+- the container's stdout and stderr, line by line, are the pod's log (pkg/kubelet/kuberuntime/
+  logs);
+- when the process ends, the rest of its process group is killed (the container's PID 1 ended),
+  the containerStatus becomes `terminated` with the exit code (128 + N for a signal, as the
+  runtime reports) and reason Completed or Error, and, under restartPolicy Never, the pod phase
+  Succeeded (exit 0) or Failed (`getPhase` in pkg/kubelet/kubelet_pods.go);
+- the container's termination message: before it starts, an empty file (mode 0666) is made for
+  its `terminationMessagePath` (defaulted to /dev/termination-log, policy File: pkg/apis/core/v1/
+  defaults.go `SetDefaults_Container`), as `makeMounts` does (pkg/kubelet/kuberuntime/
+  kuberuntime_container.go); once it exited, the file's last 4096 bytes become
+  `state.terminated.message` (`getTerminationMessage`, `tail.ReadAtMost` of
+  `MaxContainerTerminationMessageLength`, pkg/kubelet/container/runtime.go), left out when
+  empty (omitempty). Only under `terminationMessagePolicy: FallbackToLogsOnError`, an empty
+  file of a container that failed gives the log's last 80 lines, at most its last 2048 bytes
+  (`convertToKubeContainerStatus`, `readLastStringFromContainerLogs`);
+- a pod marked for deletion: SIGTERM to the container's main process, SIGKILL to all of it after
+  deletionGracePeriodSeconds (pkg/kubelet/kuberuntime/kuberuntime_container.go,
+  `killContainer`); the pod then turns terminal and the status manager removes the object
+  (pkg/kubelet/status/status_manager.go).
+
+Not played: resource limits, the securityContext (processes run as this user), image pulls,
+and in-place restarts (restartPolicy OnFailure/Always), which the TFJobs here never ask for.
+
+Mounts: the kubelet bind-mounts the termination-message file at its path in the container.
+Here, with no mount namespace, the file is `<pod>-<uid>.termination-log` beside the pod's working
+folder, and any environment value equal to the container's path is rewritten to it when the
+process starts (the pod object keeps the manifest's).
+
+Service addresses: the operator writes TF_CONFIG with the Services' DNS names
+(`<job>-worker-<i>.<ns>.svc:2222`). Here every Service is a free port on 127.0.0.1 (the
+`services` map), and the kubelet rewrites each address to it when it starts a process; the pod
+object keeps the operator's TF_CONFIG.
+
+GCS, opt-in (`gcs_stand_in`, tests/tf_gcs_stand_in.py): this stands in for TensorFlow's own GCS
+file system, which cannot reach the emulator; it is NOT something Kubernetes does. Before a
+pod's process starts (the pod stays Pending meanwhile, as while a real one is
+ContainerCreating), its gs:// `--examples` and `--work-dir` are downloaded into the pod's folder
+and the arguments rewritten to the copies, `--model-dir` becomes a local folder; after the
+process exits, the work folder's changes are written back and, for worker 0 exiting 0, the
+model folder is uploaded. The pod turns terminal only after that. Without it (the default),
+arguments are passed as they are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tests.doubles.gcs.tf_stand_in import StagedPod, TfGcsStandIn
+from tests.doubles.kubernetes.store import Cluster, now
+from tests.processes import signal_group, signal_leader, wait_unreaped
+
+POLL_SECONDS = 0.05
+MESSAGE_PATH = "/dev/termination-log"  # the API's default terminationMessagePath
+MAX_MESSAGE_BYTES = 4096  # MaxContainerTerminationMessageLength: the file's end is kept
+MAX_LOG_MESSAGE_LINES, MAX_LOG_MESSAGE_BYTES = 80, 2048  # FallbackToLogsOnError's tail of the log
+
+
+def termination_message(data: bytes) -> str:
+    """What the kubelet keeps of a termination-message file's bytes: the last 4096, as text."""
+    return data[-MAX_MESSAGE_BYTES:].decode("utf-8", "replace")
+
+
+def log_message(lines: list[str]) -> str:
+    """FallbackToLogsOnError's message: the log's last 80 lines, of which the last 2048 bytes
+    (a circular buffer of that size)."""
+    text = "".join(line + "\n" for line in lines[-MAX_LOG_MESSAGE_LINES:]).encode()
+    return termination_message(text[-MAX_LOG_MESSAGE_BYTES:])
+
+
+def exit_code_of(returncode: int) -> int:
+    """A Popen return code as the container runtime reports it: signal N is 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Kubelet:
+    """Runs the double's pods as processes; keeps their status as the kubelet would."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        root: Path,
+        image_env: Mapping[str, str],
+        services: Mapping[str, int],
+        *,
+        image_digest: str,
+        gcs_stand_in: TfGcsStandIn | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.root = Path(root)
+        self.image_env = dict(image_env)  # the image's environment (its ENV lines)
+        self.services = services  # Service DNS name (without port) -> local port
+        self.image_digest = image_digest  # what the runtime reports for an image by tag
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}  # pod uid -> its main process
+        # pod uid -> its container's termination-message file here, and the message policy
+        self.message_files: dict[str, tuple[Path, str]] = {}
+        self.stopping: dict[str, float] = {}  # pod uid -> when to SIGKILL it
+        self.all_pids: list[int] = []  # every process started, for tests to check they are gone
+        # Stands in for TensorFlow's GCS file system, not for Kubernetes (module docstring).
+        self.gcs_stand_in = gcs_stand_in
+        self._staging: set[str] = set()  # pod uids whose GCS copies are downloading
+        self._staged: dict[str, StagedPod | Exception] = {}  # pod uid -> its copies, or why not
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
+        cluster.on_pod_deleting = self._deleting
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Kill every process left (the test is over) and stop the loop."""
+        self._halt.set()
+        with self.cluster.cond:
+            self.cluster.cond.notify_all()
+        self._thread.join(timeout=5)
+        for proc in list(self.procs.values()):
+            signal_group(proc, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=5)
+
+    # -- the sync loop --
+
+    def _loop(self) -> None:
+        cluster = self.cluster
+        with cluster.cond:
+            while not self._halt.is_set() and not cluster.closed:
+                for pod in list(cluster.pods.values()):
+                    if "training.kubeflow.org/job-name" not in pod["metadata"].get("labels", {}):
+                        continue  # not ours to run (e.g. a KFP executor pod added as data)
+                    if pod["metadata"].get("deletionTimestamp"):
+                        self._terminate(pod)
+                    elif pod["status"].get("phase") == "Pending":
+                        self._start(pod)
+                cluster.cond.wait(POLL_SECONDS)
+
+    def _start(self, pod: dict[str, Any]) -> None:
+        meta, spec = pod["metadata"], pod["spec"]
+        container = next(c for c in spec["containers"] if c["name"] == "tensorflow")
+        env = {**self.image_env, "HOSTNAME": meta["name"]}
+        env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+        if "TF_CONFIG" in env:
+            env["TF_CONFIG"] = self._local_tf_config(env["TF_CONFIG"])
+        workdir = self.root / f"{meta['name']}-{meta['uid'][:8]}"
+        argv = [*container.get("command", []), *container.get("args", [])]
+        staged = None
+        if self.gcs_stand_in is not None:
+            staged = self._staged_copies(pod, argv, workdir)
+            if staged is None:
+                return  # still downloading: the pod stays Pending
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = self._mount_message_file(pod, container, workdir, env)
+        stamp = now()
+        image = container["image"]
+        status: dict[str, Any] = {
+            "name": "tensorflow",
+            "image": image,
+            "imageID": image if "@sha256:" in image else f"{image}@{self.image_digest}",
+            "containerID": f"containerd://{meta['uid'].replace('-', '')}",
+            "restartCount": 0,
+        }
+        pod["status"] = {"phase": "Running", "startTime": stamp, "podIP": "127.0.0.1"}
+        pod["status"]["containerStatuses"] = [status]
+        try:
+            if isinstance(staged, Exception):
+                raise OSError(f"GCS stand-in: {staged!r}")
+            proc = subprocess.Popen(
+                staged.argv if staged is not None else argv,
+                cwd=workdir,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a process group: the container's processes
+            )
+        except OSError as exc:  # the runtime's StartError: exit code 128
+            self.cluster.logs[meta["uid"]].append(f"StartError: {exc}")
+            self._terminated(pod, 128, "StartError", stamp)
+            return
+        self.procs[meta["uid"]] = proc
+        self.all_pids.append(proc.pid)
+        status.update(ready=True, started=True, state={"running": {"startedAt": stamp}})
+        threading.Thread(target=self._watch, args=(pod, proc, stamp, staged), daemon=True).start()
+
+    def _mount_message_file(
+        self, pod: dict[str, Any], container: dict[str, Any], workdir: Path, env: dict[str, str]
+    ) -> dict[str, str]:
+        """Make the container's empty termination-message file (`makeMounts`); return `env`
+        with the container's path to it rewritten to the file here (module docstring)."""
+        path = container.get("terminationMessagePath") or MESSAGE_PATH
+        policy = container.get("terminationMessagePolicy") or "File"
+        host = workdir.with_name(workdir.name + ".termination-log")
+        host.write_bytes(b"")
+        host.chmod(0o666)
+        self.message_files[pod["metadata"]["uid"]] = (host, policy)
+        return {k: str(host) if v == path else v for k, v in env.items()}
+
+    def _staged_copies(
+        self, pod: dict[str, Any], argv: list[str], workdir: Path
+    ) -> StagedPod | Exception | None:
+        """The GCS stand-in's copies for `pod`; None while they download (in a thread)."""
+        uid = pod["metadata"]["uid"]
+        if uid in self._staged:
+            return self._staged.pop(uid)
+        if uid not in self._staging:
+            self._staging.add(uid)
+            labels = pod["metadata"].get("labels") or {}
+            index = int(labels.get("training.kubeflow.org/replica-index", "0"))
+            args = (uid, argv, workdir / "tf-gcs", index)
+            threading.Thread(target=self._stage, args=args, daemon=True).start()
+        return None
+
+    def _stage(self, uid: str, argv: list[str], folder: Path, index: int) -> None:
+        assert self.gcs_stand_in is not None
+        staged: StagedPod | Exception
+        try:
+            staged = self.gcs_stand_in.stage(argv, folder, index)
+        except Exception as exc:  # noqa: BLE001 -- the container fails to start, as it says
+            staged = exc
+        with self.cluster.cond:
+            self._staging.discard(uid)
+            self._staged[uid] = staged
+            self.cluster.cond.notify_all()
+
+    def _local_tf_config(self, text: str) -> str:
+        config = json.loads(text)
+        for kind, addresses in config.get("cluster", {}).items():
+            local = []
+            for address in addresses:
+                host = address.rsplit(":", 1)[0]
+                service = host.split(".")[0] + "." + host.split(".")[1]  # <svc>.<ns>
+                local.append(f"127.0.0.1:{self.services[service]}")
+            config["cluster"][kind] = local
+        return json.dumps(config)
+
+    def _watch(
+        self,
+        pod: dict[str, Any],
+        proc: subprocess.Popen[bytes],
+        started: str,
+        staged: StagedPod | None = None,
+    ) -> None:
+        """Copy the output into the pod's log; record the exit once the process is gone (and,
+        with the GCS stand-in, its writes are on GCS)."""
+        uid = pod["metadata"]["uid"]
+        reader = threading.Thread(target=self._read, args=(uid, proc), daemon=True)
+        reader.start()
+        wait_unreaped(proc)
+        signal_group(proc, signal.SIGKILL)  # PID 1 ended: the container's others go too
+        returncode = proc.wait()
+        reader.join(timeout=10)
+        code = exit_code_of(returncode)
+        if staged is not None:
+            try:
+                staged.finish(code)
+            except Exception as exc:  # noqa: BLE001 -- shown in the pod's log, as TF would log it
+                with self.cluster.cond:
+                    self.cluster.logs[uid].append(f"GCS stand-in: write-back failed: {exc!r}")
+        with self.cluster.cond:
+            self.procs.pop(uid, None)
+            self._terminated(pod, code, "Completed" if code == 0 else "Error", started)
+
+    def _read(self, uid: str, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:  # the last may lack its newline: a partial record then
+            line = raw.decode("utf-8", "replace")
+            with self.cluster.cond:
+                self.cluster.logs[uid].append(line.rstrip("\n"), not line.endswith("\n"))
+                self.cluster.cond.notify_all()
+
+    def _terminated(self, pod: dict[str, Any], code: int, reason: str, started: str) -> None:
+        status = pod["status"]
+        container = status["containerStatuses"][0]
+        container.update(ready=False, started=False)
+        terminated = {
+            "exitCode": code,
+            "reason": reason,
+            "startedAt": started,
+            "finishedAt": now(),
+            "containerID": container["containerID"],
+        }
+        message = self._message(pod["metadata"]["uid"], code, reason)
+        if message:
+            terminated["message"] = message
+        container["state"] = {"terminated": terminated}
+        if pod["spec"].get("restartPolicy", "Always") == "Never":
+            status["phase"] = "Succeeded" if code == 0 else "Failed"
+        self.cluster.cond.notify_all()
+
+    def _message(self, uid: str, code: int, reason: str) -> str:
+        """The exited container's termination message (`convertToKubeContainerStatus`)."""
+        host, policy = self.message_files.get(uid, (None, "File"))
+        message = ""
+        if host is not None and host.exists():
+            message = termination_message(host.read_bytes())
+        fallback = policy == "FallbackToLogsOnError" and code != 0
+        if not message and fallback and reason != "ContainerCannotRun":
+            message = log_message(list(self.cluster.logs[uid]))
+        return message
+
+    # -- deletion --
+
+    def _deleting(self, pod: dict[str, Any]) -> None:
+        """The store marked `pod` for deletion (called with the lock held)."""
+        self._terminate(pod)
+
+    def _terminate(self, pod: dict[str, Any]) -> None:
+        uid = pod["metadata"]["uid"]
+        proc = self.procs.get(uid)
+        if proc is None:  # nothing runs (never started, or ended): the object goes
+            if pod["status"].get("phase") == "Pending":
+                pod["status"]["phase"] = "Failed"
+            self.cluster.remove_pod(pod)
+            return
+        if uid not in self.stopping:
+            grace = float(pod["metadata"].get("deletionGracePeriodSeconds", 30))
+            self.stopping[uid] = time.monotonic() + grace
+            signal_leader(proc, signal.SIGTERM)  # the runtime signals the container's PID 1
+        elif time.monotonic() >= self.stopping[uid]:
+            signal_group(proc, signal.SIGKILL)

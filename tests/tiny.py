@@ -1,0 +1,224 @@
+"""The tiny configs and corpus tests train on, and the builders of a tiny Examples folder and
+an exported Model from them.
+
+Tests take the built artifacts as tests/conftest.py's session fixtures `examples` and
+`tiny_model`, made once per run; they combine the configs themselves:
+
+    cfg = resolve_config("tiny", TINY_OVERRIDES + ("train.train_steps=10",))
+
+The tokenizer is trained with `SENTENCEPIECE_TRAINER_OPTIONS`, the same options the
+tokenize step uses, so the in-graph tensorflow_text tokenizer matches the python one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+import sentencepiece as spm
+
+from components import overlap
+from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
+from contracts.artifacts import EXAMPLES_MANIFEST, TOKENIZER_FILE, TRAIN_TEXT_SKETCH
+from contracts.examples import (
+    FORMAT_VERSION,
+    DatasetParameters,
+    ExamplesManifest,
+    LocalSource,
+    SplitStats,
+    TokenizerRecord,
+    manifest_json,
+)
+
+SEQ_LEN = 16
+VOCAB_SIZE = 320  # byte fallback needs 256 byte pieces + the corpus' characters + merges
+
+# A tiny model that trains in seconds on 2 CPU cores; pass to resolve_config("tiny", ...).
+TINY_OVERRIDES = (
+    f"model.vocab_size={VOCAB_SIZE}",
+    f"model.seq_len={SEQ_LEN}",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "train.batch_size=8",
+    "train.train_steps=40",
+    "train.warmup_steps=4",
+    "train.learning_rate=1e-2",
+    "train.reference_batch_size=8",
+    "train.checkpoint_every=20",
+    "train.log_every=10",
+    "train.preemption_check_every=5",  # the fault tests' SIGTERM at step 25 stops at 25
+    "train.eval_batches=2",
+    "train.shuffle_buffer=64",
+)
+
+_LINES = [
+    "ROMEO:\nBut soft, what light through yonder window breaks?\n",
+    "JULIET:\nO Romeo, Romeo, wherefore art thou Romeo?\n",
+    "HAMLET:\nTo be, or not to be, that is the question.\n",
+    "FIRST CITIZEN:\nBefore we proceed any further, hear me speak.\n",
+    "ALL:\nSpeak, speak.\n",
+]
+
+
+def tiny_corpus(n_lines: int = 400, seed: int = 0) -> str:
+    """A repetitive Shakespeare-like text a tiny model learns quickly."""
+    rng = random.Random(seed)
+    return "\n".join(rng.choice(_LINES) for _ in range(n_lines))
+
+
+def train_tokenizer(text: str, prefix: Path, vocab_size: int = VOCAB_SIZE) -> Path:
+    """Train a SentencePiece BPE model on `text`; returns the .model path."""
+    corpus = prefix.with_suffix(".txt")
+    corpus.write_text(text, encoding="utf-8")
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(prefix),
+        vocab_size=vocab_size,
+        minloglevel=2,
+        **SENTENCEPIECE_TRAINER_OPTIONS,
+    )
+    return prefix.with_suffix(".model")
+
+
+def _windows(ids: list[int], seq_len: int) -> list[list[int]]:
+    """Windows of seq_len + 1 with stride seq_len; the incomplete tail is dropped."""
+    return [ids[i : i + seq_len + 1] for i in range(0, len(ids) - seq_len, seq_len)]
+
+
+def _write_shards(
+    folder: Path, split: str, windows: list[list[int]], shard_windows: int
+) -> list[str]:
+    """Write `windows` as tokenize does: shards filled with `shard_windows` windows in order, the
+    last with the rest (components/tokenize/shards.py), which trainer/data.py's counts rely on."""
+    import tensorflow as tf
+
+    (folder / f"Split-{split}").mkdir(parents=True, exist_ok=True)
+    n_shards = -(-len(windows) // shard_windows)
+    shards = []
+    for s in range(n_shards):
+        rel = f"Split-{split}/data_tfrecord-{s:05d}-of-{n_shards:05d}.gz"
+        with tf.io.TFRecordWriter(str(folder / rel), options="GZIP") as w:
+            for window in windows[s * shard_windows : (s + 1) * shard_windows]:
+                feature = tf.train.Feature(int64_list=tf.train.Int64List(value=window))
+                example = tf.train.Example(
+                    features=tf.train.Features(feature={"input_ids": feature})
+                )
+                w.write(example.SerializeToString())
+        shards.append(rel)
+    return shards
+
+
+def examples_manifest(
+    splits: dict[str, SplitStats],
+    *,
+    seq_len: int = SEQ_LEN,
+    vocab_size: int = VOCAB_SIZE,
+    eval_fraction: float = 0.1,
+    shard_windows: int = 1,
+    dataset_version: str = "0" * 64,
+    tokenizer_sha256: str = "0" * 64,
+    sources: tuple[LocalSource, ...] = (),
+) -> ExamplesManifest:
+    """A manifest as tokenize writes one, for Examples a test makes by hand."""
+    parameters = DatasetParameters(
+        format_version=FORMAT_VERSION,
+        split_method="file-tail-bytes-v2",
+        vocab_size=vocab_size,
+        seq_len=seq_len,
+        eval_fraction=eval_fraction,
+        shard_windows=shard_windows,
+        chunk_bytes=1 << 20,
+        tokenizer_sample_bytes=1 << 24,
+        sentencepiece_version=spm.__version__,
+        tokenizer_options=SENTENCEPIECE_TRAINER_OPTIONS,
+        given_tokenizer_sha256=None,
+    )
+    tokenizer = TokenizerRecord(TOKENIZER_FILE, tokenizer_sha256, vocab_size, trained=True)
+    return ExamplesManifest(
+        dataset_version, seq_len, vocab_size, eval_fraction, splits, tokenizer, sources, parameters
+    )
+
+
+def make_examples_dir(
+    folder: Path,
+    seq_len: int = SEQ_LEN,
+    vocab_size: int = VOCAB_SIZE,
+    text: str | None = None,
+    train_shards: int = 2,
+    eval_fraction: float = 0.1,
+) -> Path:
+    """Write a complete tiny Examples artifact (design.md layout) into `folder`."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    text = text if text is not None else tiny_corpus()
+    cut = int(len(text) * (1 - eval_fraction))
+    parts = {"train": text[:cut], "eval": text[cut:]}
+    model_path = train_tokenizer(parts["train"], folder / "tokenizer", vocab_size)
+    (folder / "tokenizer.txt").unlink()
+    (folder / "tokenizer.vocab").unlink()
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    (folder / "raw").mkdir(exist_ok=True)
+    (folder / "raw" / "eval.txt").write_text(parts["eval"], encoding="utf-8")
+    ids = {split: sp.encode(part) for split, part in parts.items()}
+    windows = {split: _windows(split_ids, seq_len) for split, split_ids in ids.items()}
+    shard_windows = -(-len(windows["train"]) // train_shards)  # train_shards full shards or fewer
+    splits = {
+        split: SplitStats(
+            tuple(_write_shards(folder, split, windows[split], shard_windows)),
+            len(windows[split]),
+            len(ids[split]),
+            len(part),
+        )
+        for split, part in parts.items()
+    }
+    sketch = overlap.Sketch()  # as tokenize sketches its train chunks
+    sketch.add(parts["train"].encode("utf-8"))
+    (folder / TRAIN_TEXT_SKETCH).write_bytes(sketch.to_bytes())
+    digest = hashlib.sha256(model_path.read_bytes()).hexdigest()
+    source = LocalSource(
+        "tiny_corpus", len(text.encode()), hashlib.sha256(text.encode()).hexdigest()
+    )
+    manifest = examples_manifest(
+        splits,
+        seq_len=seq_len,
+        vocab_size=vocab_size,
+        eval_fraction=eval_fraction,
+        shard_windows=shard_windows,
+        dataset_version=hashlib.sha256(text.encode() + digest.encode()).hexdigest(),
+        tokenizer_sha256=digest,
+        sources=(source,),
+    )
+    (folder / EXAMPLES_MANIFEST).write_text(manifest_json(manifest), encoding="utf-8")
+    return folder
+
+
+def make_model_dir(tmp_path: Path, examples_dir: Path, overrides: tuple[str, ...] = ()) -> Path:
+    """Train the tiny config briefly on `examples_dir` and write a Model artifact; returns it."""
+    from trainer.config import resolve_config
+    from trainer.task import train
+
+    cfg = resolve_config("tiny", TINY_OVERRIDES + ("train.train_steps=20",) + tuple(overrides))
+    model_dir = Path(tmp_path) / "model"
+    train(str(examples_dir), str(model_dir), str(Path(tmp_path) / "work"), cfg)
+    return model_dir
+
+
+# The smallest config a whole pipeline run trains: the e2e tests, the security run, racing runs.
+PIPELINE_SMALL = (
+    "model.vocab_size=400",
+    "model.seq_len=32",
+    "model.n_layer=1",
+    "model.n_head=2",
+    "model.d_model=32",
+    "model.d_ff=64",
+    "train.batch_size=8",
+    "train.train_steps=30",
+    "train.warmup_steps=5",
+    "train.checkpoint_every=15",
+    "train.log_every=10",
+    "train.eval_batches=2",
+    "train.shuffle_buffer=64",
+)
