@@ -140,6 +140,7 @@ def test_a_dead_holders_lease_is_taken_over_once_its_heartbeat_stops(tmp_path):
             holder.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.fault("the process holding a dataset's lease is SIGKILLed on the waiter's machine")
 @pytest.mark.parametrize("where", ["local", "gcs"])
 @pytest.mark.parametrize("reaped", [True, False], ids=["reaped", "zombie"])
@@ -262,6 +263,7 @@ def test_a_live_holder_with_a_slow_clock_keeps_its_lease(where, tmp_path, reques
         holder.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.fault("a dead lease holder's clock was an hour ahead of the waiter's")
 @pytest.mark.parametrize("where", ["local", "gcs"])
 def test_a_dead_holder_with_a_fast_clock_is_taken_over(where, tmp_path, request):

@@ -253,6 +253,7 @@ def test_a_store_that_fails_at_the_start_stops_the_step_before_its_work(
 # ---- writers that contend for the lock -----------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.fault("another process holds the metadata store's write lock for a second")
 def test_a_step_waits_out_another_writers_lock_and_records_once(tmp_path, capsys):
     address = new_store(tmp_path / "metadata.sqlite")

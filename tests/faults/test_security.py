@@ -306,6 +306,7 @@ def stored_state(double: KfpApiDouble) -> dict[str, str]:
     return state
 
 
+@pytest.mark.slow
 @pytest.mark.fault("a KFP token in a token file, a service-account key and plain variables")
 @pytest.mark.parametrize("given_by", ["--token-file", "$KF_PIPELINES_SA_TOKEN_PATH"])
 def test_gptpipe_kfp_sends_the_token_only_as_its_bearer_header(

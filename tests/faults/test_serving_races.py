@@ -96,6 +96,7 @@ print(serving.rollback({dest!r}, 1))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.fault("two rollbacks of one destination at the same moment")
 @pytest.mark.parametrize("where", WHERE)
 def test_racing_rollbacks_both_restore_and_retire(where, tmp_path, request, ledger):

@@ -145,6 +145,7 @@ def test_restarts_past_the_backoff_limit_delete_the_job(tmp_path, records):
     assert "; worker-0 exited with code 143" in str(err.value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("wrote", "input_error"),
     [("record", True), ("long", True), ("overlong", False), ("text", False), ("nothing", False)],

@@ -248,6 +248,7 @@ def test_the_platform_spec_parses_strictly_into_the_kubernetes_executor_config(t
         )
 
 
+@pytest.mark.slow
 def test_no_credential_in_the_environment_reaches_the_compiled_yaml(tmp_path):
     import os
     import subprocess

@@ -204,6 +204,7 @@ def _numbers(records, n):
     return [int(x) for x in parsed]
 
 
+@pytest.mark.slow
 def test_every_epoch_trains_on_each_window_once_in_its_own_order(shards):
     order = data.TrainOrder(shards, seed=7, shuffle_buffer=4, keep=(1, 0))
     assert order.per_epoch == sum(SIZES) == 26
@@ -326,6 +327,7 @@ def test_a_pipeline_left_without_windows_is_refused_on_every_worker(tmp_path):
             data.pipeline_shards(one, ctx)
 
 
+@pytest.mark.slow
 def test_train_dataset_batches_the_order_endlessly_and_skips_whole_steps(shards):
     cfg = resolve_config("tiny", ("model.seq_len=2", "train.batch_size=3", "train.seed=5"))
     order = data.TrainOrder(shards, 5, cfg.train.shuffle_buffer, (1, 0))

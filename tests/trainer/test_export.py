@@ -14,6 +14,8 @@ from trainer.config import resolve_config
 from trainer.export import export_model
 from trainer.model import build_gpt
 
+# Each test loads TensorFlow models: the module is the slow tier's.
+pytestmark = pytest.mark.slow
 TEXTS = [
     "ROMEO:\nBut soft, what light through yonder window breaks?\n\n",
     "  two leading spaces,\tand a tab\n   and  runs   of spaces  ",

@@ -199,6 +199,7 @@ def _compiled_functions(fn: tf.types.experimental.ConcreteFunction) -> set[str]:
     return {f.signature.name.rsplit("_", 1)[0] for f in library if f.attr["_XlaMustCompile"].b}
 
 
+@pytest.mark.slow
 def test_xla_gelu_only_in_training_with_the_same_math():
     """build_gpt(xla_kernels=True) trains through xla_gelu's compiled forward and backward
     and infers through plain `gelu`; with the same weights, logits and gradients match the

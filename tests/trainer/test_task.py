@@ -306,6 +306,7 @@ class _OneWorkerTwoReplicas:
         return dataset_fn(tf.distribute.InputContext(1, 0, 2))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_resumed_input_skips_the_batches_trained_before(examples, replicas):
     """distributed_datasets(skip_steps=K) starts at the batch an uninterrupted run's step K+1

@@ -206,6 +206,7 @@ def test_the_release_uploads_smoke_runs_and_schedules_and_a_rerun_changes_nothin
     }
 
 
+@pytest.mark.slow
 def test_a_failed_smoke_run_fails_the_release_before_the_schedule(double, tmp_path):
     double.run_scripts.append(RunScript("FAILED", failed_task="train", error="worker 0: OOM"))
     done = run_release(double, tmp_path)

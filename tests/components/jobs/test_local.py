@@ -384,6 +384,7 @@ def test_unknown_launcher_is_a_user_error(tmp_path):
         executor.make_launcher("slurm", str(tmp_path))
 
 
+@pytest.mark.slow
 def test_a_failed_workers_child_is_stopped_with_its_group(job, tmp_path):
     """Worker 1 exits, leaving a child that ignores SIGTERM: its group is still signalled (the
     worker, unreaped, keeps the group's ID its own) and the SIGKILL round ends the child."""

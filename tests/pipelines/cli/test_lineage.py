@@ -236,6 +236,7 @@ def test_lineage_errors_are_one_line(recorded, tmp_path, capsys):
     assert "or --latest, not both" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_reproduce_writes_pipeline_and_parameters(recorded, tmp_path, capsys):
     out = tmp_path / "again" / "gptpipe.yaml"
     argv = ["reproduce", recorded["pushed"], "--root", str(recorded["root"]), "--output", str(out)]
@@ -271,6 +272,7 @@ def test_reproduce_refuses_a_run_recorded_before_step_parameter_objects():
         lineage_cmd.recorded_arguments(flat)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change", ["one byte", "new file", "gone"])
 def test_reproduce_refuses_changed_sources(recorded, tmp_path, change):
     corpus = recorded["corpus"]
@@ -329,6 +331,7 @@ def test_reproduce_refuses_a_given_tokenizer_that_changed_or_went(recorded, tmp_
         lineage_cmd.check_tokenizer(str(tokenizer), examples)
 
 
+@pytest.mark.slow
 def test_reproduce_refuses_unpinned_images_unless_allowed(tmp_path):
     store = str(tmp_path / "m.sqlite")
     corpus = write_corpus(tmp_path / "data")

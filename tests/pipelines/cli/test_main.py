@@ -49,6 +49,7 @@ def test_missing_corpus_is_named(tmp_path, capsys):
     assert not root.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "data, message",
     [

@@ -102,6 +102,7 @@ def test_a_last_line_without_newline_is_written():
     assert len(follows) >= 2
 
 
+@pytest.mark.slow
 def test_a_line_unfinished_when_a_stream_ends_is_written_once_finished():
     # The worker writes part of a line (no newline yet) and the API server ends the stream
     # there while the container runs on; the next stream brings the line again, finished.
@@ -178,6 +179,7 @@ def width(*texts: str) -> int:
 L1, L2, L3 = (text for text, _ in LINES)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "ends_at",
     [
@@ -974,6 +976,7 @@ PULL = 'Back-off pulling image "registry.example/trainer@sha256:0000": ErrImageP
 TRY = 'failed to pull and unpack image "registry.example/trainer@sha256:0000": not found'
 
 
+@pytest.mark.slow
 @pytest.mark.fault("a worker's image cannot be pulled")
 def test_a_worker_that_cannot_start_fails_the_job_after_the_grace_and_frees_its_gpus():
     """The job fails once the worker has not started for the grace, and is deleted.

@@ -537,6 +537,7 @@ def test_a_reset_while_creating_a_run_is_not_retried(double, token, compiled, ca
     assert double.statuses("POST", "/apis/v2beta1/runs") == [-1]
 
 
+@pytest.mark.slow
 @pytest.mark.bad_input("a train step setting the job would refuse after tokenize (--param)")
 @pytest.mark.parametrize(
     "param, says",
