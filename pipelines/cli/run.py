@@ -105,7 +105,16 @@ def _refuse_given(
     given = [d for d in dests if getattr(args, d, None) != parser.get_default(d)]
     if given:
         flag = "--" + given[0].replace("_", "-")
-        raise UserError(f"{flag} is not an option of a {mode} run: leave it out")
+        instead = _AS_PARAM.get(given[0], "leave it out")
+        raise UserError(f"{flag} is not an option of a {mode} run: {instead}")
+
+
+# What a cluster run takes instead of a local run's shortcut.
+_AS_PARAM = {
+    "workers": "pass --param train_job.workers=N",
+    "tokenizer": "pass --param tokenize.tokenizer=gs://...",
+    "corpus": "pass --param corpus=gs://...",
+}
 
 
 def _cmd_run_local(args: argparse.Namespace) -> int:

@@ -215,7 +215,7 @@ def test_a_bad_param_of_a_local_run_is_one_line_and_starts_nothing(tmp_path, cap
 @pytest.mark.parametrize(
     "argv, says",
     [
-        (["--kfp", "http://kfp", "--workers", "2"], "--workers is not an option of a --kfp run"),
+        (["--kfp", "http://kfp", "--workers", "2"], "--kfp run: pass --param train_job.workers=N"),
         (["--kfp", "http://kfp", "--corpus", "c.txt"], "--corpus is not an option of a --kfp run"),
         (["--local", "--wait"], "--wait is not an option of a --local run"),
         (["--local", "--version", "v1"], "--version is not an option of a --local run"),
