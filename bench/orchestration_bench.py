@@ -80,8 +80,11 @@ def figures(full: bool) -> list[Figure]:
             target=TARGET,
             inputs={
                 "config": config_to_dict(cfg),
-                "workers": run.workers,
-                "tokens_trained": STEPS * cfg.train.batch_size * run.workers * cfg.model.seq_len,
+                "workers": run.train_job.workers,
+                "tokens_trained": STEPS
+                * cfg.train.batch_size
+                * run.train_job.workers
+                * cfg.model.seq_len,
                 "corpus": str(trainer_run.CORPUS.relative_to(trainer_run.REPO)),
             },
             details={

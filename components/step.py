@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from components import lineage, step_edge, storage
 from components.step_edge import StepEdge
+from contracts.params import params_class
 from contracts.progress import Progress
 
 T = TypeVar("T")
@@ -61,7 +62,18 @@ def run(name: str, execute: Callable[..., T], arguments: Mapping[str, Any]) -> T
     with lineage.step(
         edge.store, name, pipeline_name, edge.run_id, parameters, edge.provenance
     ) as rec:
+        _record_whole_objects(rec)
         return execute(Step(name, image, edge, rec, progress), **inputs)
+
+
+def _record_whole_objects(rec: lineage.StepRecorder) -> None:
+    """Record each step parameter object whole, as this version reads it: a run may pass only
+    the fields it sets (`--param train_job.workers=8`), and lineage keeps what ran. A bad one
+    fails the step here, on its record."""
+    for key, value in rec.parameters.items():
+        cls = params_class(key)
+        if cls is not None:
+            rec.parameters[key] = cls.from_dict(value).to_dict()
 
 
 def _is_artifact(value: object) -> bool:

@@ -170,15 +170,16 @@ def override(params: P, key: str, value: Any) -> P:
 
 
 def field_value(cls: type[StepParams], key: str, text: str) -> Any:
-    """A field's value from its text on a command line: the text itself for a str field
-    (`train_job.cpu=8` is "8"), else its JSON when it parses, else the text, which `override`
-    then refuses by name."""
-    if typing.get_type_hints(cls).get(key) is str:
-        return text
+    """A field's value from its text on a command line: for a str field the text itself
+    (`train_job.cpu=8` is "8") or the content of a quoted JSON string; for the others its JSON
+    when it parses, else the text, which `override` then refuses by name."""
     try:
-        return json.loads(text)
+        decoded = json.loads(text)
     except ValueError:
         return text
+    if typing.get_type_hints(cls).get(key) is str and not isinstance(decoded, str):
+        return text
+    return decoded
 
 
 def apply_overrides(

@@ -24,12 +24,16 @@ def release(train_job: dict, metadata: str) -> int:
 
     from components import lineage, provenance
     from components.jobs import kube
-    from contracts.errors import one_line_errors
+    from contracts.errors import UserError, one_line_errors
     from contracts.params import TrainJob
 
     with one_line_errors("gptpipe release"):
         run_id = provenance.run_id(os.environ)
+    try:
         launcher = TrainJob.from_dict(train_job).launcher
+    except UserError as err:  # the cleanup still runs: a TFJob may hold GPUs
+        print(f"release: {err}; deleting the run's TFJobs, if any")
+        launcher = "tfjob"
     deleted: list[str] = []
     not_deleted: Exception | None = None
     if launcher == "tfjob":

@@ -98,3 +98,12 @@ def test_the_job_fields_fill_a_job_spec_by_its_own_names():
     spec = JobSpec(name="train-x", command=("python",), **job.job_fields())
     assert (spec.workers, spec.cpu, spec.memory) == (3, "2", "1Gi")
     assert spec.active_deadline_seconds is None  # 0: no deadline
+
+
+def test_a_quoted_string_is_its_content_in_a_str_field_and_stays_text_where_json_is_not():
+    found = apply_overrides(
+        {"tokenize": TokenizeParams(), "train_job": TrainJob()},
+        ['tokenize.tokenizer="gs://b/t.model"', 'train_job.cpu="8"', "train_job.memory=8Gi"],
+    )
+    assert found["tokenize"].tokenizer == "gs://b/t.model"  # type: ignore[attr-defined]
+    assert (found["train_job"].cpu, found["train_job"].memory) == ("8", "8Gi")  # type: ignore

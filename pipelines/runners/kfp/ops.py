@@ -19,6 +19,7 @@ import yaml
 
 from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
+from contracts import records
 from contracts.errors import UserError
 from contracts.params import STEP_PARAMS, field_value, override, params_class
 from pipelines.compiler import check_pipeline_root
@@ -274,8 +275,14 @@ def check_params(source: RunSource, params: Mapping[str, Any]) -> dict[str, Any]
 
 def fold_fields(params: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:
     """`params` with each `<object>.<field>=VALUE` (a step parameter object's field, e.g.
-    `train_job.workers=8`) folded into its object: the one given whole, else the pipeline's
-    default of it, with that field set. A field of type str takes the text as typed."""
+    `train_job.workers=8`) folded into its object given whole, else into an object of the
+    fields given alone. A field of type str takes the text as typed.
+
+    Only what was given travels: the step fills the other fields with its own version's
+    defaults (`from_dict`) and records the whole object. So a schedule, whose firings run the
+    newest version, changes just the fields it names, and an older or newer version is not sent
+    a field it lacks. Each field is checked here as this version reads it.
+    """
     folded = {key: value for key, value in params.items() if "." not in key}
     for key, given in params.items():
         name, _, field_name = key.partition(".")
@@ -284,13 +291,13 @@ def fold_fields(params: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[
             if field_name:
                 folded[key] = given  # named as unknown by the caller
             continue
-        base = folded.get(name, declared.get(name, {}).get("defaultValue", {}))
         value = field_value(cls, field_name, given) if isinstance(given, ParamText) else given
+        base = typed_value("STRUCT", folded.get(name, {}))
         try:
-            obj = cls.from_dict(typed_value("STRUCT", base))
-            folded[name] = override(obj, field_name, value).to_dict()
+            checked = override(cls.from_dict(base), field_name, value)
         except UserError as err:
             raise UserError(f"--param {err}") from None
+        folded[name] = {**base, field_name: records.to_dict(checked)[field_name]}
     return folded
 
 

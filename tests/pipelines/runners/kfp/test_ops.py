@@ -152,6 +152,12 @@ def test_run_wait_follows_a_run_to_success(double, token, compiled, capsys):
     (run,) = double.runs.values()
     # KFP 2.5 ignores the YAML's defaultPipelineRoot: the compiled root travels with the run.
     assert run.runtime_config.pipeline_root == ROOT
+    # Only the fields given travel (a schedule's firings take the newest version's defaults for
+    # the rest); the step reads them as this object.
+    assert run.runtime_config.parameters["train_job"] == {
+        "workers": 4,
+        "node_selector": {"pool": "gpu"},
+    }
     job = TrainJob.from_dict(run.runtime_config.parameters["train_job"])
     assert job == TrainJob(workers=4, node_selector={"pool": "gpu"})  # the rest: the defaults
     assert run.runtime_config.parameters["corpus"] == "gs://bucket/corpus/"
