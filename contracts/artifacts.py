@@ -16,7 +16,7 @@ from pathlib import Path
 SPLITS = ("train", "eval")  # the splits every Examples folder has
 EXAMPLES_MANIFEST = "manifest.json"  # written last: its presence marks the folder complete
 TOKENIZER_FILE = "tokenizer.model"  # the SentencePiece model the shards were encoded with
-EVAL_TEXT = "raw/eval.txt"  # the eval split's text, for tokenizer-independent scoring
+EVAL_TEXT = "raw/eval.jsonl"  # the eval split's documents (contracts/eval_text.py), for scoring
 # A sketch of the train split's text (components/overlap.py): how much of an eval text a
 # model trained on. The trainer copies it into the SavedModel (MODEL_TEXT_SKETCH).
 TRAIN_TEXT_SKETCH = "train_text_sketch.bin"

@@ -27,6 +27,9 @@ from contracts.k8s_values import QUANTITY, TOLERATION_FIELDS, is_object_name
 P = TypeVar("P", bound="StepParams")
 DAY_SECONDS = 24 * 3600
 LAUNCHERS = ("tfjob", "local")  # how training runs: a TFJob on a cluster, processes here
+# How tokenize's parts run: a batch/v1 Indexed Job on a cluster, processes here.
+PART_LAUNCHERS = ("job", "local")
+DEFAULT_JOB_PARTS = 16  # an Indexed Job's parallelism when tokenize.parts is 0
 
 
 class StepParams:
@@ -57,11 +60,32 @@ class TokenizeParams(StepParams):
     NAME: ClassVar[str] = "tokenize"
 
     eval_fraction: float = 0.1  # share of the corpus held out for evaluation, in (0, 0.5]
+    # The eval split's size cap, in bytes of document text (it wins over eval_fraction), so a
+    # TB corpus gets an eval set evaluate scores in minutes; 0: no cap.
+    eval_max_bytes: int = 100_000_000
+    text_field: str = "text"  # the string of a JSONL object or Parquet column that is a document
     tokenizer: str = ""  # a SentencePiece model (file or gs://) to reuse; "" trains one
+    # Where the parts that read and encode the corpus run: PART_LAUNCHERS (the dataset is the
+    # same, byte for byte, whichever and however many).
+    launcher: str = "job"
+    parts: int = 0  # parts that run at once; 0: one per CPU here, DEFAULT_JOB_PARTS as a Job
+    cpu: str = "2"  # CPU of each part's pod on a cluster, request and limit (a quantity)
+    memory: str = "4Gi"  # memory of each part's pod on a cluster, request and limit
 
     def __post_init__(self) -> None:
         if not 0.0 < self.eval_fraction <= 0.5:
             raise self.bad("eval_fraction", "use a share in (0, 0.5]; 0.1 is usual")
+        if self.eval_max_bytes < 0:
+            raise self.bad("eval_max_bytes", "use a size in bytes, or 0 for no cap")
+        if not self.text_field:
+            raise self.bad("text_field", "name the JSONL field or Parquet column, e.g. text")
+        if self.launcher not in PART_LAUNCHERS:
+            raise self.bad("launcher", f"use one of {', '.join(PART_LAUNCHERS)}")
+        if self.parts < 0:
+            raise self.bad("parts", "use 0 (automatic) or more")
+        for name in ("cpu", "memory"):
+            if not QUANTITY.match(getattr(self, name)):
+                raise self.bad(name, "use a Kubernetes quantity, e.g. '2', '500m', '4Gi'")
 
 
 @dataclass(frozen=True)
