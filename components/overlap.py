@@ -111,6 +111,23 @@ class Sketch:
         return MAGIC + line.encode("ascii") + self.hashes.astype("<u8").tobytes()
 
 
+def merge_sketches(sketches: list[bytes], size: int = SKETCH_SIZE) -> bytes:
+    """One sketch of the texts behind `sketches` (each a `Sketch.to_bytes`): the bottom `size`
+    of their hashes, as one Sketch fed every text would hold."""
+    merged = Sketch(size)
+    for data in sketches:
+        read = read_sketch(data)
+        if read is None:
+            raise ValueError("a train-text sketch of another format")
+        hashes, full = read
+        merged.hashes = np.union1d(merged.hashes, hashes)
+        merged.full = merged.full or full
+        if len(merged.hashes) > size:
+            merged.full = True
+            merged.hashes = merged.hashes[:size]
+    return merged.to_bytes()
+
+
 def read_sketch(data: bytes) -> tuple[np.ndarray, bool] | None:
     """A sketch file's (hashes, full), or None if it is of another format; ValueError if it is
     not a sketch or is cut short."""

@@ -19,7 +19,9 @@ from contracts.errors import UserError
 
 # Bump when the artifact layout or any encoding rule changes. 2: streamed (chunks of whole
 # lines in bytes, the tokenizer trained on a bounded sample, the split counted in bytes).
-FORMAT_VERSION = 2
+# 3: documents (JSONL, Parquet, compressed files), EOS after each, split by document hash,
+# parts that pack their own units, the eval text as documents (raw/eval.jsonl).
+FORMAT_VERSION = 3
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ class SplitStats:
     """One split's shards and counts."""
 
     shards: tuple[str, ...]  # shard paths relative to the Examples folder, in order
-    windows: int  # windows written (seq_len + 1 tokens each); the incomplete tail is dropped
-    tokens: int  # tokens of the whole split
+    windows: int  # windows written (seq_len + 1 tokens each); each unit's last tail is dropped
+    tokens: int  # tokens of the whole split, EOS ids included
     chars: int  # characters of the whole split
 
 
@@ -75,10 +77,13 @@ class DatasetParameters:
     """
 
     format_version: int  # FORMAT_VERSION of the writer
-    split_method: str  # the train/eval split rule (components/tokenize/corpus.py)
+    split_method: str  # the train/eval split rule (components/tokenize/plan.py)
     vocab_size: int  # tokenizer pieces
     seq_len: int  # tokens a window predicts (each holds seq_len + 1)
-    eval_fraction: float  # the tail share of each file that is eval text
+    eval_fraction: float  # the share of documents (or of a single file's tail) that is eval
+    eval_max_bytes: int  # the eval split's cap in bytes of text; 0: none
+    text_field: str  # the JSONL field or Parquet column read as a document's text
+    unit_bytes: int  # listed bytes per unit of sources (windows never cross a unit's end)
     shard_windows: int  # windows in every shard but a split's last
     chunk_bytes: int  # the size of the chunks of whole lines the corpus is read in
     tokenizer_sample_bytes: int  # at most this much train text trains the tokenizer
@@ -99,6 +104,9 @@ class ExamplesManifest:
     tokenizer: TokenizerRecord
     sources: tuple[Source, ...]  # each file or object read, in the order it was read
     parameters: DatasetParameters
+    documents: dict[str, int]  # documents by split (a single file's tail split: 1 in each)
+    empty_documents: int  # documents with no text, skipped
+    formats: dict[str, int]  # source files by format (components/tokenize/readers.py)
 
     def total(self, count: str) -> int:
         """`windows` or `tokens` summed over the splits."""

@@ -244,6 +244,16 @@ def atomic_dir(final_path: Path) -> Iterator[Path]:
         raise
 
 
+def link_or_copy(source: Path, destination: Path) -> None:
+    """Put `source` at `destination` (a new name): a hard link on the same file system, which
+    costs nothing whatever the size, else a copy."""
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copyfile(source, destination)
+
+
 def create_file(final_path: Path, data: bytes) -> bool:
     """Create a file only if none exists, whole (a temporary sibling, then a hard link).
 

@@ -13,7 +13,7 @@ import os
 import secrets
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from google.api_core import exceptions as gexc
@@ -37,23 +37,35 @@ STALE_STAGING_S = 3600.0  # an unfinished staging upload older than this is aban
 
 
 @contextlib.contextmanager
-def atomic_dir(final: str | os.PathLike[str], ready: str = "") -> Iterator[Path]:
+def atomic_dir(
+    final: str | os.PathLike[str], ready: str = "", include: Mapping[str, str] | None = None
+) -> Iterator[Path]:
     """Yield a local temporary folder that becomes `final` only if the block succeeds.
 
     Local: the folder is a sibling of `final`, renamed into place; if `final` already exists
     as an empty folder (KFP may create it) it is replaced. gs://: the folder is published
     with `publish_dir`, `ready` (a relative name, such as the manifest) copied last. A
     failure leaves nothing at `final`.
+
+    `include` adds files already written elsewhere, {relative name in `final`: uri}, without
+    passing them through this machine: hard-linked (else copied) beside the block's files on
+    local disk, copied server-side into the staging folder on gs:// (tokenize's shards,
+    written by its parts).
     """
+    include = include or {}
     if not is_gcs(final):
         with local.atomic_dir(Path(final)) as tmp:
             yield tmp
+            for rel, uri in include.items():
+                if is_gcs(uri):
+                    raise ValueError(f"cannot include {uri} in the local folder {final}")
+                local.link_or_copy(Path(uri), tmp / rel)
         return
     with tempfile.TemporaryDirectory(prefix="gptpipe-") as tmp_name:
         # the local copy fills this machine's disk, not the bucket: say which, in one line
         with local.disk_errors(Path(tmp_name), f"the local copy of {final}"):
             yield Path(tmp_name)
-        publish_dir(tmp_name, str(final), ready=ready)
+        _publish_gcs(tmp_name, str(final), ready, include)
 
 
 def publish_dir(
@@ -102,7 +114,9 @@ def names_taken(parent: str | os.PathLike[str]) -> list[str]:
     return [p.name for p in root.iterdir()] if root.is_dir() else []
 
 
-def _publish_gcs(source: str, final: str, ready: str) -> None:
+def _publish_gcs(
+    source: str, final: str, ready: str, include: Mapping[str, str] | None = None
+) -> None:
     """Publish a folder to gs:// without a rename.
 
     1. upload (or server-side copy) every file to this publisher's own staging folder
@@ -124,6 +138,7 @@ def _publish_gcs(source: str, final: str, ready: str) -> None:
     staging = staging_uri(final, secrets.token_hex(6))
     try:
         expected = _stage(source, staging)
+        expected.update(_stage_included(include or {}, staging))
         write_bytes(join(staging, STAGING_MANIFEST), json.dumps(expected, sort_keys=True).encode())
     except Exception:  # a killed publisher leaves it: `finish_publishes` cleans it once stale
         with contextlib.suppress(Exception):
@@ -156,6 +171,18 @@ def _stage(source: str, staging: str) -> dict[str, str]:
     uploaded = upload_dir(source, staging)
     _check_same(staging, expected, {rel: info.crc32c for rel, info in uploaded.items()})
     return expected
+
+
+def _stage_included(include: Mapping[str, str], staging: str) -> dict[str, str]:
+    """Copy each {relative name: uri} into `staging` (server-side from gs://, else uploaded)."""
+
+    def put(rel: str) -> str:
+        uri, there = include[rel], join(staging, rel)
+        info = gcs.copy_object(uri, there) if is_gcs(uri) else gcs.upload_file(uri, there)
+        return info.crc32c
+
+    names = list(include)
+    return dict(zip(names, gcs.parallel(put, names, gcs.WORKERS), strict=True))
 
 
 def _promote(staging: str, final: str, expected: dict[str, str], ready: str) -> None:

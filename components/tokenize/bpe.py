@@ -8,6 +8,7 @@ exported SavedModel's in-graph `tensorflow_text.SentencepieceTokenizer` reads th
 
 from __future__ import annotations
 
+import heapq
 import io
 import math
 import re
@@ -52,24 +53,41 @@ ROUND_TRIP_PROBE = "First line\n\n  two  spaces,\ttab.\nlast"
 
 
 class Sample:
-    """A bounded sample of the train split, spread evenly over it, for the tokenizer to learn.
+    """A sample of train text with a hard bound in bytes, spread evenly, for the tokenizer.
 
-    Of each train chunk it keeps the first whole lines holding `budget / train_bytes` of the
-    chunk's characters: all of the train split when it fits the budget, else a run of lines
-    from every part of the corpus (not only its first files). `train_bytes` is the split's
-    size as the listing tells it, so the sample, like the chunks, depends on the bytes alone.
+    Of each train piece it takes the first whole lines holding `fraction` of its characters
+    (all of a corpus whose train text fits the bound: the step sets `fraction` from the listed
+    sizes), and keeps, of those runs, the ones with the smallest keys that fit in `budget`
+    UTF-8 bytes. A key is a hash of the piece's identity, so the runs kept are a uniform draw
+    over the whole unit, never its first files; and the same bytes always give the same
+    sample. Memory: the runs kept, at most `budget` bytes, plus one run.
     """
 
-    def __init__(self, budget: int, train_bytes: int) -> None:
-        self.fraction = min(1.0, budget / max(train_bytes, 1))  # of each chunk, kept
-        self.pieces: list[str] = []  # runs of whole lines, each ending in "\n"
+    def __init__(self, budget: int, fraction: float) -> None:
+        self.budget = budget
+        self.fraction = fraction
+        self.bytes = 0  # of the runs kept
+        self._kept: list[tuple[int, int, str, int]] = []  # a heap of (-key, order, run, bytes)
+        self._order = 0
 
-    def add(self, text: str) -> None:
-        """Take the share of one train chunk (whole lines, ending in "\n")."""
+    def add(self, text: str, key: int) -> None:
+        """Take the share of one train piece (whole lines), `key` its identity's hash."""
         if self.fraction < 1.0:
             keep = math.ceil(len(text) * self.fraction)
             text = text[: text.find("\n", keep - 1) + 1 or len(text)]
-        self.pieces.append(text)
+        size = len(text.encode("utf-8"))
+        self._order += 1
+        if size > self.budget:
+            return
+        heapq.heappush(self._kept, (-key, self._order, text, size))
+        self.bytes += size
+        while self.bytes > self.budget:
+            self.bytes -= heapq.heappop(self._kept)[3]
+
+    def text(self) -> str:
+        """The runs kept, in the order they were added, each ending in a newline."""
+        runs = sorted(self._kept, key=lambda kept: kept[1])
+        return "".join(run if run.endswith("\n") else run + "\n" for _, _, run, _ in runs)
 
 
 def train(

@@ -21,7 +21,6 @@ from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
 from contracts.artifacts import SPLITS
 from contracts.errors import UserError
 
-SPLIT_METHOD = "file-tail-bytes-v2"  # see _Chunker; bump the suffix if the rule changes
 CHUNK_BYTES = 1 << 20  # a chunk: whole lines, from the first that reaches this many bytes on
 
 # SentencePiece skips training lines longer than its max_sentence_length (64 KiB), and a chunk
@@ -111,7 +110,10 @@ class Chunk:
 
 
 def read_chunks(
-    source: storage.FileInfo, eval_fraction: float, chunk_bytes: int = CHUNK_BYTES
+    source: storage.FileInfo,
+    eval_fraction: float,
+    chunk_bytes: int = CHUNK_BYTES,
+    eval_max_bytes: int = 0,
 ) -> Iterator[Chunk]:
     """Stream one source as chunks: its train part's, then its eval part's (see _Chunker).
 
@@ -126,7 +128,7 @@ def read_chunks(
     uri = source.uri
     try:
         with storage.open_read(uri, expect=source) as f:
-            chunker = _Chunker(uri, source.size, eval_fraction, chunk_bytes)
+            chunker = _Chunker(uri, source.size, eval_fraction, chunk_bytes, eval_max_bytes)
             yield from chunker.chunks(_checked_blocks(uri, f))
     except storage.ObjectChangedError:
         raise UserError(
@@ -139,8 +141,10 @@ def train_bytes(sources: Sequence[storage.FileInfo], eval_fraction: float) -> in
     return sum(_eval_target(f.size, eval_fraction) for f in sources)
 
 
-def _eval_target(size: int, eval_fraction: float) -> int:
-    return round(size * (1.0 - eval_fraction))
+def _eval_target(size: int, eval_fraction: float, eval_max_bytes: int = 0) -> int:
+    """Where a file's eval part starts, at the earliest: its tail share, at most the cap."""
+    target = round(size * (1.0 - eval_fraction))
+    return max(target, size - eval_max_bytes) if eval_max_bytes else target
 
 
 def _checked_blocks(uri: str, f: IO[bytes]) -> Iterator[bytes]:
@@ -158,8 +162,8 @@ class _Chunker:
     """Cuts one file, arriving in blocks of any size, into chunks that depend on its bytes only.
 
     Split: the eval part starts at the first line start at or after byte
-    round(size * (1 - eval_fraction)) of the file, so every file gives text to both splits
-    and eval text stays contiguous (nanoGPT's tail split, counted in bytes so that it is known
+    round(size * (1 - eval_fraction)) of the file (or size - eval_max_bytes, if later), so
+    every file gives text to both splits and eval text stays contiguous (nanoGPT's tail split, counted in bytes so that it is known
     before the file is decoded). A file with no line start there is cut at that byte (moved
     back to a character's first byte). Chunks: each part is cut after the first newline at or
     after every `chunk_bytes` bytes from where the last chunk ended, and at the part's end;
@@ -167,11 +171,13 @@ class _Chunker:
     files. The bytes held are at most a chunk and a block, plus one line (MAX_LINE_BYTES).
     """
 
-    def __init__(self, uri: str, size: int, eval_fraction: float, chunk_bytes: int) -> None:
+    def __init__(
+        self, uri: str, size: int, eval_fraction: float, chunk_bytes: int, eval_max_bytes: int = 0
+    ) -> None:
         self.uri = uri
         self.size = size
         self.chunk_bytes = chunk_bytes
-        self.target = _eval_target(size, eval_fraction)
+        self.target = _eval_target(size, eval_fraction, eval_max_bytes)
         self.cut: int | None = None  # where the eval part starts, once known
         self.split = SPLITS[0]  # the part being cut: train, then eval
         self.buf = bytearray()  # bytes read and not yet handed on, from self.buf[self.pos]

@@ -7,13 +7,13 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import sentencepiece as spm
 
 from components import storage
 from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
-from components.tokenize.corpus import SPLIT_METHOD
 from contracts import records
 from contracts.artifacts import TOKENIZER_FILE
 from contracts.examples import (
@@ -30,9 +30,13 @@ from contracts.examples import (
 
 def dataset_parameters(
     *,
+    split_method: str,
     vocab_size: int,
     seq_len: int,
     eval_fraction: float,
+    eval_max_bytes: int,
+    text_field: str,
+    unit_bytes: int,
     shard_windows: int,
     chunk_bytes: int,
     tokenizer_sample_bytes: int,
@@ -41,10 +45,13 @@ def dataset_parameters(
     """Every value that changes the output bytes, for `given` tokenizer bytes or None."""
     return DatasetParameters(
         format_version=FORMAT_VERSION,
-        split_method=SPLIT_METHOD,
+        split_method=split_method,
         vocab_size=vocab_size,
         seq_len=seq_len,
         eval_fraction=eval_fraction,
+        eval_max_bytes=eval_max_bytes,
+        text_field=text_field,
+        unit_bytes=unit_bytes,
         shard_windows=shard_windows,
         chunk_bytes=chunk_bytes,
         tokenizer_sample_bytes=tokenizer_sample_bytes,
@@ -59,8 +66,8 @@ def dataset_version(
 ) -> str:
     """sha256 over each source's path relative to the corpus root, its fingerprint, and the
     parameters (as the manifest holds them)."""
-    root = _corpus_root(corpus, sources)
-    fingerprints = [[_relative(f.uri, root), f.fingerprint] for f in sources]
+    root = corpus_root(corpus, sources)
+    fingerprints = [[relative_name(f.uri, root), f.fingerprint] for f in sources]
     canonical = json.dumps(
         {"sources": fingerprints, "parameters": records.to_dict(parameters)},
         sort_keys=True,
@@ -83,6 +90,7 @@ def build_manifest(
     stats: dict[str, SplitStats],
     model: bytes,
     trained: bool,
+    counts: DocumentCounts,
 ) -> ExamplesManifest:
     """manifest.json's record (docs/design.md)."""
     return ExamplesManifest(
@@ -99,10 +107,22 @@ def build_manifest(
         ),
         sources=tuple(source_entry(f) for f in sources),
         parameters=parameters,
+        documents=dict(counts.documents),
+        empty_documents=counts.empty,
+        formats=dict(counts.formats),
     )
 
 
-def _corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
+@dataclass(frozen=True)
+class DocumentCounts:
+    """What the manifest says of the corpus's documents."""
+
+    documents: dict[str, int]  # by split
+    empty: int  # skipped
+    formats: dict[str, int]  # files by format
+
+
+def corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
     """The folder sources are named relative to: the folder given, a file's, or a glob's fixed part.
 
     So a file and a folder holding only that file give the same dataset version.
@@ -128,7 +148,8 @@ def _gcs_corpus_root(corpus: str, sources: Sequence[storage.FileInfo]) -> str:
     return f"gs://{bucket}/{key.rstrip('/')}"
 
 
-def _relative(uri: str, root: str) -> str:
+def relative_name(uri: str, root: str) -> str:
+    """A source's name relative to the corpus root: part of its documents' identity."""
     if storage.is_gcs(uri):
         folder = root.rstrip("/") + "/"
         return uri[len(folder) :] if uri.startswith(folder) else uri.rsplit("/", 1)[-1]

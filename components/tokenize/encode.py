@@ -1,21 +1,7 @@
-"""Encode text to token ids in worker processes, in input order, with bounded work in flight.
+"""Encode text to token ids, and count the CPUs a step may use.
 
-A corpus of GBs is encoded by processes, each loading the model once and then taking one chunk
-of text at a time. Not threads: SentencePiece hands its ids back as Python lists, built under
-the GIL, as is the parent's packing, and in a process that has loaded TensorFlow (the parent,
-which writes the shards) SentencePiece encodes about 30% slower. The parent hands chunk i to
-worker i % n and reads the results back in the same order, so the ids are those of one
-process encoding the chunks one after another, whatever n is. One chunk per worker is in
-flight: memory does not grow with the corpus, and no worker can block sending a result while
-the parent blocks sending it text. Unlike Pool.imap, whose feeder thread would read the
-corpus ahead, the input is pulled only as results are taken.
-
-A worker is a fresh interpreter (`python -c`, importing only this module: numpy and
-sentencepiece), so it is safe after the parent started TensorFlow's threads, its peak memory
-counts in its parent's (which waits for it), and, unlike multiprocessing's "spawn", it never
-runs the caller's `__main__` again, so no caller needs a `__main__` guard. It talks over two
-pipes of its own; the parent holds their other ends only, so a worker whose parent dies reads
-end-of-file and exits.
+Each part of the tokenize step (components/tokenize/parts.py) is one process that encodes
+its own sources, so parts scale over CPUs and pods alike; nothing here starts a process.
 """
 
 from __future__ import annotations
@@ -23,21 +9,11 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import signal
-import subprocess
-import sys
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from multiprocessing.connection import Connection
+from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
-from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 import sentencepiece as spm
-
-_T = TypeVar("_T")
-JOIN_S = 10.0  # how long a finished worker may take to exit before it is terminated
 
 
 def default_workers() -> int:
@@ -82,150 +58,34 @@ def encode_text(processor: spm.SentencePieceProcessor, text: str) -> np.ndarray:
     return np.insert(flat, np.cumsum(counts[:-1]), np.int32(processor.piece_to_id("\n")))
 
 
-class Encoder:
-    """Encodes items' text on `workers` processes (or here, for one), results in input order.
-
-    with Encoder(model, workers) as encoder:
-        for item, ids in encoder.map(items, text_of):
-            ...
-    """
-
-    def __init__(self, model: bytes, workers: int) -> None:
-        self._model = model
-        self._count = workers
-        self._workers: list[_Worker] = []
-        self._processor: spm.SentencePieceProcessor | None = None
-
-    def __enter__(self) -> Encoder:
-        if self._count <= 1:
-            self._processor = spm.SentencePieceProcessor(model_proto=self._model)
-            return self
-        try:
-            for _ in range(self._count):
-                self._workers.append(_Worker(self._model))
-        except BaseException:
-            self._stop(terminate=True)
-            raise
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self._stop(terminate=kind is not None)
-
-    def map(self, items: Iterable[_T], text_of: Callable[[_T], str]) -> Iterator[tuple[_T, Any]]:
-        """Yield (item, ids) in input order; pulls the next item only as a result is taken."""
-        if self._processor is not None:
-            for item in items:
-                yield item, encode_text(self._processor, text_of(item))
-            return
-        source = iter(items)
-        in_flight: deque[tuple[_T, _Worker]] = deque()
-        # zip stops at the last worker before pulling an item for none (strict would pull it).
-        for worker, item in zip(self._workers, source, strict=False):
-            worker.send(text_of(item))
-            in_flight.append((item, worker))
-        while in_flight:
-            item, worker = in_flight.popleft()
-            following = list(itertools.islice(source, 1))  # read while the workers encode
-            ids = worker.receive()
-            for next_item in following:
-                worker.send(text_of(next_item))
-                in_flight.append((next_item, worker))
-            yield item, ids
-
-    def _stop(self, terminate: bool) -> None:
-        for worker in self._workers:
-            worker.close(terminate)
-        for worker in self._workers:
-            worker.wait()
-        self._workers = []
-
-
-# The worker's program: this module, found where the parent found it.
-_PROGRAM = (
-    "import sys; from components.tokenize.encode import serve; serve(*map(int, sys.argv[1:]))"
-)
-_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the `components` package
-
-
-class _Worker:
-    """One worker process and the two pipes to it: text in, (ok, ids or error) out."""
-
-    def __init__(self, model: bytes) -> None:
-        text_read, text_write = os.pipe()
-        ids_read, ids_write = os.pipe()
-        path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _PROGRAM, str(text_read), str(ids_write)],
-                pass_fds=(text_read, ids_write),
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONPATH": path},
-            )
-        except BaseException:
-            for fd in (text_write, ids_read):
-                os.close(fd)
-            raise
-        finally:  # the worker's ends: once only it holds them, either side sees the other close
-            os.close(text_read)
-            os.close(ids_write)
-        self.texts = Connection(text_write, readable=False)
-        self.ids = Connection(ids_read, writable=False)
-        self.send(model)
-
-    def send(self, message: Any) -> None:
-        try:
-            self.texts.send(message)
-        except BrokenPipeError:
-            self._died()
-
-    def receive(self) -> Any:
-        try:
-            ok, value = self.ids.recv()
-        except EOFError:
-            self._died()
-        if not ok:
-            raise RuntimeError(f"tokenize: encode worker {self.process.pid} failed: {value}")
-        return value
-
-    def _died(self) -> NoReturn:
-        code = self.process.wait(JOIN_S)
-        raise RuntimeError(
-            f"tokenize: encode worker {self.process.pid} exited with code {code} "
-            "(killed for memory?)"
-        ) from None
-
-    def close(self, terminate: bool) -> None:
-        self.texts.close()  # a worker waiting for text reads end-of-file and exits
-        self.ids.close()
-        if terminate:
-            self.process.terminate()
-
-    def wait(self) -> None:
-        try:
-            self.process.wait(JOIN_S)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-
-def serve(texts: int, ids: int) -> None:
-    """A worker's loop: load the model (the first message), then encode each text it
-    receives until end-of-file."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    source, sink = Connection(texts, writable=False), Connection(ids, readable=False)
-    try:
-        processor = spm.SentencePieceProcessor(model_proto=source.recv())
-        while True:
-            text = source.recv()
-            try:
-                reply: tuple[bool, Any] = (True, encode_text(processor, text))
-            except Exception as e:  # sent back whole: the parent names the worker
-                reply = (False, f"{type(e).__name__}: {e}")
-            sink.send(reply)
-    except (EOFError, BrokenPipeError):  # the parent closed its ends, or died
-        return
+def encode_pieces(
+    processor: spm.SentencePieceProcessor, texts: Sequence[str], ends: Sequence[bool], eos: int
+) -> np.ndarray:
+    """The ids of `texts` one after another, with `eos` after each text whose `ends` is True
+    (a document's last piece): `encode_text` of each, in one call to SentencePiece."""
+    if not texts:
+        return np.zeros(0, np.int32)
+    lines: list[str] = []
+    per_text: list[int] = []
+    for text in texts:
+        split = text.split("\n")
+        lines.extend(split)
+        per_text.append(len(split))
+    encoded = processor.encode(lines, num_threads=1)
+    counts = np.fromiter(map(len, encoded), np.int64, len(encoded))
+    flat = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(counts.sum()))
+    # Where each line's ids end in `flat`; a newline goes after every line but a text's last,
+    # and EOS after the last line of a text that ends a document.
+    line_ends = np.cumsum(counts)
+    last_line = np.cumsum(per_text) - 1
+    newline_at = np.delete(line_ends, last_line)
+    eos_at = line_ends[last_line][np.asarray(ends, dtype=bool)]
+    at = np.concatenate([newline_at, eos_at])
+    values = np.concatenate(
+        [
+            np.full(len(newline_at), processor.piece_to_id("\n"), np.int32),
+            np.full(len(eos_at), eos, np.int32),
+        ]
+    )
+    order = np.argsort(at, kind="stable")  # a newline and an EOS never share a place
+    return np.insert(flat, at[order], values[order])

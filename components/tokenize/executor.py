@@ -1,60 +1,65 @@
-"""Tokenize: turn a UTF-8 text corpus into the Examples artifact (docs/design.md).
+"""Tokenize: turn a corpus of documents into the Examples artifact (docs/design.md).
 
-    corpus ─ read (checks, tokenizer sample) ─ SentencePiece BPE (on the sample)
-           ─ read again, in chunks ─ encode (worker processes) ─ windows ─ GZIP TFRecord shards
+    corpus ─ list, plan units ─ phase 1 on N parts: check, count, sample ─ SentencePiece BPE
+           ─ phase 2 on N parts: split, encode (EOS after each document), windows, shards
+           ─ merge: name the shards, sum the counts, manifest last
 
-Both reads stream the corpus in chunks of whole lines (corpus.py), and shards are written as
-they fill (shards.py), so memory stays flat whatever the corpus's size; the first read checks
-every byte before any work, and gives the tokenizer a bounded sample (bpe.Sample). The whole
-output is written in a temporary sibling folder and renamed into place at the end, so a
-failure leaves nothing at `output_dir`.
+The parts (parts.py) run here as processes or on a cluster as an Indexed Job, and stream their
+units (readers.py, corpus.py), so memory stays flat whatever the corpus's size; phase 1 checks
+every byte before the tokenizer is trained, and gives it a bounded sample (bpe.Sample). Each
+unit's output is published whole into a work folder, where a later run finds it done; the
+Examples are published whole at the end (storage.atomic_dir), so a failure leaves nothing at
+`output_dir`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components import overlap, storage
-from components.tokenize import bpe
-from components.tokenize.corpus import (
-    CHUNK_BYTES,
-    Chunk,
-    check_not_blank,
-    list_sources,
-    read_chunks,
-    train_bytes,
-)
+import sentencepiece as spm
+
+from components import storage
+from components.tokenize import bpe, phases
+from components.tokenize.corpus import CHUNK_BYTES, check_not_blank, list_sources, train_bytes
 from components.tokenize.dataset import (
+    DocumentCounts,
     build_manifest,
+    corpus_root,
     dataset_parameters,
     dataset_version,
     source_entry,
 )
-from components.tokenize.encode import Encoder, default_workers
+from components.tokenize.encode import default_workers
+from components.tokenize.phases import PartRunner
+from components.tokenize.plan import (
+    DOCUMENTS,
+    PHASES,
+    PLAN_FILE,
+    SPLIT_FILE,
+    TAIL,
+    UNIT_BYTES,
+    WORK_TOKENIZER,
+    Plan,
+    SplitRule,
+    eval_buckets,
+    group_units,
+    read_record,
+    write_record,
+)
 from components.tokenize.progress import Report
-from components.tokenize.shards import SplitWriter
 from contracts import progress as events
 from contracts import records
-from contracts.artifacts import (
-    DATASETS_DIR,
-    EVAL_TEXT,
-    EXAMPLES_MANIFEST,
-    EXAMPLES_REF,
-    SPLITS,
-    TOKENIZER_FILE,
-    TRAIN_TEXT_SKETCH,
-)
+from contracts.artifacts import DATASETS_DIR, EXAMPLES_MANIFEST, EXAMPLES_REF, TOKENIZER_FILE
 from contracts.errors import UserError
 from contracts.examples import (
     DatasetParameters,
     ExamplesManifest,
     ExamplesReference,
-    SplitStats,
     manifest_json,
     parse_manifest,
 )
@@ -64,11 +69,9 @@ if TYPE_CHECKING:
     from components.step import Step
 
 DEFAULT_SHARD_WINDOWS = 4096  # about 0.25 MB of GZIP per shard at seq_len 64, vocab 512
-# A worker process costs about as much to start as encoding 2 MB, so a corpus gets one for
-# every CHUNKS_PER_WORKER chunks at most; a corpus of fewer is encoded in this process.
-CHUNKS_PER_WORKER = 2
+DEFAULT_EVAL_MAX_BYTES = TokenizeParams.eval_max_bytes
 # Options of `run` that change nothing in the output, so not the dataset version.
-NOT_VERSIONED = ("workers", "progress", "reporter")
+NOT_VERSIONED = ("parts", "runner", "progress", "reporter", "work_dir")
 
 
 def run(
@@ -78,56 +81,64 @@ def run(
     vocab_size: int,
     seq_len: int,
     eval_fraction: float = 0.1,
+    eval_max_bytes: int = DEFAULT_EVAL_MAX_BYTES,
+    text_field: str = "text",
     tokenizer: str | None = None,
     shard_windows: int = DEFAULT_SHARD_WINDOWS,
     chunk_bytes: int = CHUNK_BYTES,
     tokenizer_sample_bytes: int = bpe.SAMPLE_BYTES,
-    workers: int | None = None,
+    parts: int | None = None,
+    runner: PartRunner | None = None,
+    work_dir: str | None = None,
     progress: bool = True,
     expected_version: str | None = None,
     reporter: events.Progress | None = None,
 ) -> ExamplesManifest:
-    """Tokenize `corpus` (a UTF-8 text file, folder or glob) into `output_dir`; return the manifest.
+    """Tokenize `corpus` (files, a folder or a glob; local or gs://) into `output_dir`; return
+    the manifest.
 
-    Split: each file's eval part starts at the first line start at or after its byte
-    round(size * (1 - eval_fraction)); the rest is train, as nanoGPT splits. Tail splits
-    keep eval text contiguous, so eval windows span real context, the demo split matches
-    nanoGPT's Shakespeare split, and every file contributes to both splits however small it
-    is (a hashed-block split can leave a small corpus with no eval text). Appending text to a
-    file moves its cut; the dataset version changes with any byte anyway.
+    Documents: a `.txt` file is one; a JSONL line or a Parquet row is one, its text the
+    `text_field` string; any of them may be compressed (components/tokenize/readers.py says
+    which suffixes). The tokenizer's EOS id follows every document, so a window that runs
+    from one document into the next shows the model where one ended (as GPT-2 and nanoGPT
+    pack). Empty documents are skipped and counted.
 
-    Tokenizer: a SentencePiece BPE model trained on the train split only (so eval text is
-    unseen), with SENTENCEPIECE_TRAINER_OPTIONS, on at most `tokenizer_sample_bytes` of it
-    taken evenly from every `chunk_bytes` chunk (all of it when it fits: bpe.Sample); or the
-    model at `tokenizer`, whose vocabulary must have `vocab_size` pieces and must reproduce
-    text with newlines exactly.
+    Split (plan.py names it in the parameters): a corpus that is one `.txt` file keeps
+    nanoGPT's tail split, its eval part starting at the first line start at or after byte
+    round(size * (1 - eval_fraction)), or size - eval_max_bytes if later. Any other corpus is
+    split by document, deterministically: a document is eval when a hash of its identity
+    (its file's name relative to the corpus root and its index there) falls under
+    eval_fraction, and, past `eval_max_bytes` of such text, only the ones with the lowest
+    hashes are (`plan.eval_buckets`). A document is never cut between the splits.
 
-    Bytes that are not UTF-8 raise UserError naming the file and byte offset: replacing them
-    would silently train on U+FFFD and change the eval text's character count. A binary file
-    and a line over `corpus.MAX_LINE_BYTES` are refused while they are read, before decoding.
+    Tokenizer: a SentencePiece BPE model trained on at most `tokenizer_sample_bytes` of the
+    train text, drawn evenly from every unit of the corpus (bpe.Sample), or the model at
+    `tokenizer`, whose vocabulary must have `vocab_size` pieces and must reproduce text with
+    newlines exactly.
 
-    `corpus` and `output_dir` may be local or `gs://` (a prefix, an object or a glob such as
-    `gs://bucket/texts/*.txt`). Objects are listed with GCS's own fingerprints, then streamed;
-    an object replaced between the listing and the read raises a UserError naming it.
+    Work: the corpus's sources are grouped into units (plan.py); `parts` parts (default: one
+    per CPU, at most one per unit) run on `runner` (default: processes on this machine) in
+    two phases: check and sample every unit, then (once this process has trained the
+    tokenizer) encode and pack every unit, each unit's shards published whole into the work
+    folder `work_dir` (default: `.<name>.work` beside `output_dir`). A unit already done is
+    not redone, so a step killed part way resumes when run again. This process then merges
+    the units into `output_dir`, the manifest last. The output does not depend on `parts`,
+    `runner` or where they ran: the same inputs give the same dataset version and
+    byte-identical shards.
 
-    Encoding runs on `workers` processes (default: every CPU this process may use; a small
-    corpus is encoded in this process, see CHUNKS_PER_WORKER), at most one chunk each in
-    flight, the ids taken back in the corpus's order.
+    Bad input raises UserError naming the file and the line or offset: bytes that are not
+    UTF-8 in a text file, a JSONL line that is not JSON or lacks the string `text_field`, a
+    truncated or mislabelled compressed file, a Parquet file without the column, an unknown
+    suffix, a corpus whose documents are all empty. A `gs://` object replaced between the
+    listing and the read is refused too.
 
     `dataset_version` is a sha256 over each source's content fingerprint and its path relative
-    to the corpus root (the folder given, a file's folder or a glob's fixed part, so moving or
-    renaming that folder does not change it) and every parameter that changes the output
-    (`parameters` in the manifest). Same inputs give the same version and byte-identical
-    shards; `workers`, `progress` and `reporter` (where progress events go, counted in bytes
-    of the corpus per stage: read, encode, write) change neither. The fingerprint is the
-    sha256 of a local file, and for a `gs://` object its crc32c, md5 and size as GCS lists
-    them (nothing is downloaded to compute it). The version follows the bytes, not the object
-    generation: re-uploading the same bytes makes a new generation but the same dataset, so it
-    keeps its version (the manifest's `sources` still record each generation that was read,
-    for lineage).
+    to the corpus root, and every parameter that changes the output (`parameters` in the
+    manifest); `parts`, `runner`, `work_dir`, `progress` and `reporter` change neither it nor
+    the bytes.
 
-    Manifest counts per split: `tokens` and `chars` of the whole split, and the `windows`
-    written (`windows * seq_len + 1 <= tokens`: the incomplete tail is dropped).
+    Manifest counts per split: `tokens` (EOS included) and `chars` of the whole split, and the
+    `windows` written (each unit's incomplete tail of a split is dropped).
     """
     _check_arguments(
         output_dir,
@@ -137,51 +148,165 @@ def run(
         shard_windows=shard_windows,
         chunk_bytes=chunk_bytes,
         tokenizer_sample_bytes=tokenizer_sample_bytes,
-        workers=workers,
+        parts=parts,
     )
     report = Report(progress, reporter)
     sources = list_sources(corpus)
-    total = sum(f.size for f in sources)
-    sample = (
-        None
-        if tokenizer
-        else bpe.Sample(tokenizer_sample_bytes, train_bytes(sources, eval_fraction))
-    )
-    sketch = overlap.Sketch()
-    chunks = _check_and_sample(
-        corpus, sources, eval_fraction, chunk_bytes, sample, sketch, report, total
-    )
+    method = split_method(sources)
     parameters, given = _parameters(
         tokenizer,
+        split_method=method,
         vocab_size=vocab_size,
         seq_len=seq_len,
         eval_fraction=eval_fraction,
+        eval_max_bytes=eval_max_bytes,
+        text_field=text_field,
         shard_windows=shard_windows,
         chunk_bytes=chunk_bytes,
         tokenizer_sample_bytes=tokenizer_sample_bytes,
     )
-    if expected_version and dataset_version(corpus, sources, parameters) != expected_version:
+    version = dataset_version(corpus, sources, parameters)
+    if expected_version and version != expected_version:
         # Checked before writing: a folder named for one version must never hold another.
         raise UserError(
             f"corpus {corpus!r} changed while the run was reading it; run again when it is stable"
         )
-    with storage.atomic_dir(output_dir, ready=EXAMPLES_MANIFEST) as tmp:
-        model = given or _train(sample, vocab_size, corpus, report)
-        sample = None  # the sample's memory is free again before encoding starts
-        (tmp / TOKENIZER_FILE).write_bytes(model)
-        (tmp / TRAIN_TEXT_SKETCH).write_bytes(sketch.to_bytes())
-        processes = _processes(workers, chunks)
-        report.line(
-            f"encoding {chunks} chunks "
-            + (f"on {processes} worker processes" if processes > 1 else "in this process")
+    units = group_units(sources)
+    plan = Plan(
+        corpus=corpus,
+        root=corpus_root(corpus, sources),
+        split_method=method,
+        units=units,
+        parts=max(1, min(parts or default_workers(), len(units))),
+        text_field=text_field,
+        eval_fraction=eval_fraction,
+        eval_max_bytes=eval_max_bytes,
+        chunk_bytes=chunk_bytes,
+        sample_bytes=0 if given else tokenizer_sample_bytes,
+        sample_fraction=min(
+            1.0, tokenizer_sample_bytes / max(train_bytes(sources, eval_fraction), 1)
+        ),
+        seq_len=seq_len,
+        shard_windows=shard_windows,
+    )
+    work = work_dir or _work_beside(output_dir)
+    _start_work(work, plan)
+    runner = runner or (phases.in_process if plan.parts == 1 else phases.LocalParts())
+    report.line(
+        f"{len(sources)} files in {len(units)} units, on {plan.parts} "
+        + ("part" if plan.parts == 1 else "parts")
+    )
+    phases.run_phase(runner, PHASES[0], plan, work, report)
+    counts, sample, histogram = phases.sampled(plan, work)
+    documents = sum(c.documents for c in counts)
+    empty = sum(c.empty for c in counts)
+    formats: dict[str, int] = {}
+    for c in counts:
+        for kind, n in c.formats.items():
+            formats[kind] = formats.get(kind, 0) + n
+    report.line(_describe(documents, empty, formats))
+    if documents == empty:
+        raise UserError(
+            f"corpus {corpus!r}: all {documents} of its documents are empty; check "
+            + ("tokenize.text_field" if method == DOCUMENTS else "the files")
         )
-        stream = (c for source in sources for c in read_chunks(source, eval_fraction, chunk_bytes))
-        stats = _Splits(tmp, seq_len, shard_windows).write(
-            stream, Encoder(model, processes), report, total, corpus
-        )
-        manifest = build_manifest(corpus, sources, parameters, stats, model, trained=given is None)
-        (tmp / EXAMPLES_MANIFEST).write_text(manifest_json(manifest), encoding="utf-8")
+    check_not_blank(any(c.text_bytes for c in counts), corpus)
+    model = _tokenizer(work, given, sample, vocab_size, corpus, report)
+    sample = ""  # its memory is free again before encoding starts
+    _split_rule(work, model, histogram, eval_max_bytes if method == DOCUMENTS else 0)
+    phases.run_phase(runner, PHASES[1], plan, work, report)
+    with report.stage("write", sum(f.size for f in sources)):
+        found = DocumentCounts({}, empty, formats)
+        manifest = _publish(plan, work, output_dir, corpus, sources, parameters, model, found)
+    phases.remove_work(work)
     report.line(f"wrote {output_dir}: dataset_version {manifest.dataset_version[:12]}")
+    return manifest
+
+
+def split_method(sources: Sequence[storage.FileInfo]) -> str:
+    """TAIL for a corpus that is one plain `.txt` file, else DOCUMENTS (every file's format
+    checked: an unknown suffix is refused here, naming the file)."""
+    if len(sources) == 1 and sources[0].uri.lower().endswith(".txt"):
+        return TAIL
+    from components.tokenize.readers import check_formats
+
+    check_formats(sources)
+    return DOCUMENTS
+
+
+def _describe(documents: int, empty: int, formats: dict[str, int]) -> str:
+    kinds = ", ".join(f"{kind}: {n}" for kind, n in sorted(formats.items()))
+    skipped = f"; {empty:,} empty, skipped" if empty else ""
+    return f"read {documents:,} documents from files of format {kinds}{skipped}"
+
+
+def _work_beside(output_dir: str) -> str:
+    parent, _, name = output_dir.rstrip("/").rpartition("/")
+    return f"{parent}/.{name}.work" if parent else f".{name}.work"
+
+
+def _start_work(work: str, plan: Plan) -> None:
+    """Write the plan into the work folder; a folder left by another plan (another version
+    cannot share the name; a different `parts` can) starts again from nothing."""
+    uri = storage.join(work, PLAN_FILE)
+    if storage.has_content(uri):
+        try:
+            old = read_record(Plan, uri)
+        except UserError:
+            old = None
+        if old == plan:
+            return
+        if isinstance(old, Plan) and dataclasses.replace(old, parts=plan.parts) == plan:
+            write_record(uri, plan)  # units are the same: what they hold is still good
+            return
+        storage.delete_tree(work)
+    write_record(uri, plan)
+
+
+def _tokenizer(
+    work: str, given: bytes | None, sample: str, vocab_size: int, corpus: str, report: Report
+) -> bytes:
+    """The tokenizer phase 2 encodes with: the one a run before trained for this work, the
+    given one, or one trained on the sample now."""
+    uri = storage.join(work, WORK_TOKENIZER)
+    if storage.has_content(uri):
+        return storage.read_bytes(uri)
+    model = given or bpe.train(sample, vocab_size, corpus, report.line)
+    storage.write_bytes(uri, model)
+    return model
+
+
+def _split_rule(work: str, model: bytes, histogram: Any, eval_max_bytes: int) -> SplitRule:
+    eos = spm.SentencePieceProcessor(model_proto=model).eos_id()
+    if eos < 0:
+        raise UserError(
+            "the tokenizer has no EOS piece (eos_id -1), which tokenize writes after every "
+            "document; train it with SENTENCEPIECE_TRAINER_OPTIONS (eos_id 2) or omit it"
+        )
+    rule = SplitRule(eval_buckets(histogram, eval_max_bytes), eos)
+    write_record(storage.join(work, SPLIT_FILE), rule)
+    return rule
+
+
+def _publish(
+    plan: Plan,
+    work: str,
+    output_dir: str,
+    corpus: str,
+    sources: Sequence[storage.FileInfo],
+    parameters: DatasetParameters,
+    model: bytes,
+    counts: DocumentCounts,
+) -> ExamplesManifest:
+    """Merge the encoded units into `output_dir`, the manifest last."""
+    stats, documents, include = phases.merge(plan, work, corpus)
+    with storage.atomic_dir(output_dir, ready=EXAMPLES_MANIFEST, include=include) as tmp:
+        phases.write_merged(plan, work, tmp)
+        (tmp / TOKENIZER_FILE).write_bytes(model)
+        counts = dataclasses.replace(counts, documents=documents)
+        trained = parameters.given_tokenizer_sha256 is None
+        manifest = build_manifest(corpus, sources, parameters, stats, model, trained, counts)
+        (tmp / EXAMPLES_MANIFEST).write_text(manifest_json(manifest), encoding="utf-8")
     return manifest
 
 
@@ -218,7 +343,11 @@ def execute(
         vocab_size=cfg.model.vocab_size,
         seq_len=cfg.model.seq_len,
         eval_fraction=params.eval_fraction,
+        eval_max_bytes=params.eval_max_bytes,
+        text_field=params.text_field,
         tokenizer=params.tokenizer or None,
+        parts=params.parts or None,
+        runner=part_runner(params, step),
         reporter=step.progress,
     )
     manifest = dataset.manifest
@@ -237,6 +366,8 @@ def dataset_version_of(
     vocab_size: int,
     seq_len: int,
     eval_fraction: float = 0.1,
+    eval_max_bytes: int = DEFAULT_EVAL_MAX_BYTES,
+    text_field: str = "text",
     tokenizer: str | None = None,
     shard_windows: int = DEFAULT_SHARD_WINDOWS,
     chunk_bytes: int = CHUNK_BYTES,
@@ -246,9 +377,12 @@ def dataset_version_of(
     sources = list_sources(corpus)
     parameters, _ = _parameters(
         tokenizer,
+        split_method=split_method(sources),
         vocab_size=vocab_size,
         seq_len=seq_len,
         eval_fraction=eval_fraction,
+        eval_max_bytes=eval_max_bytes,
+        text_field=text_field,
         shard_windows=shard_windows,
         chunk_bytes=chunk_bytes,
         tokenizer_sample_bytes=tokenizer_sample_bytes,
@@ -258,9 +392,9 @@ def dataset_version_of(
 
 def _parameters(tokenizer: str | None, **versioned: Any) -> tuple[DatasetParameters, Any]:
     """Every parameter that changes the output (`versioned`: dataset_parameters' arguments but
-    the tokenizer), and the given tokenizer's bytes (None: one is trained)."""
+    the tokenizer and the unit size), and the given tokenizer's bytes (None: one is trained)."""
     given = bpe.read_given(tokenizer, versioned["vocab_size"]) if tokenizer else None
-    return dataset_parameters(given=given, **versioned), given
+    return dataset_parameters(given=given, unit_bytes=UNIT_BYTES, **versioned), given
 
 
 def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Dataset:
@@ -278,6 +412,8 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
     )
     uri = storage.join(datasets_root, version)
     manifest_uri = storage.join(uri, EXAMPLES_MANIFEST)
+    # A killed run's finished units are here, for the next run of the same version to resume.
+    options.setdefault("work_dir", storage.join(datasets_root, f".{version}.work"))
 
     def stored() -> Dataset:
         manifest = parse_manifest(storage.read_bytes(manifest_uri), manifest_uri)
@@ -347,94 +483,16 @@ def artifact_properties(manifest: ExamplesManifest) -> dict[str, Any]:
     return props
 
 
-# ---- the two reads ------------------------------------------------------------------------
-
-
-def _check_and_sample(
-    corpus: str,
-    sources: Sequence[storage.FileInfo],
-    eval_fraction: float,
-    chunk_bytes: int,
-    sample: bpe.Sample | None,
-    sketch: overlap.Sketch,
-    report: Report,
-    total: int,
-) -> int:
-    """Read every byte once before any work, so that every check (binary, long lines, UTF-8,
-    edits, blank) fails fast; take the tokenizer's sample and sketch the train text (what
-    evaluate checks eval text against, components/overlap.py). Returns how many chunks there
-    are."""
-    chunks, done, has_text = 0, 0, False
-    with report.stage("read", total) as advance:
-        for source in sources:
-            for chunk in read_chunks(source, eval_fraction, chunk_bytes):
-                chunks += 1
-                has_text = has_text or not chunk.text.isspace()
-                if chunk.split == SPLITS[0]:
-                    sketch.add(chunk.text.encode("utf-8"))
-                    if sample is not None:
-                        sample.add(chunk.text)
-                done += chunk.size
-                advance(done)
-        check_not_blank(has_text, corpus)
-    return chunks
-
-
-def _train(sample: bpe.Sample | None, vocab_size: int, corpus: str, report: Report) -> bytes:
-    assert sample is not None  # taken whenever no tokenizer is given
-    if sample.fraction < 1.0:
-        report.line(f"the tokenizer learns from {sample.fraction:.1%} of each train chunk")
-    return bpe.train(sample.pieces, vocab_size, corpus, report.line)
-
-
-def _processes(workers: int | None, chunks: int) -> int:
-    """How many processes encode: `workers` (default: every CPU), at most one for every
-    CHUNKS_PER_WORKER chunks; 1 means this process."""
-    return max(1, min(workers or default_workers(), chunks // CHUNKS_PER_WORKER))
-
-
-class _Splits:
-    """Both splits' writers, and the eval text, fed by the encoded chunks in corpus order."""
-
-    def __init__(self, folder: Path, seq_len: int, shard_windows: int) -> None:
-        self.folder = folder
-        self.seq_len = seq_len
-        self.writers = {s: SplitWriter(folder, s, seq_len, shard_windows) for s in SPLITS}
-        self.chars = dict.fromkeys(SPLITS, 0)
-
-    def write(
-        self, chunks: Iterator[Chunk], encoder: Encoder, report: Report, total: int, corpus: str
-    ) -> dict[str, SplitStats]:
-        """Encode and write every chunk; the manifest's counts per split."""
-        (self.folder / EVAL_TEXT).parent.mkdir()
-        try:
-            with (
-                (self.folder / EVAL_TEXT).open("w", encoding="utf-8", newline="") as eval_text,
-                report.stage("encode", total) as advance,
-                encoder,  # its workers' start is part of the stage
-            ):
-                done = 0
-                for chunk, ids in encoder.map(chunks, lambda c: c.text):
-                    self.writers[chunk.split].add(ids)
-                    self.chars[chunk.split] += len(chunk.text)
-                    if chunk.split == SPLITS[1]:
-                        eval_text.write(chunk.text)
-                    done += chunk.size
-                    advance(done)
-            for split, writer in self.writers.items():
-                _check_one_window(corpus, split, writer.tokens, self.seq_len)
-            with report.stage("write", total):
-                return {
-                    split: writer.finish(self.chars[split])
-                    for split, writer in self.writers.items()
-                }
-        except BaseException:
-            for writer in self.writers.values():
-                writer.abort()
-            raise
-
-
 # ---- checks ------------------------------------------------------------------------------
+
+
+def part_runner(params: TokenizeParams, step: Step) -> PartRunner | None:
+    """Where the step's parts run: `local` processes (None: run's default), or an Indexed Job."""
+    if params.launcher == "local":
+        return None
+    from components.tokenize.job import JobParts
+
+    return JobParts(params, step)
 
 
 def _check_arguments(output_dir: str, eval_fraction: float, **positive: int | None) -> None:
@@ -449,14 +507,4 @@ def _check_arguments(output_dir: str, eval_fraction: float, **positive: int | No
         raise UserError(
             f"output folder {output_dir!r} already exists and is not empty; "
             "choose a new folder or remove it"
-        )
-
-
-def _check_one_window(corpus: str, split: str, tokens: int, seq_len: int) -> None:
-    if tokens < seq_len + 1:
-        larger_split = ", or a larger eval_fraction" if split == "eval" else ""
-        fits = f"seq_len <= {tokens - 1}" if tokens > 1 else "a smaller seq_len"
-        raise UserError(
-            f"corpus {corpus!r}: the {split} split has {tokens} tokens, fewer than one window of "
-            f"seq_len + 1 = {seq_len + 1}; use {fits}, more data{larger_split}"
         )
