@@ -191,11 +191,35 @@ def run(
     )
     work = work_dir or _work_beside(output_dir)
     _start_work(work, plan)
-    runner = runner or (phases.in_process if plan.parts == 1 else phases.LocalParts())
     report.line(
         f"{len(sources)} files in {len(units)} units, on {plan.parts} "
         + ("part" if plan.parts == 1 else "parts")
     )
+    try:
+        manifest = _tokenize(plan, work, runner, report, sources, parameters, given, output_dir)
+    except UserError:
+        # Bad input: the same input fails the same way, and fixed input is another version,
+        # so nothing here is worth resuming. Any other failure keeps the units done.
+        phases.remove_work(work)
+        raise
+    phases.remove_work(work)
+    report.line(f"wrote {output_dir}: dataset_version {manifest.dataset_version[:12]}")
+    return manifest
+
+
+def _tokenize(
+    plan: Plan,
+    work: str,
+    runner: PartRunner | None,
+    report: Report,
+    sources: Sequence[storage.FileInfo],
+    parameters: DatasetParameters,
+    given: bytes | None,
+    output_dir: str,
+) -> ExamplesManifest:
+    """The phases, the tokenizer between them, and the merge (see `run`)."""
+    corpus = plan.corpus
+    runner = runner or (phases.in_process if plan.parts == 1 else phases.LocalParts())
     phases.run_phase(runner, PHASES[0], plan, work, report)
     counts, sample, histogram = phases.sampled(plan, work)
     documents = sum(c.documents for c in counts)
@@ -205,22 +229,21 @@ def run(
         for kind, n in c.formats.items():
             formats[kind] = formats.get(kind, 0) + n
     report.line(_describe(documents, empty, formats))
-    if documents == empty:
+    if plan.split_method == TAIL:
+        check_not_blank(documents > empty, corpus)
+    elif documents == empty:
         raise UserError(
-            f"corpus {corpus!r}: all {documents} of its documents are empty; check "
-            + ("tokenize.text_field" if method == DOCUMENTS else "the files")
+            f"corpus {corpus!r}: all {documents:,} of its documents are empty; check that "
+            f"tokenize.text_field ({plan.text_field!r}) names the field that holds the text"
         )
-    check_not_blank(any(c.text_bytes for c in counts), corpus)
-    model = _tokenizer(work, given, sample, vocab_size, corpus, report)
-    sample = ""  # its memory is free again before encoding starts
-    _split_rule(work, model, histogram, eval_max_bytes if method == DOCUMENTS else 0)
+    model = _tokenizer(work, given, sample, parameters.vocab_size, corpus, report)
+    del sample  # its memory is free again before encoding starts
+    eval_max_bytes = plan.eval_max_bytes if plan.split_method == DOCUMENTS else 0
+    _split_rule(work, model, histogram, eval_max_bytes)
     phases.run_phase(runner, PHASES[1], plan, work, report)
     with report.stage("write", sum(f.size for f in sources)):
         found = DocumentCounts({}, empty, formats)
-        manifest = _publish(plan, work, output_dir, corpus, sources, parameters, model, found)
-    phases.remove_work(work)
-    report.line(f"wrote {output_dir}: dataset_version {manifest.dataset_version[:12]}")
-    return manifest
+        return _publish(plan, work, output_dir, corpus, sources, parameters, model, found)
 
 
 def split_method(sources: Sequence[storage.FileInfo]) -> str:

@@ -137,10 +137,15 @@ class _Stream:
             name = relative_name(source.uri, plan.root)
             if plan.split_method == TAIL:
                 self.documents += 1
+                self.empty += 1  # until a chunk holds more than whitespace
+                blank = True
                 chunks = read_chunks(
                     source, plan.eval_fraction, plan.chunk_bytes, plan.eval_max_bytes
                 )
                 for number, (chunk, last) in enumerate(list_with_last(chunks)):
+                    if blank and not chunk.text.isspace():
+                        blank = False
+                        self.empty -= 1
                     _, key = document_hashes(name, number)
                     ends = last and chunk.split == SPLITS[1]  # the file ends in its eval part
                     yield Text(chunk.text, ends, key, None, chunk.split, chunk.size)

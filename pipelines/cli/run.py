@@ -25,7 +25,17 @@ if TYPE_CHECKING:  # imported where used: most commands need neither kfp nor ric
 
 DEFAULT_CORPUS = Path("data") / "tinyshakespeare.txt"
 # Options only one kind of run takes, by their argparse dest; the other kind refuses them.
-LOCAL_ONLY = ("root", "state_dir", "corpus", "workers", "tokenizer", "verbose", "quiet", "json")
+LOCAL_ONLY = (
+    "root",
+    "state_dir",
+    "corpus",
+    "workers",
+    "tokenizer",
+    "text_field",
+    "verbose",
+    "quiet",
+    "json",
+)
 KFP_ONLY = kfp_cli.RUN_ONLY
 
 
@@ -64,7 +74,18 @@ def _local_options(run: argparse.ArgumentParser) -> None:
         default=None,
         help="local folder for step artifacts and metadata.sqlite (default: ROOT)",
     )
-    local.add_argument("--corpus", default=str(DEFAULT_CORPUS), help="text file, folder or glob")
+    local.add_argument(
+        "--corpus",
+        default=str(DEFAULT_CORPUS),
+        help="files, a folder or a glob: .txt, .jsonl, .parquet, each maybe .gz/.bz2/.xz/.zst",
+    )
+    local.add_argument(
+        "--text-field",
+        default="",
+        metavar="NAME",
+        help="the JSONL field or Parquet column that holds each document's text "
+        "(tokenize.text_field; default text)",
+    )
     local.add_argument(
         "--workers", type=int, default=None, help="trainer worker processes (train_job.workers)"
     )
@@ -113,6 +134,7 @@ def _refuse_given(
 _AS_PARAM = {
     "workers": "pass --param train_job.workers=N",
     "tokenizer": "pass --param tokenize.tokenizer=gs://...",
+    "text_field": "pass --param tokenize.text_field=NAME",
     "corpus": "pass --param corpus=gs://...",
 }
 
@@ -131,13 +153,15 @@ def _cmd_run_local(args: argparse.Namespace) -> int:
 
 def local_run(args: argparse.Namespace) -> LocalRun:
     """The `LocalRun` the options describe: its step parameter objects resolved once here,
-    from their defaults, then --workers and --tokenizer, then each --param."""
+    from their defaults, then --workers, --tokenizer and --text-field, then each --param."""
     from pipelines.runners.local.runner import LocalRun
 
     base = LocalRun(root=args.root, corpus=args.corpus)
     shortcuts = [f"train_job.workers={args.workers}"] if args.workers is not None else []
     if args.tokenizer:
         shortcuts.append(f"tokenize.tokenizer={args.tokenizer}")
+    if args.text_field:
+        shortcuts.append(f"tokenize.text_field={args.text_field}")
     objects = apply_overrides(
         {p.NAME: p for p in (base.tokenize, base.train_job, base.eval_policy)},
         [*shortcuts, *args.params],

@@ -37,6 +37,7 @@ from trainer.config import Config
 LOCAL_IMAGES = Images(pipeline=LOCAL_IMAGE, trainer=LOCAL_IMAGE)
 LOCAL_TARGET = Target(LOCAL_IMAGES, release_on_exit=False)
 LOCAL_JOB = TrainJob(launcher="local", gpus_per_worker=0)  # a local run's default train job
+LOCAL_TOKENIZE = TokenizeParams(launcher="local")  # a local run's tokenize: parts as processes
 _DEFAULTS = RunConfig()
 
 
@@ -47,7 +48,7 @@ class LocalRun:
     root: str | Path  # run root: serving/ lives here; a local root also holds the state below
     corpus: str  # text file, folder or glob
     config: Config = field(default_factory=Config)  # the resolved trainer config (the CLI's)
-    tokenize: TokenizeParams = TokenizeParams()  # the tokenize step's parameters
+    tokenize: TokenizeParams = LOCAL_TOKENIZE  # the tokenize step's parameters
     train_job: TrainJob = LOCAL_JOB  # the train step's: worker processes on this machine
     eval_policy: EvalPolicy = EvalPolicy()  # when evaluate blesses
     model_name: str = _DEFAULTS.model_name  # pushed to <root>/serving/<model_name>/
@@ -124,6 +125,11 @@ def preflight(run: LocalRun) -> None:
         raise UserError(
             f"train_job.launcher={run.train_job.launcher!r}: a local run's train step runs its "
             "workers on this machine; use local"
+        )
+    if run.tokenize.launcher != "local":
+        raise UserError(
+            f"tokenize.launcher={run.tokenize.launcher!r}: a local run's tokenize step runs its "
+            "parts on this machine; use local"
         )
 
 

@@ -1,7 +1,7 @@
-"""The tokenize step streams: chunks that depend on the bytes alone, worker processes that keep
-the corpus's order and bound the work in flight, the same bytes whatever the worker count, a
-bounded tokenizer sample, shards serialized as protobuf does, and memory that does not grow
-with the corpus."""
+"""The tokenize step streams: chunks that depend on the bytes alone, EOS after each document,
+the same bytes whatever the number of parts, a tokenizer sample with a hard bound, shards
+serialized as protobuf and TensorFlow's record writer do, and memory that does not grow with
+the corpus."""
 
 import hashlib
 import json
@@ -17,7 +17,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from components import storage
-from components.tokenize import bpe, corpus, encode, executor, shards
+from components.tokenize import bpe, corpus, encode, executor, plan, shards
 from contracts.errors import UserError
 from contracts.examples import SplitStats
 
@@ -112,44 +112,36 @@ def model() -> bytes:
     return bpe.train(text, VOCAB, "slice", lambda line: None)
 
 
-def test_workers_keep_the_input_order_and_pull_only_as_results_are_taken(model):
-    text = SHAKESPEARE.read_text(encoding="utf-8")[:40_000]
-    pieces = [text[i : i + 997] for i in range(0, len(text), 997)]
-    pulled = []
-
-    def source():
-        for i, piece in enumerate(pieces):
-            pulled.append(i)
-            yield i, piece
-
+def test_pieces_encode_as_each_text_alone_with_eos_after_a_document_end(model):
     processor = spm.SentencePieceProcessor(model_proto=model)
-    with encode.Encoder(model, 3) as encoder:
-        for taken, ((index, piece), ids) in enumerate(encoder.map(source(), lambda p: p[1])):
-            assert index == taken and ids.tolist() == processor.encode(piece)
-            # In flight: one item per worker, and the next one read while they encode.
-            assert len(pulled) <= taken + 1 + 3
-    assert len(pulled) == len(pieces)
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:5_000]
+    texts = [text[:1000], text[1000:4000] + "\n", "one line", "", "a\n\nb", "\n"]
+    ends = [False, True, True, True, False, True]
+    eos = processor.eos_id()
+    expected = []
+    for piece, end in zip(texts, ends, strict=True):
+        expected += processor.encode(piece) + ([eos] if end else [])
+    assert encode.encode_pieces(processor, texts, ends, eos).tolist() == expected
+    assert encode.encode_pieces(processor, [], [], eos).tolist() == []
 
 
-def test_a_worker_that_dies_is_an_error_naming_it(model):
-    with encode.Encoder(model, 2) as encoder, pytest.raises(RuntimeError, match="exited with"):
-        for _ in encoder.map(["some text\n"] * 10, lambda text: text):
-            encoder._workers[1].process.kill()
-
-
-def test_one_and_two_worker_processes_write_the_same_bytes(tmp_path, capsys):
+@pytest.mark.slow
+def test_one_two_and_four_parts_write_the_same_bytes(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(plan, "UNIT_BYTES", 20_000)  # several units from a small corpus
     text = SHAKESPEARE.read_text(encoding="utf-8")[:120_000]
-    half = text.index("\n", len(text) // 2) + 1
-    _write(tmp_path / "docs" / "a.txt", text[:half])
-    _write(tmp_path / "docs" / "b.txt", text[half:])
+    for i in range(6):
+        _write(tmp_path / "docs" / f"{i}.txt", text[i * 20_000 : (i + 1) * 20_000])
     options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "shard_windows": 300, "chunk_bytes": 4096}
-    one = executor.run(str(tmp_path / "docs"), str(tmp_path / "one"), workers=1, **options)
-    assert "in this process" in capsys.readouterr().err
-    two = executor.run(str(tmp_path / "docs"), str(tmp_path / "two"), workers=2, **options)
-    assert re.search(r"encoding \d\d chunks on 2 worker processes", capsys.readouterr().err)
-    assert one.dataset_version == two.dataset_version
-    assert len(one.splits["train"].shards) > 1
-    assert _tree(tmp_path / "one") == _tree(tmp_path / "two")  # the manifest too
+    runs = {}
+    for parts in (1, 2, 4):
+        runs[parts] = executor.run(
+            str(tmp_path / "docs"), str(tmp_path / f"p{parts}"), parts=parts, **options
+        )
+        assert f"in 6 units, on {parts} part" in capsys.readouterr().err
+    assert len({m.dataset_version for m in runs.values()}) == 1
+    assert len(runs[1].splits["train"].shards) > 1
+    assert _tree(tmp_path / "p1") == _tree(tmp_path / "p2") == _tree(tmp_path / "p4")
+    assert not list(tmp_path.glob(".*work"))  # the work folders went with the merge
 
 
 @pytest.mark.parametrize(
@@ -171,22 +163,20 @@ def test_the_default_worker_count_follows_a_cgroup_cpu_limit(tmp_path, files, cp
 # ---- the tokenizer's sample ------------------------------------------------------------------
 
 
-def test_the_sample_takes_lines_from_every_chunk_within_its_budget():
-    chunks = ["".join(f"chunk {c} line {i}\n" for i in range(100)) for c in range(10)]
-    total = sum(map(len, chunks))
-    sample = bpe.Sample(budget=5_000, train_bytes=total)
-    for chunk in chunks:
-        sample.add(chunk)
-    assert len(sample.pieces) == 10 and sample.fraction == 5_000 / total
-    assert all(
-        p.startswith(f"chunk {c} line 0\n") and p.endswith("\n")
-        for c, p in enumerate(sample.pieces)
-    )
-    assert 4_500 < sum(map(len, sample.pieces)) <= 5_000 + 10 * len("chunk 0 line 00\n")
-    everything = bpe.Sample(budget=10**6, train_bytes=total)
-    for chunk in chunks:
-        everything.add(chunk)
-    assert everything.pieces == chunks
+def test_the_sample_has_a_hard_byte_bound_drawn_evenly_by_key():
+    chunks = ["".join(f"chunk {c} line {i}\n" for i in range(100)) for c in range(1000)]
+    sample = bpe.Sample(budget=50_000, fraction=0.01)  # far more lines than the bound holds
+    for c, chunk in enumerate(chunks):
+        sample.add(chunk, key=(c * 0x9E3779B97F4A7C15) % 2**64)
+    kept = sample.text()
+    assert len(kept.encode()) <= 50_000 and sample.bytes == len(kept.encode())
+    firsts = [int(m) for m in re.findall(r"chunk (\d+) line 0\n", kept)]
+    assert firsts == sorted(firsts)  # in the order they came
+    assert min(firsts) < 100 and max(firsts) > 900  # from all of the corpus, not its start
+    everything = bpe.Sample(budget=10**7, fraction=1.0)
+    for c, chunk in enumerate(chunks[:10]):
+        everything.add(chunk, key=c)
+    assert everything.text() == "".join(chunks[:10])
 
 
 def test_a_bounded_sample_trains_the_same_tokenizer_from_the_same_bytes(tmp_path):
@@ -223,17 +213,17 @@ def test_records_are_byte_for_byte_tf_train_examples(high):
         assert shards.serialize(windows) == expected
 
 
-def test_shards_are_written_as_they_fill_and_named_for_their_count_at_the_end(tmp_path):
+def test_shards_are_tfrecords_written_as_they_fill(tmp_path):
     writer = shards.SplitWriter(tmp_path, "train", seq_len=4, shard_windows=3)
     stream = np.arange(1, 46, dtype=np.int32)  # 11 windows
     for part in np.array_split(stream, 7):
         writer.add(part)
     written = sorted(p.name for p in (tmp_path / "Split-train").iterdir())
-    assert written == [f"data_tfrecord-{i:05d}.gz" for i in range(4)]  # 3 full, 1 open
+    assert written == [f"part-{i:05d}.gz" for i in range(4)]  # 3 full, 1 open
     stats = writer.finish(chars=90)
     windows = (len(stream) - 1) // 4
     assert stats == SplitStats(
-        tuple(f"Split-train/data_tfrecord-{i:05d}-of-00004.gz" for i in range(4)),
+        tuple(f"Split-train/part-{i:05d}.gz" for i in range(4)),
         windows,
         len(stream),
         90,
@@ -257,7 +247,7 @@ step = '''
 import sys
 from components.tokenize import executor
 executor.run(sys.argv[1], sys.argv[2], vocab_size=512, seq_len=64, progress=False,
-             workers=2, tokenizer_sample_bytes=1 << 20)
+             parts=2, tokenizer_sample_bytes=1 << 20)
 '''
 subprocess.run([sys.executable, "-c", step, *sys.argv[1:]], check=True)
 print(json.dumps(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10))

@@ -15,7 +15,8 @@ import tensorflow as tf
 
 from components import overlap
 from components.tokenize import encode, executor
-from contracts.artifacts import TRAIN_TEXT_SKETCH
+from contracts.artifacts import EVAL_TEXT, TRAIN_TEXT_SKETCH
+from contracts.eval_text import EvalPiece, read_pieces
 from contracts.errors import UserError
 from contracts.examples import (
     ExamplesManifest,
@@ -65,6 +66,11 @@ def _tree_bytes(out: Path) -> dict[str, str]:
     }
 
 
+def _eval_pieces(out: Path) -> list[EvalPiece]:
+    with (out / EVAL_TEXT).open("rb") as f:
+        return list(read_pieces(f, "eval"))
+
+
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("built")
@@ -77,7 +83,7 @@ def built(tmp_path_factory):
 def test_same_bytes_same_version_and_shards_one_byte_changes_version(built, tmp_path):
     corpus, out, manifest = built
     moved = _write(tmp_path / "renamed_root" / corpus.name, corpus.read_text(encoding="utf-8"))
-    again = _run(moved.parent, tmp_path / "again", shard_windows=100, workers=1)
+    again = _run(moved.parent, tmp_path / "again", shard_windows=100, parts=1)
     assert again.dataset_version == manifest.dataset_version
     assert _tree_bytes(tmp_path / "again") == _tree_bytes(out)
 
@@ -125,7 +131,9 @@ def test_manifest_counts_match_the_tfrecords(built):
 def test_eval_is_the_tail_and_its_windows_decode_to_eval_text(built):
     corpus, out, manifest = built
     text = corpus.read_text(encoding="utf-8")
-    eval_text = (out / "raw" / "eval.txt").read_text(encoding="utf-8")
+    pieces = _eval_pieces(out)
+    eval_text = "".join(p.text for p in pieces)
+    assert [p.end for p in pieces] == [False] * (len(pieces) - 1) + [True]  # one document
     assert len(eval_text) == manifest.splits["eval"].chars
     assert text.endswith(eval_text) and abs(len(eval_text) - 0.1 * len(text)) < 100
     windows = _windows(out, manifest, "eval")
@@ -142,17 +150,24 @@ def test_tokenizer_round_trips_newlines_and_spaces(built):
     assert sp.encode("a\nb").count(sp.piece_to_id("\n")) == 1
 
 
-def test_encoding_line_by_line_in_worker_processes_equals_encoding_whole(built):
+def test_encoding_line_by_line_equals_encoding_whole(built):
     model = (built[1] / "tokenizer.model").read_bytes()
     text = built[0].read_text(encoding="utf-8") + "Écoute, 漢字\n\n  spaces  \tand no newline"
     processor = spm.SentencePieceProcessor(model_proto=model)
     whole = processor.encode(text)
     assert encode.encode_text(processor, text).tolist() == whole
     pieces = [text[i : i + 500] for i in range(0, len(text), 500)]  # cut anywhere, even mid-line
-    with encode.Encoder(model, 2) as encoder:
-        ids = [ids for _, ids in encoder.map(pieces, lambda piece: piece)]
-    assert ids[0].dtype == np.int32
-    assert [i.tolist() for i in ids] == [processor.encode(piece) for piece in pieces]
+    ids = encode.encode_pieces(processor, pieces, [False] * len(pieces), processor.eos_id())
+    assert ids.dtype == np.int32
+    assert ids.tolist() == [i for piece in pieces for i in processor.encode(piece)]
+
+
+def test_the_eval_split_ends_in_eos_and_the_train_split_does_not(built):
+    _, out, manifest = built
+    eos = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model")).eos_id()
+    train, evals = (_windows(out, manifest, split) for split in ("train", "eval"))
+    assert eos not in train  # the one document of a .txt corpus ends in its eval part
+    assert (evals == eos).sum() <= 1  # the last id, if the last window reaches it
 
 
 def test_reuses_a_given_tokenizer(built, tmp_path):
@@ -330,7 +345,7 @@ def test_a_version_folder_holding_another_version_is_refused(tmp_path):
 def test_the_examples_carry_a_sketch_of_their_train_text_alone(built):
     """What evaluate measures a model's sight of the eval text with (components/overlap.py)."""
     corpus, out, _ = built
-    eval_text = (out / "raw" / "eval.txt").read_bytes()
+    eval_text = "".join(p.text for p in _eval_pieces(out)).encode("utf-8")
     train_text = corpus.read_bytes()[: -len(eval_text)]
     sketch = (out / TRAIN_TEXT_SKETCH).read_bytes()
     assert overlap.seen_share(sketch, train_text).share == 1.0
