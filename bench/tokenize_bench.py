@@ -1,257 +1,443 @@
-"""Tokenize throughput and scale: the step's core over a bare SentencePiece encode, and how its
-time and memory grow with the corpus (issue 13, item 3).
+"""Tokenize at scale (issue 36): a generated .jsonl.zst corpus through the step in parts.
 
-Corpora of 1, 10 and 100 MB (and 1000 MB with --full) are made by repeating the lines of the
-bundled text, shuffled with a fixed seed, into a temporary folder. Each is tokenized by the
-step itself (`executor.run`, vocabulary and window of `tiny`, the default worker count) in a
-fresh process, which imports TensorFlow first so that its import is not timed. Its core is
-the `encode` and `write` stages: the second read, encode on the worker processes, windows,
-GZIP TFRecord shards, as the step's own progress events time them; listing, the checking read
-and the tokenizer's training come before and are reported apart.
+The corpus: LARGE_MB (100 MB; 1000 MB with --full) of document text, and SMALL_MB (10 MB;
+100 MB with --full), as JSONL lines `{"text": ...}` compressed with zstandard into FILES files,
+made in a temporary folder from the bundled text with a fixed seed: each document is a span of
+it starting at a line, its length lognormal between 200 B and 50 KB. Each file is one unit
+(the step's units are 64 MiB of listed bytes, which would make the quick tier's corpus, a few
+MB compressed, a single unit with nothing for parts to share; a corpus of 64 MiB files is cut
+the same way), so the units and parts here are what a large corpus would give them.
 
-The reference is a bare `sentencepiece` encode of the same corpus's first REFERENCE_MB, on one
-thread, line by line (the fastest way to call it: a whole 1 MiB string encodes about half as
-fast), in a fresh process that loads nothing else (TensorFlow in the same process slows it).
-Memory is each process's own peak (VmHWM: ru_maxrss would count what a child inherited from
-its parent at exec) and the sum over the step and its workers, sampled every SAMPLE_S.
-Timing on a shared machine moves by tens of percent: compare ratios. At 100 MB, the target's
-size, the step runs twice between two references (A B B A) and each side's best counts, as
-peer_bench keeps each side's best run. The details also give CPU seconds per MB, of the core's
-processes together and of the bare encode, which other load on the machine moves far less than
-wall time.
+Each run is the step itself (`executor.run`, vocabulary and window of `tiny`, its tokenizer
+trained as usual) in a fresh process that imports nothing else. Its stages are timed from the
+progress events it reports (`read`: phase 1, `encode`: phase 2, `write`: the merge), from the
+first (none done) to the last (all done); CPU seconds of the step and its parts are taken over
+the same stages. Memory is each process's own peak (VmHWM, sampled every SAMPLE_S): the sum of
+the step's and its parts' of one phase (what is resident at once, at most), and the largest.
+
+- Throughput per encoding process: the encode phase on 1 part (in the step's own process)
+  over a bare SentencePiece encode of the first REFERENCE_MB of the same documents' text, line
+  by line on one thread, in a fresh process that loads sentencepiece (and the corpus's readers,
+  untimed), with the tokenizer the step trained.
+- Scaling: the encode phase's wall time on 1 part over on 2 parts (local processes).
+- Memory: peaks at LARGE_MB over at SMALL_MB, 2 parts, and the sum at LARGE_MB.
+- Identity: every file's sha256 of the Examples from 4 parts (SMALL_MB) and 2 parts (LARGE_MB)
+  against 1 part's; the figure counts the files that differ, held to zero.
+- The 1 TB estimate on a 16-pod Indexed Job, from the per-part rates measured here and the
+  assumptions in `Cluster` (docs/benchmarks.md, "Tokenize at scale").
+
+At LARGE_MB the runs alternate 1 part, bare, 2 parts, 2 parts, bare, 1 part, so that both
+ratios are A B B A, and each side's best run counts (as peer_bench). Timing on a shared
+machine moves by tens of percent: read the ratios, and the CPU seconds beside them, which other
+load moves far less. Scaling shows only on an idle machine with 2 free cores.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import math
 import os
 import random
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.results import Figure, Target
 
 TIER = "quick"
-QUICK_MB = (1, 10, 100)
-FULL_MB = (1000,)
-REFERENCE_MB = 10  # of each corpus, encoded bare for the reference
-# Runs of the step at these sizes (else one), between two bare references (A B B A): the
-# target's size, where the ratio ranged 0.63-1.53 across single runs on a shared machine.
-ATTEMPTS = {100: 2}
-SAMPLE_S = 0.1  # how often the step's memory is sampled
+SIZES_MB = {False: (10, 100), True: (100, 1000)}  # (small, large) in the quick and full tiers
+FILES = 16  # of the corpus, each one unit
+DOC_BYTES = (200, 50_000)  # a document's length, at least and at most
+DOC_MEDIAN, DOC_SIGMA = 2000, 1.0  # its lognormal distribution: median bytes, sigma of the log
+REFERENCE_MB = 10  # of the documents' text, encoded bare for the reference
+SAMPLE_S = 0.1  # how often memory is sampled
 VOCAB_SIZE, SEQ_LEN = 512, 64  # trainer/config.py's `tiny`
 SEED = 0
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "data" / "tinyshakespeare.txt"
-RATIO_TARGET = Target(">=", 1.0)
-LINEAR_TARGET = Target(">=", 0.9)  # MB/s at the largest size over the smallest: no slow-down
-RSS_TARGET = Target("<=", 1000.0)  # MB, every process of the step together
-# Peak RSS at the largest size over at 10 MB. Not 1.0: the tokenizer's sample grows with the
-# corpus until it reaches bpe.SAMPLE_BYTES (at about 18 MB of corpus); nothing grows after.
-GROWTH_TARGET = Target("<=", 1.1)
+RATIO_TARGET = Target(">=", 1.0)  # encode MB/s per part over the bare encode's
+SCALING_TARGET = Target(">=", 1.8)  # encode wall time on 1 part over on 2
+GROWTH_TARGET = Target("<=", 1.1)  # peak RSS at the large size over at the small
+RSS_TARGET = Target("<=", 1000.0)  # MB, the step and its parts together
+IDENTICAL_TARGET = Target("<=", 0)  # files that differ (results.Target has no "==")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the 1 TB estimate assumes besides the rates measured here."""
+
+    text_bytes: float = 1e12  # the corpus's document text
+    pods: int = 16  # parts of the Indexed Job, one pod each
+    pod_cpus: int = 2  # per pod: the part's process, and one for gzip, GCS and the OS
+    gcs_MBps: float = 100.0  # GCS read bandwidth of one pod (one stream at a time)
+    compression: float = 3.0  # text bytes per stored byte of a real .jsonl.zst corpus
+    copy_s: float = 0.1  # one server-side copy (a rewrite within the bucket, no data moved)
+    copies_per_shard: int = 2  # the merge: work folder to staging, staging to the Examples
+    copy_threads: int = 8  # components/storage/gcs.py's WORKERS
+    pod_start_s: float = 60.0  # per phase: schedule the pods, start the image (pulled)
 
 
 def figures(full: bool) -> list[Figure]:
-    """The core's speed over the bare encode, its growth with size, and peak memory."""
+    """Throughput per part, scaling, memory, identity and the 1 TB estimate."""
     m = main(full)
-    runs, largest, smallest = m["runs"], m["runs"][-1], m["runs"][0]
-    inputs = {k: m[k] for k in ("vocab_size", "seq_len", "workers", "cores", "sizes_MB")}
+    small, large = m["small"], m["large"]
+    inputs = {k: m[k] for k in ("vocab_size", "seq_len", "files", "cores", "sizes_MB")}
+    mb = large["MB"]
     rows = [
         Figure(
-            name=f"tokenize core MB/s / bare sentencepiece encode MB/s (1 thread), "
-            f"{largest['MB']} MB, {m['workers']} workers",
-            value=largest["ratio_vs_bare"],
+            name=f"tokenize encode MB/s, 1 part / bare sentencepiece MB/s (1 thread), "
+            f"{mb} MB .jsonl.zst",
+            value=large["ratio_vs_bare"],
             target=RATIO_TARGET,
             inputs=inputs,
-            details=largest,
-        )
+            details=speed_details(large),
+        ),
+        Figure(
+            name=f"tokenize encode wall time, 1 part / 2 parts, {mb} MB",
+            value=large["scaling"],
+            target=SCALING_TARGET,
+            inputs=inputs,
+            details=scaling_details(large),
+            note=f"{m['cores']} cores, load {m['load_before']:.1f}",
+        ),
     ]
-    rows += [
-        Figure(
-            name=f"tokenize core time per MB, {run['MB']} MB",
-            value=run["core_s_per_MB"],
-            unit="s/MB",
-            inputs=inputs,
-            details=run,
-        )
-        for run in runs
-    ]
-    # Linear time: compared at the same number of encoding processes (a corpus of 1 MB is two
-    # chunks, encoded in the step's own process; larger ones on the workers).
-    same = [r for r in runs[:-1] if r.get("processes") == largest.get("processes")]
-    base = same[0] if same else smallest  # on many cores every size has its own count
-    counts = sorted({str(r.get("processes", "?")) for r in (base, largest)})
-    rows.append(
-        Figure(
-            name=f"tokenize core MB/s at {largest['MB']} MB / at {base['MB']} MB, "
-            f"{' and '.join(counts)} encoding processes",
-            value=largest["core_MBps"] / base["core_MBps"],
-            target=LINEAR_TARGET,
-            inputs=inputs,
-            details={
-                "MBps": {r["MB"]: r["core_MBps"] for r in runs},
-                "processes": {r["MB"]: r.get("processes") for r in runs},
-            },
-        )
-    )
-    rows.append(
-        Figure(
-            name=f"tokenize peak RSS, step and workers together, {largest['MB']} MB",
-            value=largest["peak_total_MB"],
-            unit="MB",
-            target=RSS_TARGET,
-            inputs=inputs,
-            details={"peak_total_MB": {r["MB"]: r["peak_total_MB"] for r in runs}},
-        )
-    )
-    at_10 = next((r for r in runs if r["MB"] == 10), smallest)
-    rows.append(
-        Figure(
-            name=f"tokenize peak RSS at {largest['MB']} MB / at {at_10['MB']} MB",
-            value=largest["peak_total_MB"] / at_10["peak_total_MB"],
-            target=GROWTH_TARGET,
-            inputs=inputs,
-            details={r["MB"]: {k: v for k, v in r.items() if "peak" in k} for r in runs},
-        )
-    )
+    rows += memory_figures(small, large, inputs)
+    rows.append(identity_figure(small, large, inputs))
+    rows.append(estimate_figure(large, inputs))
     return rows
 
 
-def main(full: bool = False) -> dict[str, Any]:
-    """Tokenize each corpus size in a fresh process; every measurement, per size."""
-    from components.tokenize.encode import default_workers
-
-    sizes = QUICK_MB + (FULL_MB if full else ())
-    runs = []
+def main(full: bool = False, sizes: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Every measurement: the small corpus on 1, 4 and 2 parts, the large one as the module's
+    docstring alternates its runs."""
+    small_mb, large_mb = sizes or SIZES_MB[full]
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="tokenize-bench-") as tmp:
-        model = reference_tokenizer(Path(tmp))
-        for mb in sizes:
-            corpus = make_corpus(Path(tmp) / f"corpus-{mb}MB.txt", mb)
-            bares, steps = [bare_encode_mbps(corpus, model, min(mb, REFERENCE_MB))], []
-            for attempt in range(ATTEMPTS.get(mb, 1)):
-                out = Path(tmp) / f"examples-{mb}MB-{attempt}"
-                steps.append(run_step(corpus, out))
-                shutil.rmtree(out)  # the disk holds one output at a time
-            if len(steps) > 1:  # A B B A: the reference again after the step's runs
-                bares.append(bare_encode_mbps(corpus, model, min(mb, REFERENCE_MB)))
-            runs.append(measured(mb, steps, bares))
-            corpus.unlink()  # and one size at a time
+        work = Path(tmp)
+        corpus = make_corpus(work / f"corpus-{small_mb}MB", small_mb)
+        small = {
+            "MB": small_mb,
+            "corpus": corpus_info(corpus),
+            "runs": {p: [run_step(corpus, work / f"out-{p}", p)] for p in (1, 4, 2)},
+        }
+        shutil.rmtree(corpus)  # the disk holds one corpus at a time
+        corpus = make_corpus(work / f"corpus-{large_mb}MB", large_mb)
+        runs: dict[int, list[dict]] = {1: [], 2: []}
+        bares: list[tuple[float, float]] = []
+        model = work / "tokenizer.model"
+        for who in (1, "bare", 2, 2, "bare", 1):
+            if who == "bare":
+                bares.append(bare_encode(corpus, model, min(large_mb, REFERENCE_MB)))
+            else:
+                runs[who].append(run_step(corpus, work / "out", who, keep_model=model))
+        large = {"MB": large_mb, "corpus": corpus_info(corpus), "runs": runs, "bares": bares}
     return {
         "vocab_size": VOCAB_SIZE,
         "seq_len": SEQ_LEN,
-        "workers": default_workers(),
+        "files": FILES,
         "cores": os.cpu_count(),
-        "sizes_MB": list(sizes),
-        "runs": runs,
+        "sizes_MB": [small_mb, large_mb],
+        "load_before": load,
+        "small": small,
+        "large": summarize(large),
     }
 
 
-def measured(mb: int, steps: list[dict], bares: list[tuple[float, float]]) -> dict[str, Any]:
-    """One size's figures from its step runs and bare references: each side's best (the
-    step's shortest core time, the reference's highest MB/s), as peer_bench keeps each side's
-    best run, so that other load on a shared machine in one run weighs less; memory the
-    highest peak of any run."""
-    step = min(steps, key=_core_s)
-    core_s = _core_s(step)
-    bare, bare_per_cpu_s = max(bares)
-    peaks = {k: max(s[k] for s in steps) for k in step if k.startswith("peak_")}
+def summarize(large: dict[str, Any]) -> dict[str, Any]:
+    """The large corpus's ratios from its runs: each side's best (shortest encode phase, the
+    reference's highest MB/s), so that other load in one run weighs less."""
+    one, two = (min(large["runs"][p], key=_encode_s) for p in (1, 2))
+    bare, _ = max(large["bares"])
+    mb = large["MB"]
     return {
-        "MB": mb,
-        **step,
-        **peaks,
-        "attempts": len(steps),
-        "core_s": core_s,
-        "core_s_samples": [_core_s(s) for s in steps],
-        "core_s_per_MB": core_s / mb,
-        "core_MBps": mb / core_s,
+        **large,
+        "best": {1: one, 2: two},
+        "encode_MBps": mb / _encode_s(one),
         "bare_MBps": bare,
-        "bare_MBps_samples": [b for b, _ in bares],
-        "ratio_vs_bare": mb / core_s / bare,
-        # CPU seconds per MB: all the core's processes, and the bare encode's.
-        "core_cpu_s_per_MB": step["core_cpu_s"] / mb,
-        "bare_cpu_s_per_MB": 1 / bare_per_cpu_s,
+        "ratio_vs_bare": mb / _encode_s(one) / bare,
+        "scaling": _encode_s(one) / _encode_s(two),
     }
 
 
-def _core_s(step: dict) -> float:
-    """The step's core: its encode and write stages (the module's docstring)."""
-    return float(step["stages_s"]["encode"] + step["stages_s"]["write"])
+def _encode_s(run: dict) -> float:
+    return float(run["stages_s"]["encode"])
 
 
-def make_corpus(path: Path, mb: int) -> Path:
-    """`mb` MB of the bundled text's lines, each pass over them shuffled (fixed seed)."""
-    lines = TEXT.read_text(encoding="utf-8").split("\n")
+def speed_details(large: dict[str, Any]) -> dict[str, Any]:
+    one, mb = large["best"][1], large["MB"]
+    return {
+        "encode_MBps": large["encode_MBps"],
+        "bare_MBps": large["bare_MBps"],
+        "encode_s_samples": [_encode_s(r) for r in large["runs"][1]],
+        "bare_MBps_samples": [b for b, _ in large["bares"]],
+        # CPU seconds per MB of text: the encode phase's (reading included), the bare encode's
+        "encode_cpu_s_per_MB": one["stages_cpu_s"]["encode"] / mb,
+        "bare_cpu_s_per_MB": 1 / max(per_cpu for _, per_cpu in large["bares"]),
+        "corpus": large["corpus"],
+    }
+
+
+def scaling_details(large: dict[str, Any]) -> dict[str, Any]:
+    return {
+        str(p): {
+            "encode_s_samples": [_encode_s(r) for r in large["runs"][p]],
+            "encode_cpu_s_samples": [r["stages_cpu_s"]["encode"] for r in large["runs"][p]],
+            "stages_s": large["best"][p]["stages_s"],
+            "units": large["best"][p]["units"],
+        }
+        for p in (1, 2)
+    }
+
+
+def memory_figures(small: dict, large: dict, inputs: dict) -> list[Figure]:
+    """Peak RSS on 2 parts: its growth from the small corpus to the large, and its size."""
+    at = {"small": _peaks(small["runs"][2]), "large": _peaks(large["runs"][2])}
+    sizes = f"{large['MB']} MB / at {small['MB']} MB"
+    return [
+        Figure(
+            name=f"tokenize peak RSS, step + 2 parts summed, at {sizes}",
+            value=at["large"]["peak_sum_MB"] / at["small"]["peak_sum_MB"],
+            target=GROWTH_TARGET,
+            inputs=inputs,
+            details=at,
+        ),
+        Figure(
+            name=f"tokenize peak RSS, largest process, at {sizes}",
+            value=at["large"]["peak_largest_MB"] / at["small"]["peak_largest_MB"],
+            target=GROWTH_TARGET,
+            inputs=inputs,
+            details=at,
+        ),
+        Figure(
+            name=f"tokenize peak RSS, step + 2 parts summed, {large['MB']} MB",
+            value=at["large"]["peak_sum_MB"],
+            unit="MB",
+            target=RSS_TARGET,
+            inputs=inputs,
+            details=at,
+        ),
+    ]
+
+
+def _peaks(runs: list[dict]) -> dict[str, Any]:
+    """The highest peaks of any of `runs`."""
+    keys = ("peak_step_MB", "peak_sum_MB", "peak_largest_MB")
+    return {k: max(r[k] for r in runs) for k in keys} | {"parts_MB": runs[0]["parts_MB"]}
+
+
+def identity_figure(small: dict, large: dict, inputs: dict) -> Figure:
+    """Files of the Examples that differ from 1 part's: 4 parts on the small corpus, 2 parts on
+    the large one (every run of it against the first on 1 part)."""
+    one = small["runs"][1][0]["digests"]
+    compared = {f"{small['MB']} MB, 4 parts": differing(one, small["runs"][4][0]["digests"])}
+    compared[f"{small['MB']} MB, 2 parts"] = differing(one, small["runs"][2][0]["digests"])
+    first = large["runs"][1][0]["digests"]
+    for p in (1, 2):
+        for i, run in enumerate(large["runs"][p]):
+            compared[f"{large['MB']} MB, {p} parts, run {i}"] = differing(first, run["digests"])
+    return Figure(
+        name=f"tokenize Examples on 4 parts vs 1 part: files that differ, {small['MB']} MB",
+        value=len(compared[f"{small['MB']} MB, 4 parts"]),
+        unit="files",
+        target=IDENTICAL_TARGET,
+        inputs=inputs,
+        details={"files": len(one), "differing": compared},
+        note="" if not any(compared.values()) else "other runs differ too: see details",
+    )
+
+
+def differing(a: dict[str, str], b: dict[str, str]) -> list[str]:
+    """Names whose sha256 differs between two trees, or that only one has."""
+    return sorted(name for name in a.keys() | b.keys() if a.get(name) != b.get(name))
+
+
+def tree_digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file under `folder`, by its relative name."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def estimate_figure(large: dict, inputs: dict) -> Figure:
+    one, mb = large["best"][1], large["MB"]
+    rates = {
+        "read_MBps": mb / one["stages_s"]["read"],
+        "encode_MBps": mb / one["stages_s"]["encode"],
+        "tokenizer_s": one["between_s"],
+        "shards_per_MB": one["shards"] / mb,
+    }
+    cluster = Cluster()
+    estimate = extrapolate(cluster, **rates)
+    return Figure(
+        name=f"tokenize 1 TB on a {cluster.pods}-pod Indexed Job (extrapolated)",
+        value=estimate["total_s"] / 3600,
+        unit="h",
+        inputs=inputs,
+        details={"measured": rates, "assumed": asdict(cluster), "estimate": estimate},
+    )
+
+
+def extrapolate(
+    c: Cluster, *, read_MBps: float, encode_MBps: float, tokenizer_s: float, shards_per_MB: float
+) -> dict[str, float]:
+    """Seconds of each stage of tokenizing `c.text_bytes` on `c.pods` pods, each as fast as
+    one part here, or as its GCS reads allow: both phases read every byte; the merge copies
+    every shard `c.copies_per_shard` times server-side."""
+    per_pod_MB = c.text_bytes / 1e6 / c.pods
+    gcs_text_MBps = c.gcs_MBps * c.compression  # text MB/s the stored bytes carry
+    shards = shards_per_MB * c.text_bytes / 1e6
+    stages = {
+        "start_s": 2 * c.pod_start_s,
+        "phase1_s": per_pod_MB / min(read_MBps, gcs_text_MBps),
+        "tokenizer_s": tokenizer_s,
+        "phase2_s": per_pod_MB / min(encode_MBps, gcs_text_MBps),
+        "merge_s": shards * c.copies_per_shard * c.copy_s / c.copy_threads,
+    }
+    return {**stages, "shards": shards, "total_s": math.fsum(stages.values())}
+
+
+# ---- the corpus -----------------------------------------------------------------------------
+
+
+def make_corpus(folder: Path, mb: int) -> Path:
+    """`mb` MB of document text as FILES .jsonl.zst files in `folder` (the module's docstring)."""
+    import zstandard
+
+    text = TEXT.read_text(encoding="utf-8")
+    starts = [0] + [i + 1 for i, c in enumerate(text) if c == "\n" and i + 1 < len(text)]
     rng = random.Random(SEED)
-    left = mb * 10**6
-    with path.open("w", encoding="utf-8") as f:
-        while left > 0:
-            rng.shuffle(lines)
-            block = ("\n".join(lines) + "\n").encode("utf-8")[:left]
-            block = block[: block.rfind(b"\n") + 1] or block
-            f.write(block.decode("utf-8"))
-            left -= len(block)
-    return path
+    folder.mkdir(parents=True)
+    per_file = mb * 10**6 // FILES
+    for index in range(FILES):
+        lines, size = io.StringIO(), 0
+        while size < per_file:
+            doc = document(text, starts, rng)
+            lines.write(json.dumps({"text": doc}) + "\n")
+            size += len(doc)
+        data = zstandard.ZstdCompressor(level=3).compress(lines.getvalue().encode("utf-8"))
+        (folder / f"part-{index:03d}.jsonl.zst").write_bytes(data)
+    return folder
 
 
-def bare_encode_mbps(corpus: Path, model: Path, mb: int) -> tuple[float, float]:
-    """MB per second and per CPU second of SentencePiece alone on the corpus's first `mb` MB
-    (see _BARE)."""
+def document(text: str, starts: list[int], rng: random.Random) -> str:
+    """A span of `text` from a line start, of lognormal length within DOC_BYTES (the text is
+    ASCII: characters are bytes), wrapping round at the end."""
+    length = round(rng.lognormvariate(math.log(DOC_MEDIAN), DOC_SIGMA))
+    length = min(max(length, DOC_BYTES[0]), DOC_BYTES[1])
+    start = rng.choice(starts)
+    return (text[start:] + text)[:length]
+
+
+def corpus_info(folder: Path) -> dict[str, Any]:
+    files = sorted(folder.iterdir())
+    return {"files": len(files), "stored_MB": sum(f.stat().st_size for f in files) / 1e6}
+
+
+# ---- the bare reference ---------------------------------------------------------------------
+
+
+def bare_encode(corpus: Path, model: Path, mb: int) -> tuple[float, float]:
+    """MB per second and per CPU second of SentencePiece alone on the first `mb` MB of the
+    corpus's document text (see _BARE)."""
     done = subprocess.run(
         [sys.executable, "-c", _BARE, str(corpus), str(model), str(mb)],
         capture_output=True,
         text=True,
-        check=True,
+        check=False,
     )
+    if done.returncode != 0:
+        raise RuntimeError(f"the bare encode failed: {done.stderr.strip()[-2000:]}")
     wall, cpu = done.stdout.strip().splitlines()[-1].split()
     return float(wall), float(cpu)
 
 
-# A bare encode in a fresh process that imports nothing but sentencepiece: with TensorFlow
-# loaded in the same process, SentencePiece encodes about 30% slower here.
+# A fresh process that imports sentencepiece, zstandard and json: the documents are read first
+# (not timed), then encoded line by line on one thread, about 1 MB of lines per call.
 _BARE = """
-import sys, time
+import json, sys, time
+from pathlib import Path
 import sentencepiece as spm
-corpus, model, mb = sys.argv[1], sys.argv[2], int(sys.argv[3])
+import zstandard
+corpus, model, mb = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 processor = spm.SentencePieceProcessor(model_file=model)
-with open(corpus, encoding="utf-8") as f:
-    texts = [f.read(1 << 20) for _ in range(mb)]
-size = sum(len(t.encode("utf-8")) for t in texts)
-pieces = [t.split("\\n") for t in texts]
+batches, batch, size, batch_size = [], [], 0, 0
+for path in sorted(corpus.iterdir()):
+    with zstandard.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            text = json.loads(line)["text"]
+            batch += text.split("\\n")
+            size += len(text.encode("utf-8"))
+            if size - batch_size >= 1 << 20:
+                batches.append(batch)
+                batch, batch_size = [], size
+            if size >= mb * 10**6:
+                break
+    if size >= mb * 10**6:
+        break
+batches.append(batch)
 started, used = time.perf_counter(), time.process_time()
-for lines in pieces:
+for lines in batches:
     processor.encode(lines, num_threads=1)
 print(size / 1e6 / (time.perf_counter() - started), size / 1e6 / (time.process_time() - used))
 """
 
 
-def reference_tokenizer(folder: Path) -> Path:
-    """A tokenizer trained as the step trains one, on the bundled text's train part."""
-    from components.tokenize import bpe
-
-    text = TEXT.read_text(encoding="utf-8")
-    model = bpe.train(text[: int(len(text) * 0.9)], VOCAB_SIZE, str(TEXT), lambda line: None)
-    path = folder / "reference.model"
-    path.write_bytes(model)
-    return path
+# ---- the step -------------------------------------------------------------------------------
 
 
-# The step in a fresh process: TensorFlow imported first (not timed), each stage timed from
-# its first progress event (none done) to its last (all done), memory sampled meanwhile.
+def run_step(corpus: Path, out: Path, parts: int, keep_model: Path | None = None) -> dict:
+    """The tokenize step on `corpus` in a fresh process on `parts` parts: its stage times, CPU
+    seconds, peak memory and the sha256 of every file it wrote (the output is then removed;
+    its tokenizer is copied to `keep_model` first, if given)."""
+    args = [str(corpus), str(out), str(parts), str(SAMPLE_S), str(VOCAB_SIZE), str(SEQ_LEN)]
+    done = subprocess.run(
+        [sys.executable, "-c", _STEP, *args],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"tokenize of {corpus.name} on {parts} parts failed: {done.stderr.strip()[-2000:]}"
+        )
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    run["digests"] = tree_digests(out)
+    run["shards"] = sum(1 for name in run["digests"] if name.endswith(".gz"))
+    if keep_model is not None:
+        from contracts.artifacts import TOKENIZER_FILE
+
+        shutil.copyfile(out / TOKENIZER_FILE, keep_model)
+    shutil.rmtree(out)
+    return run
+
+
+# The step in a fresh process, every file its own unit (the module's docstring). A stage runs
+# from its first progress event to its last; `between_s` is the tokenizer's training, between
+# the read and encode stages. Each child's VmHWM is sampled with the stage it was first seen
+# in, so that the parts of one phase are summed together.
 _STEP = """
 import json, resource, sys, threading, time
 from pathlib import Path
-import tensorflow
-from components.tokenize import executor
+from components.tokenize import executor, plan
 from contracts.progress import Progress
 
-def status(pid, key):
+corpus, out, parts, every, vocab, seq_len = sys.argv[1:7]
+plan.UNIT_BYTES = executor.UNIT_BYTES = 1
+
+def hwm(pid):
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
+            if line.startswith("VmHWM:"):
                 return int(line.split()[1]) >> 10  # kB -> MB
     except OSError:
         pass
@@ -266,73 +452,59 @@ def children():
             pass
     return found
 
-def cpu(who):
-    usage = resource.getrusage(who)
-    return usage.ru_utime + usage.ru_stime
+def cpu():
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in (resource.getrusage(resource.RUSAGE_SELF),
+                  resource.getrusage(resource.RUSAGE_CHILDREN))
+    )
 
 class Clock(Progress):
     def __init__(self):
         super().__init__(None, "tokenize")
-        self.stages, self.cpu, self.notes = {}, {}, []
+        self.wall, self.cpu, self.current, self.notes = {}, {}, None, []
     def update(self, done, total, unit, *, final=False, **numbers):
-        now, used = time.perf_counter(), cpu(resource.RUSAGE_SELF)
-        self.stages.setdefault(numbers.get("stage"), [now, now])[1] = now
-        self.cpu.setdefault(numbers.get("stage"), [used, used])[1] = used
+        stage, now, used = numbers.get("stage"), time.perf_counter(), cpu()
+        self.current = stage
+        self.wall.setdefault(stage, [now, now])[1] = now
+        self.cpu.setdefault(stage, [used, used])[1] = used
     def note(self, text):
         self.notes.append(text)
 
-peak = {"total": 0, "worker": 0}
-done = threading.Event()
-def sample():
-    while not done.wait(float(sys.argv[3])):
-        pids = children()
-        total = status("self", "VmRSS") + sum(status(p, "VmRSS") for p in pids)
-        peak["total"] = max(peak["total"], total)
-        peak["worker"] = max([peak["worker"]] + [status(p, "VmHWM") for p in pids])
-threading.Thread(target=sample, daemon=True).start()
 clock = Clock()
-children_cpu = cpu(resource.RUSAGE_CHILDREN)
+seen = {}  # pid: [stage first seen in, peak MB]
+finished = threading.Event()
+def sample():
+    while not finished.wait(float(every)):
+        for pid in children():
+            entry = seen.setdefault(pid, [clock.current, 0])
+            entry[1] = max(entry[1], hwm(pid))
+threading.Thread(target=sample, daemon=True).start()
 started = time.perf_counter()
 manifest = executor.run(
-    sys.argv[1], sys.argv[2], vocab_size=int(sys.argv[4]), seq_len=int(sys.argv[5]),
+    corpus, out, vocab_size=int(vocab), seq_len=int(seq_len), parts=int(parts),
     progress=False, reporter=clock,
 )
 wall = time.perf_counter() - started
-done.set()
-encoding = next((n for n in clock.notes if n.startswith("encoding ")), "")
+finished.set()
+by_stage = {}
+for stage, peak in seen.values():
+    by_stage.setdefault(stage, []).append(peak)
+step = hwm("self")
 print(json.dumps({
     "wall_s": wall,
-    # how many processes encoded: "encoding N chunks on P worker processes" or "in this process"
-    "processes": int(encoding.split(" on ")[1].split()[0]) if " on " in encoding else 1,
-    "stages_s": {k: v[1] - v[0] for k, v in clock.stages.items()},
-    # CPU seconds of the core: this process's in the encode and write stages, and its
-    # workers' (they run only then).
-    "core_cpu_s": sum(clock.cpu[k][1] - clock.cpu[k][0] for k in ("encode", "write"))
-    + cpu(resource.RUSAGE_CHILDREN) - children_cpu,
-    "peak_step_MB": status("self", "VmHWM"),
-    "peak_worker_MB": peak["worker"],
-    "peak_total_MB": max(peak["total"], status("self", "VmHWM")),
+    "stages_s": {k: v[1] - v[0] for k, v in clock.wall.items()},
+    "stages_cpu_s": {k: v[1] - v[0] for k, v in clock.cpu.items()},
+    "between_s": clock.wall["encode"][0] - clock.wall["read"][1],
+    "units": next(n for n in clock.notes if " units, on " in n),
+    "peak_step_MB": step,
+    "parts_MB": by_stage,
+    "peak_sum_MB": step + max([sum(p) for p in by_stage.values()] + [0]),
+    "peak_largest_MB": max([step] + [max(p) for p in by_stage.values()]),
     "tokens": manifest.total("tokens"),
     "windows": manifest.total("windows"),
-    "shards_MB": sum(p.stat().st_size for p in Path(sys.argv[2]).rglob("*.gz")) / 1e6,
 }))
 """
-
-
-def run_step(corpus: Path, out: Path) -> dict[str, Any]:
-    """The tokenize step on `corpus` in a fresh process: its stage times and peak memory."""
-    args = [str(corpus), str(out), str(SAMPLE_S), str(VOCAB_SIZE), str(SEQ_LEN)]
-    done = subprocess.run(
-        [sys.executable, "-c", _STEP, *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"tokenize on {corpus.name} failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

@@ -438,48 +438,107 @@ def test_the_step_matmuls_are_ranked_slowest_first_with_their_share_of_the_time(
     )
 
 
-def test_tokenize_keeps_each_sides_best_run_and_the_highest_memory():
+def _tokenize_run(encode_s: float, peak_sum: int, digests: dict | None = None) -> dict:
+    """A run of the step as tokenize_bench.run_step reports it."""
+    return {
+        "stages_s": {"read": 2.0, "encode": encode_s, "write": 0.5},
+        "stages_cpu_s": {"read": 2.0, "encode": encode_s * 1.5, "write": 0.5},
+        "between_s": 3.0,
+        "units": "16 files in 16 units, on 2 parts",
+        "peak_step_MB": 200,
+        "peak_sum_MB": peak_sum,
+        "peak_largest_MB": 200,
+        "parts_MB": {"read": [80, 90], "encode": [100, 110]},
+        "shards": 40,
+        "digests": digests or {"Split-train/a.gz": "1", "manifest.json": "2"},
+    }
+
+
+def test_tokenize_keeps_each_sides_best_run():
     from bench import tokenize_bench
 
-    def step(encode_s: float, peak_total: int) -> dict:
-        stages = {"read": 0.1, "encode": encode_s, "write": 0.5}
-        peaks = {"peak_step_MB": 600, "peak_worker_MB": 70, "peak_total_MB": peak_total}
-        return {"wall_s": encode_s + 1, "stages_s": stages, "core_cpu_s": 20.0, **peaks}
+    # 1 part, bare, 2 parts, 2 parts, bare, 1 part: the last 1-part run and the first
+    # reference were the faster.
+    large = {
+        "MB": 100,
+        "runs": {
+            1: [_tokenize_run(20.0, 500), _tokenize_run(10.0, 500)],
+            2: [_tokenize_run(8.0, 600), _tokenize_run(6.0, 700)],
+        },
+        "bares": [(8.0, 7.5), (6.0, 9.0)],
+        "corpus": {"files": 16, "stored_MB": 25.0},
+    }
+    summary = tokenize_bench.summarize(large)
+    assert summary["encode_MBps"] == pytest.approx(10.0) and summary["bare_MBps"] == 8.0
+    assert summary["ratio_vs_bare"] == pytest.approx(10.0 / 8.0)
+    assert summary["scaling"] == pytest.approx(10.0 / 6.0)
+    details = tokenize_bench.speed_details(summary)
+    assert details["bare_cpu_s_per_MB"] == pytest.approx(1 / 9.0)
+    assert details["encode_cpu_s_per_MB"] == pytest.approx(15.0 / 100)
+    # memory: the highest peak of any run, not the faster one's
+    assert tokenize_bench._peaks(large["runs"][2])["peak_sum_MB"] == 700
 
-    # A B B A at 100 MB: the second step run was the faster, the first reference the faster.
-    bares = [(8.0, 7.5), (6.0, 7.0)]
-    run = tokenize_bench.measured(100, [step(19.5, 900), step(9.5, 750)], bares)
-    assert run["core_s"] == pytest.approx(10.0) and run["core_s_samples"] == [20.0, 10.0]
-    assert run["bare_MBps"] == 8.0 and run["bare_MBps_samples"] == [8.0, 6.0]
-    assert run["ratio_vs_bare"] == pytest.approx(100 / 10.0 / 8.0)
-    assert run["peak_total_MB"] == 900  # memory: the highest peak of any run, not the faster's
-    assert run["bare_cpu_s_per_MB"] == pytest.approx(1 / 7.5) and run["attempts"] == 2
-    single = tokenize_bench.measured(1, [step(0.1, 600)], [(5.0, 6.0)])
-    assert single["core_s"] == pytest.approx(0.6) and single["attempts"] == 1
 
-
-def test_tokenize_linear_time_compares_runs_on_as_many_encoding_processes(monkeypatch):
-    """1 MB is encoded in the step's own process, 10 and 100 MB on 2 workers: the linearity
-    figure compares 100 MB with 10 MB, not with a run that had half the processes."""
+def test_tokenize_figures_hold_identity_to_zero_differing_files(monkeypatch):
     from bench import tokenize_bench
 
-    def run(mb: int, mbps: float, processes: int) -> dict:
-        return {
-            "MB": mb,
-            "core_MBps": mbps,
-            "processes": processes,
-            "peak_total_MB": 500,
-            "ratio_vs_bare": 1.0,
-            "core_s_per_MB": 1 / mbps,
-        }
+    same = {"Split-train/a.gz": "1", "manifest.json": "2"}
+    other = {"Split-train/a.gz": "9", "manifest.json": "2", "extra": "3"}
+    small = {"MB": 10, "runs": {p: [_tokenize_run(1.0, 400, same)] for p in (1, 2, 4)}}
+    large = {
+        "MB": 100,
+        "runs": {1: [_tokenize_run(10.0, 420, same)] * 2, 2: [_tokenize_run(6.0, 430, same)] * 2},
+        "bares": [(8.0, 8.0)] * 2,
+        "corpus": {"files": 16, "stored_MB": 25.0},
+    }
+    fake = {"vocab_size": 1, "seq_len": 1, "files": 16, "cores": 2, "sizes_MB": [10, 100]}
+    fake |= {"load_before": 0.5, "small": small, "large": tokenize_bench.summarize(large)}
+    monkeypatch.setattr(tokenize_bench, "main", lambda full: fake)
+    rows = tokenize_bench.figures(False)
+    (identity,) = [f for f in rows if "differ" in f.name]
+    assert identity.value == 0 and identity.met and identity.note == ""
+    (growth,) = [f for f in rows if "summed, at" in f.name]
+    assert growth.value == pytest.approx(430 / 400) and growth.met
+    small["runs"][4] = [_tokenize_run(1.0, 400, other)]
+    (identity,) = [f for f in tokenize_bench.figures(False) if "differ" in f.name]
+    assert identity.value == 2 and identity.met is False
+    assert identity.details["differing"]["10 MB, 4 parts"] == ["Split-train/a.gz", "extra"]
 
-    runs = [run(1, 4.0, 1), run(10, 7.0, 2), run(100, 8.4, 2)]
-    fake = {"vocab_size": 1, "seq_len": 1, "workers": 2, "cores": 2, "sizes_MB": [1, 10, 100]}
-    monkeypatch.setattr(tokenize_bench, "main", lambda full: {**fake, "runs": runs})
-    (linear,) = [f for f in tokenize_bench.figures(False) if "MB/s at" in f.name]
-    assert linear.value == pytest.approx(8.4 / 7.0) and "at 100 MB / at 10 MB" in linear.name
-    assert linear.details["processes"] == {1: 1, 10: 2, 100: 2}
-    # On 16 cores 10 MB has 5 workers and 100 MB 16: no pair matches, and the figure says so.
-    runs[:] = [run(1, 4.0, 1), run(10, 7.0, 5), run(100, 8.4, 16)]
-    (linear,) = [f for f in tokenize_bench.figures(False) if "MB/s at" in f.name]
-    assert linear.value == pytest.approx(8.4 / 4.0) and "1 and 16 encoding processes" in linear.name
+
+def test_tokenize_tree_digests_name_every_file(tmp_path):
+    from bench import tokenize_bench
+
+    (tmp_path / "Split-eval").mkdir()
+    (tmp_path / "Split-eval" / "part.gz").write_bytes(b"x")
+    (tmp_path / "manifest.json").write_bytes(b"{}")
+    digests = tokenize_bench.tree_digests(tmp_path)
+    assert set(digests) == {"Split-eval/part.gz", "manifest.json"}
+    assert tokenize_bench.differing(digests, dict(digests)) == []
+
+
+def test_tokenize_documents_keep_their_bounds():
+    import random
+
+    from bench import tokenize_bench
+
+    text = "a line\n" * 20_000
+    starts = [i for i in range(0, len(text), 7)]
+    rng = random.Random(0)
+    lengths = [len(tokenize_bench.document(text, starts, rng)) for _ in range(20_000)]
+    low, high = tokenize_bench.DOC_BYTES
+    assert min(lengths) == low and max(lengths) == high  # both clips are reached
+    assert low < sorted(lengths)[10_000] < high
+
+
+def test_tokenize_1tb_estimate_adds_its_stages():
+    from bench import tokenize_bench
+
+    cluster = tokenize_bench.Cluster(text_bytes=16e6, pods=16, gcs_MBps=1.0, compression=2.0)
+    estimate = tokenize_bench.extrapolate(
+        cluster, read_MBps=4.0, encode_MBps=1.0, tokenizer_s=5.0, shards_per_MB=8.0
+    )
+    assert estimate["phase1_s"] == pytest.approx(1 / 2.0)  # GCS-bound: 1 MB at 2 text MB/s
+    assert estimate["phase2_s"] == pytest.approx(1 / 1.0)  # CPU-bound
+    assert estimate["shards"] == pytest.approx(128)
+    assert estimate["merge_s"] == pytest.approx(128 * 2 * 0.1 / 8)
+    assert estimate["total_s"] == pytest.approx(120 + 0.5 + 5 + 1 + 3.2)
