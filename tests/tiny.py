@@ -125,10 +125,13 @@ def examples_manifest(
     """A manifest as tokenize writes one, for Examples a test makes by hand."""
     parameters = DatasetParameters(
         format_version=FORMAT_VERSION,
-        split_method="file-tail-bytes-v2",
+        split_method="file-tail-bytes-v3",
         vocab_size=vocab_size,
         seq_len=seq_len,
         eval_fraction=eval_fraction,
+        eval_max_bytes=100_000_000,
+        text_field="text",
+        unit_bytes=64 << 20,
         shard_windows=shard_windows,
         chunk_bytes=1 << 20,
         tokenizer_sample_bytes=1 << 24,
@@ -138,7 +141,17 @@ def examples_manifest(
     )
     tokenizer = TokenizerRecord(TOKENIZER_FILE, tokenizer_sha256, vocab_size, trained=True)
     return ExamplesManifest(
-        dataset_version, seq_len, vocab_size, eval_fraction, splits, tokenizer, sources, parameters
+        dataset_version,
+        seq_len,
+        vocab_size,
+        eval_fraction,
+        splits,
+        tokenizer,
+        sources,
+        parameters,
+        documents=dict.fromkeys(splits, 1),
+        empty_documents=0,
+        formats={"txt": 1},
     )
 
 
