@@ -25,7 +25,7 @@ from contracts.errors import UserError
 from pipelines.config import DEFAULT_ROOT, RunConfig
 
 if TYPE_CHECKING:
-    from components.evaluate.executor import Scores
+    from contracts.blessing import Scores
 
 # The components (storage, serving, evaluate with TensorFlow) are imported where they are used,
 # as main.py does, so adding these commands' parsers costs `gptpipe` nothing at start-up.
@@ -255,10 +255,10 @@ def read_text(path: Path) -> str:
 
 def score(model: Any, text: str, source: Path | str) -> Scores:
     """Score `text` as evaluate scores the eval split: line-aligned chunks through `score`."""
-    from components.evaluate import executor as evaluate
+    from components.evaluate import scoring
 
     try:
-        return evaluate.score_text(model, text)
+        return scoring.score_text(model, text)
     except UserError:  # raised only when no token was predicted: a one-token text
         raise UserError(
             f"{source} is too short to score: the model predicts no token of it; pass more text"

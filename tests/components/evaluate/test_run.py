@@ -8,6 +8,7 @@ import pytest
 from components import overlap
 from components.evaluate import executor
 from contracts.params import EvalPolicy
+from tests.tiny import read_eval_documents
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def test_first_model_is_blessed_without_a_baseline(tmp_path, trained):
     result = run(tmp_path, examples, model, tmp_path / "serving")
     assert result.blessed and result.baseline is None
     assert 0 < result.candidate.nats_per_char < result.candidate.nats_per_token
-    assert result.candidate.chars == len((examples / "raw" / "eval.txt").read_text())
+    assert result.candidate.chars == len("".join(read_eval_documents(examples)))
     assert (tmp_path / "blessing" / "BLESSED").is_file()
     report = (tmp_path / "report.md").read_text()
     assert "change check against a baseline was skipped" in report
@@ -85,7 +86,7 @@ def test_the_report_says_how_much_of_the_eval_text_each_model_trained_on(tmp_pat
     """A model in service that trained on the eval text (the split moved since) is named in the
     reason, the blessing, the Metrics and both reports; the decision is the scores' alone."""
     examples, model = trained
-    eval_text = (examples / "raw" / "eval.txt").read_text(encoding="utf-8")
+    eval_text = "".join(read_eval_documents(examples))  # its documents end with newlines
     _serve(model, tmp_path / "serving", 1, sketch_of=eval_text)
     result = run(
         tmp_path, examples, model, tmp_path / "serving", html_report_path=str(tmp_path / "r.html")
