@@ -373,13 +373,19 @@ def _score_baseline(uri: str, eval_uri: str) -> Scores:
 
 
 def _generate(model, prompts: Sequence[str], max_new_tokens: int, temperature: float) -> list[str]:
+    """Continuations through `generate`, each ending at its document's end (EOS), when the
+    model can tell it: one exported before `stop_at_eos` existed has no such input."""
     import tensorflow as tf
 
-    out = model.signatures["generate"](
-        prompt=tf.constant(list(prompts)),
-        max_new_tokens=tf.constant(max_new_tokens, tf.int32),
-        temperature=tf.constant(temperature, tf.float32),
-    )
+    generate = model.signatures["generate"]
+    inputs = {
+        "prompt": tf.constant(list(prompts)),
+        "max_new_tokens": tf.constant(max_new_tokens, tf.int32),
+        "temperature": tf.constant(temperature, tf.float32),
+    }
+    if "stop_at_eos" in generate.structured_input_signature[1]:
+        inputs["stop_at_eos"] = tf.constant(True)
+    out = generate(**inputs)
     return [c.decode("utf-8", errors="replace") for c in out["completion"].numpy()]
 
 

@@ -120,3 +120,42 @@ def test_a_baseline_without_a_sketch_or_with_a_damaged_one_is_unknown(tmp_path, 
         assert "| unknown |" in (out / "report.md").read_text()
         assert "eval_text_seen_by_baseline" not in executor.key_metrics(result)
     assert "ignoring the unreadable train-text sketch" in caplog.text
+
+
+def _old_baseline(folder):
+    """A SavedModel as exported before `stop_at_eos` existed: `generate` without that input,
+    continuing every prompt with "old", and a `score` of 0.5 nats per char."""
+    import tensorflow as tf
+
+    class Old(tf.Module):
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.string, name="prompt"),
+                tf.TensorSpec([], tf.int32, name="max_new_tokens"),
+                tf.TensorSpec([], tf.float32, name="temperature"),
+            ]
+        )
+        def generate(self, prompt, max_new_tokens, temperature):
+            return {"completion": tf.fill(tf.shape(prompt), "old")}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def score(self, text):
+            chars = tf.strings.length(text, unit="UTF8_CHAR")
+            return {"nats": tf.cast(chars, tf.float32) * 0.5, "tokens": chars, "chars": chars}
+
+    old = Old()
+    signatures = {"generate": old.generate, "score": old.score}
+    tf.saved_model.save(old, str(folder), signatures=signatures)
+    return folder
+
+
+def test_a_baseline_exported_before_stop_at_eos_still_continues_the_prompts(tmp_path, trained):
+    examples, model = trained
+    _old_baseline(tmp_path / "serving" / "1")
+    result = run(
+        tmp_path, examples, model, tmp_path / "serving", html_report_path=str(tmp_path / "r.html")
+    )
+    assert result.baseline.nats_per_char == pytest.approx(0.5)
+    assert result.baseline.chars == result.candidate.chars
+    page = (tmp_path / "r.html").read_text()
+    assert page.count('<pre class="sample">old</pre>') == len(executor.COMPARE_PROMPTS)
