@@ -5,7 +5,7 @@ Full tier only (about 25 minutes): `python -m bench --full`, or alone, at any bu
     python -m bench.quality_bench --budget-s 600
 
 Data: the bundled corpus through the tokenize step with eval_fraction 0.1, so both sides train
-on its first 90% and are scored on the last 10% (nanoGPT's split; raw/eval.txt in Examples).
+on its first 90% and are scored on the last 10% (nanoGPT's split; raw/eval.jsonl in Examples).
 
 - The trainer: the `quality` preset (the `tiny` preset, with a note, while there is none), the
   real trainer (`python -m trainer.task`, 1 worker, 2 threads), for at most BUDGET_S of wall
@@ -113,8 +113,10 @@ def planned_steps(preset_steps: int, steps_per_s: float, startup_s: float, budge
 def train_split(examples: Path, corpus_file: Path = trainer_run.CORPUS) -> tuple[str, str]:
     """(train text, eval text) of the tokenize step's split of `corpus_file` into `examples`."""
     from contracts.artifacts import EVAL_TEXT
+    from contracts.eval_text import read_pieces
 
-    held_out = (examples / EVAL_TEXT).read_text(encoding="utf-8")
+    with (examples / EVAL_TEXT).open("rb") as f:  # the corpus file is one document
+        held_out = "".join(piece.text for piece in read_pieces(f, str(examples / EVAL_TEXT)))
     corpus = corpus_file.read_text(encoding="utf-8")
     if not corpus.endswith(held_out):
         raise RuntimeError("the eval split is not the corpus's tail; quality_bench assumes it is")
@@ -153,7 +155,7 @@ class CheckpointCopier(threading.Thread):
 def _score_checkpoint(cfg, prefix: Path, tokenizer: Path, held_out: str, out: Path) -> dict:
     import tensorflow as tf
 
-    from components.evaluate.executor import score_text
+    from components.evaluate.scoring import score_text
     from trainer import export, model
 
     gpt = model.build_gpt(cfg.model)
@@ -231,7 +233,7 @@ def scored_run(cfg, examples: Path, held_out: str) -> tuple[Path, list[dict[str,
     [{minutes, step, nats_per_char, nats_per_token}]); the last point is the exported Model."""
     import tensorflow as tf
 
-    from components.evaluate.executor import score_text
+    from components.evaluate.scoring import score_text
     from contracts.artifacts import SERVING_DIR, TOKENIZER_FILE
 
     job, points, seen = _watched_run(cfg, examples)
@@ -284,7 +286,7 @@ def train_peer(budget_s: float, chunks_file: Path) -> dict[str, Any]:
 
 def measure(budget_s: float) -> list[Figure]:
     """Train both sides for `budget_s`, score their curves, fit the floor; the figures."""
-    from components.evaluate.executor import CHUNK_CHARS, chunk_text
+    from components.evaluate.scoring import CHUNK_CHARS, chunk_text
 
     name, note = preset()
     base = trainer_run.config(name, ())

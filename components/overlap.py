@@ -149,22 +149,62 @@ def seen_share(sketch: bytes, eval_text: bytes) -> Seen | None:
     """How much of `eval_text` the text behind `sketch` holds; None if the sketch is of another
     format or the eval text has no line long enough (then nothing can be said); ValueError if
     `sketch` is not one."""
-    read = read_sketch(sketch)
-    if read is None:
+    count = SeenCount.of(sketch)
+    if count is None:
         return None
-    hashes, full = read
-    seen_bytes = all_bytes = lines = 0
-    for block in _blocks(eval_text):
-        found, lengths = line_hashes(block)
-        if full:  # only hashes the sketch could hold tell whether the train text had them
-            sampled = found <= hashes[-1] if len(hashes) else np.zeros(len(found), dtype=bool)
-            found, lengths = found[sampled], lengths[sampled]
-        seen_bytes += int(lengths[np.isin(found, hashes)].sum())
-        all_bytes += int(lengths.sum())
-        lines += len(found)
-    if not lines:
-        return None
-    return Seen(seen_bytes / all_bytes, lines, not full)
+    count.add(eval_text)
+    return count.result()
+
+
+class SeenCount:
+    """`seen_share` over an eval text fed in parts, document by document, in bounded memory:
+    about _BLOCK_BYTES of it are held until they are hashed."""
+
+    def __init__(self, hashes: np.ndarray, full: bool) -> None:
+        self.hashes, self.full = hashes, full
+        self.seen_bytes = self.all_bytes = self.lines = 0
+        self._pending: list[bytes] = []  # the current document's text not hashed yet
+        self._pending_bytes = 0
+
+    @classmethod
+    def of(cls, sketch: bytes) -> SeenCount | None:
+        """A count against the sketch file `sketch`; None if it is of another format,
+        ValueError if it is not one."""
+        read = read_sketch(sketch)
+        return None if read is None else cls(*read)
+
+    def add(self, text: bytes) -> None:
+        """Feed the next text of the current document (a line may continue in the next)."""
+        self._pending.append(text)
+        self._pending_bytes += len(text)
+        if self._pending_bytes >= _BLOCK_BYTES:
+            data = b"".join(self._pending)
+            cut = data.rfind(b"\n") + 1  # a line not yet whole waits for its end
+            self._count(data[:cut])
+            self._pending, self._pending_bytes = [data[cut:]], len(data) - cut
+
+    def end_document(self) -> None:
+        """The current document ended: its last line, if it has no newline, is not whole."""
+        self._count(b"".join(self._pending))
+        self._pending, self._pending_bytes = [], 0
+
+    def result(self) -> Seen | None:
+        """The share of the text fed so far (its document ended); None without a long line."""
+        self.end_document()
+        if not self.lines:
+            return None
+        return Seen(self.seen_bytes / self.all_bytes, self.lines, not self.full)
+
+    def _count(self, text: bytes) -> None:
+        hashes = self.hashes
+        for block in _blocks(text):
+            found, lengths = line_hashes(block)
+            if self.full:  # only hashes the sketch could hold tell whether the train text had them
+                sampled = found <= hashes[-1] if len(hashes) else np.zeros(len(found), dtype=bool)
+                found, lengths = found[sampled], lengths[sampled]
+            self.seen_bytes += int(lengths[np.isin(found, hashes)].sum())
+            self.all_bytes += int(lengths.sum())
+            self.lines += len(found)
 
 
 def _blocks(text: bytes) -> Iterator[bytes]:

@@ -69,6 +69,10 @@ class TokenizeParams(StepParams):
     # same, byte for byte, whichever and however many).
     launcher: str = "job"
     parts: int = 0  # parts that run at once; 0: one per CPU here, DEFAULT_JOB_PARTS as a Job
+    # Sources are grouped, in order, into units of at least this many listed bytes: the grain
+    # of the parts' work and of resuming it (part of the dataset version: windows never cross
+    # a unit's end).
+    unit_bytes: int = 64 << 20
     cpu: str = "2"  # CPU of each part's pod on a cluster, request and limit (a quantity)
     memory: str = "4Gi"  # memory of each part's pod on a cluster, request and limit
 
@@ -83,6 +87,8 @@ class TokenizeParams(StepParams):
             raise self.bad("launcher", f"use one of {', '.join(PART_LAUNCHERS)}")
         if self.parts < 0:
             raise self.bad("parts", "use 0 (automatic) or more")
+        if self.unit_bytes < 1:
+            raise self.bad("unit_bytes", "use a positive size in bytes; 67108864 is usual")
         for name in ("cpu", "memory"):
             if not QUANTITY.match(getattr(self, name)):
                 raise self.bad(name, "use a Kubernetes quantity, e.g. '2', '500m', '4Gi'")

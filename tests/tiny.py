@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
 from components import overlap
 from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
-from contracts.artifacts import EXAMPLES_MANIFEST, TOKENIZER_FILE, TRAIN_TEXT_SKETCH
+from contracts.artifacts import EVAL_TEXT, EXAMPLES_MANIFEST, TOKENIZER_FILE, TRAIN_TEXT_SKETCH
+from contracts.eval_text import EvalPiece, piece_line, read_pieces
 from contracts.examples import (
     FORMAT_VERSION,
     DatasetParameters,
@@ -83,6 +85,30 @@ def train_tokenizer(text: str, prefix: Path, vocab_size: int = VOCAB_SIZE) -> Pa
     return prefix.with_suffix(".model")
 
 
+def write_eval_text(path: Path, documents: Sequence[str], piece_lines: int = 4) -> None:
+    """Write `documents` as tokenize writes the eval text (contracts/eval_text.py): each in
+    pieces of `piece_lines` whole lines, its last marked as its end."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        for document in documents:
+            lines = document.splitlines(keepends=True)
+            runs = [lines[i : i + piece_lines] for i in range(0, len(lines), piece_lines)]
+            for i, run in enumerate(runs or [[]]):
+                f.write(piece_line(EvalPiece("".join(run), i == max(len(runs) - 1, 0))))
+
+
+def read_eval_documents(examples: Path) -> list[str]:
+    """The documents of an Examples folder's eval text, each whole."""
+    documents, current = [], []
+    with (examples / EVAL_TEXT).open("rb") as f:
+        for piece in read_pieces(f, str(examples / EVAL_TEXT)):
+            current.append(piece.text)
+            if piece.end:
+                documents.append("".join(current))
+                current = []
+    return documents
+
+
 def _windows(ids: list[int], seq_len: int) -> list[list[int]]:
     """Windows of seq_len + 1 with stride seq_len; the incomplete tail is dropped."""
     return [ids[i : i + seq_len + 1] for i in range(0, len(ids) - seq_len, seq_len)]
@@ -125,10 +151,13 @@ def examples_manifest(
     """A manifest as tokenize writes one, for Examples a test makes by hand."""
     parameters = DatasetParameters(
         format_version=FORMAT_VERSION,
-        split_method="file-tail-bytes-v2",
+        split_method="file-tail-bytes-v3",
         vocab_size=vocab_size,
         seq_len=seq_len,
         eval_fraction=eval_fraction,
+        eval_max_bytes=100_000_000,
+        text_field="text",
+        unit_bytes=64 << 20,
         shard_windows=shard_windows,
         chunk_bytes=1 << 20,
         tokenizer_sample_bytes=1 << 24,
@@ -138,7 +167,17 @@ def examples_manifest(
     )
     tokenizer = TokenizerRecord(TOKENIZER_FILE, tokenizer_sha256, vocab_size, trained=True)
     return ExamplesManifest(
-        dataset_version, seq_len, vocab_size, eval_fraction, splits, tokenizer, sources, parameters
+        dataset_version,
+        seq_len,
+        vocab_size,
+        eval_fraction,
+        splits,
+        tokenizer,
+        sources,
+        parameters,
+        documents=dict.fromkeys(splits, 1),
+        empty_documents=0,
+        formats={"txt": 1},
     )
 
 
@@ -160,8 +199,10 @@ def make_examples_dir(
     (folder / "tokenizer.txt").unlink()
     (folder / "tokenizer.vocab").unlink()
     sp = spm.SentencePieceProcessor(model_file=str(model_path))
-    (folder / "raw").mkdir(exist_ok=True)
-    (folder / "raw" / "eval.txt").write_text(parts["eval"], encoding="utf-8")
+    # The eval split as two documents, so that evaluate meets a document's end mid-text.
+    middle = parts["eval"].find("\n", len(parts["eval"]) // 2) + 1
+    halves = [parts["eval"][:middle], parts["eval"][middle:]]
+    write_eval_text(folder / EVAL_TEXT, [half for half in halves if half])
     ids = {split: sp.encode(part) for split, part in parts.items()}
     windows = {split: _windows(split_ids, seq_len) for split, split_ids in ids.items()}
     shard_windows = -(-len(windows["train"]) // train_shards)  # train_shards full shards or fewer

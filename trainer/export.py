@@ -1,7 +1,9 @@
 """Export a trained GPT: the Model artifact, whose SavedModel has the tokenizer in its graph.
 
 Signatures (the contract in docs/design.md):
-  generate(prompt string[B], max_new_tokens int32[], temperature float32[]) -> {"completion"}
+  generate(prompt string[B], max_new_tokens int32[], temperature float32[], stop_at_eos bool[])
+    -> {"completion"}
+  generate_seeded(prompt, max_new_tokens, temperature, seed int64[], stop_at_eos) -> the same
   score(text string[B]) -> {"nats", "tokens", "chars", "nats_per_token", "nats_per_char"}
   serving_default = generate
 The Model artifact holds the SavedModel, the resolved config and the train metrics
@@ -19,6 +21,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 import tf_keras as keras
@@ -39,6 +42,16 @@ from trainer.history import TrainHistory
 SCORE_CHUNK = 8  # windows per forward pass in score(), bounding its memory
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How `generate` samples: its inputs besides the prompts (scalar tensors)."""
+
+    max_new_tokens: tf.Tensor  # int32: the most tokens to add to each prompt
+    temperature: tf.Tensor  # float32: <= 0 is greedy
+    seed: tf.Tensor | None  # int64: stateless sampling from it; None: the module's random state
+    stop_at_eos: tf.Tensor  # bool: a row ends at the first EOS it samples
+
+
 class GPTServing(tf.Module):
     """The model plus its SentencePiece tokenizer, with tf.function serving signatures."""
 
@@ -48,24 +61,34 @@ class GPTServing(tf.Module):
         self.seq_len = seq_len
         self.tokenizer_asset = tf.saved_model.Asset(tokenizer_model_path)
         with tf.io.gfile.GFile(tokenizer_model_path, "rb") as f:
-            self.tokenizer = tf_text.SentencepieceTokenizer(model=f.read())
+            proto = f.read()
+        self.tokenizer = tf_text.SentencepieceTokenizer(model=proto)
+        # Tokenize ends every document with it; -1 (a tokenizer without one) never stops.
+        self.eos_id = spm.SentencePieceProcessor(model_proto=proto).eos_id()
 
     @tf.function(
         input_signature=[
             tf.TensorSpec([None], tf.string, name="prompt"),
             tf.TensorSpec([], tf.int32, name="max_new_tokens"),
             tf.TensorSpec([], tf.float32, name="temperature"),
+            tf.TensorSpec([], tf.bool, name="stop_at_eos"),
         ]
     )
     def generate(
-        self, prompt: tf.Tensor, max_new_tokens: tf.Tensor, temperature: tf.Tensor
+        self,
+        prompt: tf.Tensor,
+        max_new_tokens: tf.Tensor,
+        temperature: tf.Tensor,
+        stop_at_eos: tf.Tensor,
     ) -> dict[str, tf.Tensor]:
         """Continue each prompt by max_new_tokens tokens; returns the continuation only.
 
+        With `stop_at_eos`, a row ends at the first EOS it samples (the document's end), which
+        the continuation leaves out; without, it continues through EOS into a new document.
         Sampling draws from the SavedModel's own random state: a freshly loaded model starts
         it where the export left it. `generate_seeded` samples from a seed instead.
         """
-        return self._generate(prompt, max_new_tokens, temperature, None)
+        return self._generate(prompt, max_new_tokens, temperature, None, stop_at_eos)
 
     @tf.function(
         input_signature=[
@@ -73,13 +96,19 @@ class GPTServing(tf.Module):
             tf.TensorSpec([], tf.int32, name="max_new_tokens"),
             tf.TensorSpec([], tf.float32, name="temperature"),
             tf.TensorSpec([], tf.int64, name="seed"),
+            tf.TensorSpec([], tf.bool, name="stop_at_eos"),
         ]
     )
     def generate_seeded(
-        self, prompt: tf.Tensor, max_new_tokens: tf.Tensor, temperature: tf.Tensor, seed: tf.Tensor
+        self,
+        prompt: tf.Tensor,
+        max_new_tokens: tf.Tensor,
+        temperature: tf.Tensor,
+        seed: tf.Tensor,
+        stop_at_eos: tf.Tensor,
     ) -> dict[str, tf.Tensor]:
         """`generate` with stateless sampling: the same seed gives the same continuation."""
-        return self._generate(prompt, max_new_tokens, temperature, seed)
+        return self._generate(prompt, max_new_tokens, temperature, seed, stop_at_eos)
 
     def _generate(
         self,
@@ -87,27 +116,24 @@ class GPTServing(tf.Module):
         max_new_tokens: tf.Tensor,
         temperature: tf.Tensor,
         seed: tf.Tensor | None,
+        stop_at_eos: tf.Tensor,
     ) -> dict[str, tf.Tensor]:
         ids = self.tokenizer.tokenize(prompt)  # ragged (B, None)
         newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)  # seeds an empty prompt
+        sampling = Sampling(max_new_tokens, temperature, seed, stop_at_eos)
         completion = tf.map_fn(
-            lambda row: self._generate_row(row, newline, max_new_tokens, temperature, seed),
+            lambda row: self._generate_row(row, newline, sampling),
             tf.cast(ids, tf.int32),
             fn_output_signature=tf.TensorSpec([], tf.string),
         )
         return {"completion": completion}
 
-    def _generate_row(
-        self,
-        prompt_ids: tf.Tensor,
-        newline: tf.Tensor,
-        max_new_tokens: tf.Tensor,
-        temperature: tf.Tensor,
-        seed: tf.Tensor | None,
-    ) -> tf.Tensor:
-        """Sample max_new_tokens ids after prompt_ids (1-D), detokenized to one string."""
+    def _generate_row(self, prompt_ids: tf.Tensor, newline: tf.Tensor, s: Sampling) -> tf.Tensor:
+        """Sample up to max_new_tokens ids after prompt_ids (1-D), detokenized to one string:
+        fewer when `s.stop_at_eos` and EOS comes first."""
         prompt_ids = tf.cond(tf.size(prompt_ids) > 0, lambda: prompt_ids, lambda: newline)
         n_prompt = tf.size(prompt_ids)
+        temperature, seed = s.temperature, s.seed
 
         def sample(logits: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
             scaled = logits[tf.newaxis] / tf.maximum(temperature, 1e-6)  # (1, V)
@@ -116,7 +142,9 @@ class GPTServing(tf.Module):
             pair = tf.stack([seed, tf.cast(i, tf.int64)])  # one stream per position
             return tf.cast(tf.random.stateless_categorical(scaled, 1, pair)[0, 0], tf.int32)
 
-        def step(i: tf.Tensor, tokens: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        def step(
+            i: tf.Tensor, tokens: tf.Tensor, _: tf.Tensor
+        ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
             context = tokens[-self.seq_len :][tf.newaxis]  # (1, T<=seq_len)
             logits = tf.cast(self.model(context, training=False)[0, -1], tf.float32)  # (V,)
             next_id = tf.cond(
@@ -124,19 +152,29 @@ class GPTServing(tf.Module):
                 lambda: tf.argmax(logits, output_type=tf.int32),
                 lambda: sample(logits, i),
             )
-            return i + 1, tf.concat([tokens, next_id[tf.newaxis]], axis=0)
+            ended = tf.logical_and(s.stop_at_eos, tf.equal(next_id, self.eos_id))
+            grown = tf.cond(
+                ended, lambda: tokens, lambda: tf.concat([tokens, next_id[tf.newaxis]], axis=0)
+            )
+            return i + 1, grown, ended
 
-        _, tokens = tf.while_loop(
-            lambda i, _: i < max_new_tokens,
+        _, tokens, _ = tf.while_loop(
+            lambda i, _, ended: tf.logical_and(i < s.max_new_tokens, tf.logical_not(ended)),
             step,
-            (tf.constant(0), prompt_ids),
-            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None])),
+            (tf.constant(0), prompt_ids, tf.constant(False)),
+            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([])),
         )
         return self.tokenizer.detokenize(tokens[n_prompt:])
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     def score(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
-        """Summed next-token loss (nats) of each string, over windows of seq_len + 1."""
+        """Summed next-token loss (nats) of each string, over windows of seq_len + 1.
+
+        Each string is scored as (part of) one document: text never tokenizes to EOS (a
+        SentencePiece control symbol: "</s>" is its characters), so no string spans the end of
+        one document and the start of the next as the model trained on them, and none is
+        charged for the EOS that ends it. Evaluate scores each document's strings apart.
+        """
         ids = tf.cast(self.tokenizer.tokenize(text), tf.int32)  # ragged (B, None)
         windows, mask = self._windows(ids)  # (B, W, T+1) each
         b, w = tf.shape(windows)[0], tf.shape(windows)[1]

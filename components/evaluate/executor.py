@@ -1,7 +1,8 @@
 """Evaluate: score the candidate and the model in service on the same eval text, and bless.
 
 Both models score the eval split's raw text through their own in-graph tokenizer (the
-SavedModel's `score` signature), so the comparison holds across tokenizers. nats/char is the
+SavedModel's `score` signature), so the comparison holds across tokenizers; the text is
+streamed, document by document, in bounded memory (`scoring.py`). nats/char is the
 tokenizer-independent number the blessing uses; nats/token and perplexity are reported too.
 The outcome is written as a Markdown report, an HTML report (`report.py`) and the blessing.
 """
@@ -12,13 +13,14 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from components import overlap, serving, storage
 from components.evaluate import report
 from components.evaluate.results import SEEN_MEANS, EvalResult, RunFacts, Scores
+from components.evaluate.scoring import score_eval_text, signature_scorer
 from contracts.artifacts import (
     EVAL_TEXT,
     MODEL_TEXT_SKETCH,
@@ -38,8 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-CHUNK_CHARS = 2048  # eval text is scored in line-aligned chunks of about this many characters
-BATCH_CHUNKS = 8  # chunks per call of the `score` signature
 SAMPLE_PROMPTS = ("ROMEO:", "First Citizen:\n", "The king")  # prompts for the report's samples
 # Prompts both models continue, side by side, in the HTML report; greedily, so each model
 # always writes the same continuation and runs compare.
@@ -134,21 +134,20 @@ def run(
     With `html_report_path`, the HTML report is written there too: both models' training
     curves, `COMPARE_PROMPTS` continued by each, and this run's steps from `run_facts`.
     """
-    eval_text = _read_eval_text(examples_uri)
+    eval_uri = _eval_text_uri(examples_uri)
     candidate_model = _load(Path(model_dir) / SERVING_DIR, "the candidate model", _RETRAIN)
-    candidate = score_text(candidate_model, eval_text)
+    candidate, candidate_seen = _measure(
+        candidate_model, eval_uri, storage.join(model_dir, SERVING_DIR)
+    )
     baseline_uri = serving.latest_version_uri(serving_dir)
     prompts = COMPARE_PROMPTS if html_report_path else ()
-    baseline, baseline_says = (
-        _evaluate_baseline(baseline_uri, eval_text, prompts, compare_tokens)
+    baseline, baseline_seen, baseline_says = (
+        _evaluate_baseline(baseline_uri, eval_uri, prompts, compare_tokens)
         if baseline_uri
-        else (None, None)
+        else (None, None, None)
     )
     diverged = _diverged(model_dir)
     blessed, reason = decide(candidate, baseline, policy, diverged)
-    eval_bytes = eval_text.encode("utf-8")
-    candidate_seen = _seen(storage.join(model_dir, SERVING_DIR), eval_bytes)
-    baseline_seen = _seen(baseline_uri, eval_bytes) if baseline_uri else None
     reason += _flattered(candidate_seen, baseline_seen)
     facts = run_facts or RunFacts()
     steps = report.step_records(facts.executions, int(time.time() * 1000))
@@ -220,15 +219,23 @@ def decide(
     )
 
 
-def _seen(saved_model_uri: str, eval_text: bytes) -> overlap.Seen | None:
-    """How much of `eval_text` the SavedModel at `saved_model_uri` trained on, from the sketch
-    it carries (MODEL_TEXT_SKETCH); None without one (exported before it was written), or
-    with a warning for an unreadable one: it only informs."""
+def _measure(model, eval_uri: str, saved_model_uri: str) -> tuple[Scores, overlap.Seen | None]:
+    """Score the eval text at `eval_uri` with `model`, loaded from `saved_model_uri`, and on the
+    same streamed pass, how much of it the model trained on (None where that is unknown)."""
+    seen = _seen_count(saved_model_uri)
+    scores = score_eval_text(signature_scorer(model), eval_uri, seen)
+    return scores, seen.result() if seen else None
+
+
+def _seen_count(saved_model_uri: str) -> overlap.SeenCount | None:
+    """A count of how much of an eval text the SavedModel at `saved_model_uri` trained on, from
+    the sketch it carries (MODEL_TEXT_SKETCH); None without one (exported before it was
+    written), or with a warning for an unreadable one: it only informs."""
     uri = storage.join(saved_model_uri, MODEL_TEXT_SKETCH)
     if not storage.has_content(uri):
         return None
     try:
-        return overlap.seen_share(storage.read_bytes(uri), eval_text)
+        return overlap.SeenCount.of(storage.read_bytes(uri))
     except (OSError, ValueError, KeyError, TypeError) as err:
         log.warning("ignoring the unreadable train-text sketch %s: %s", uri, err)
         return None
@@ -249,39 +256,6 @@ def _flattered(candidate: overlap.Seen | None, baseline: overlap.Seen | None) ->
             "corpus repeats that text in its train split)"
         )
     return "".join(f"; note: {note}" for note in notes)
-
-
-def score_text(model, text: str) -> Scores:
-    """Score `text` with a loaded SavedModel's `score` signature, in line-aligned chunks."""
-    import tensorflow as tf
-
-    score = model.signatures["score"]
-    nats, tokens, chars = 0.0, 0, 0
-    for batch in _batches(chunk_text(text, CHUNK_CHARS), BATCH_CHUNKS):
-        out = score(text=tf.constant(batch))
-        nats += float(tf.reduce_sum(tf.cast(out["nats"], tf.float64)))
-        tokens += int(tf.reduce_sum(out["tokens"]))
-        chars += int(tf.reduce_sum(out["chars"]))
-    if tokens == 0:
-        raise UserError("eval split has no text to score: its raw/eval.txt is empty")
-    per_token = nats / tokens
-    return Scores(per_token, nats / chars, _safe_exp(per_token), tokens, chars)
-
-
-def chunk_text(text: str, max_chars: int) -> list[str]:
-    """Split text into consecutive chunks of whole lines, each at most about `max_chars`."""
-    chunks: list[str] = []
-    current: list[str] = []
-    size = 0
-    for line in text.splitlines(keepends=True):
-        if current and size + len(line) > max_chars:
-            chunks.append("".join(current))
-            current, size = [], 0
-        current.append(line)
-        size += len(line)
-    if current:
-        chunks.append("".join(current))
-    return chunks
 
 
 def generate_samples(model, num_samples: int, max_new_tokens: int) -> list[tuple[str, str]]:
@@ -374,9 +348,10 @@ def _write_blessing(blessing_dir: str, result: EvalResult, model_dir: str) -> No
 
 
 def _evaluate_baseline(
-    uri: str, eval_text: str, prompts: Sequence[str], max_new_tokens: int
-) -> tuple[Scores, list[str] | None]:
-    """Score the SavedModel at `uri` on `eval_text`, and continue `prompts` with it.
+    uri: str, eval_uri: str, prompts: Sequence[str], max_new_tokens: int
+) -> tuple[Scores, overlap.Seen | None, list[str] | None]:
+    """Score the SavedModel at `uri` on the eval text at `eval_uri`, with the share of it that
+    model trained on, and continue `prompts` with it.
 
     A gs:// model is downloaded to a temporary folder first. TensorFlow's built-in GCS file
     system ignores STORAGE_EMULATOR_HOST (it always calls www.googleapis.com), and the
@@ -387,22 +362,30 @@ def _evaluate_baseline(
     with storage.local_copy(uri) as local:
         needs = SIGNATURES if prompts else ("score",)
         model = _load(local, f"the model in service at {uri}", _RESERVE, needs)
-        return score_text(model, eval_text), continue_prompts(model, prompts, max_new_tokens)
+        scores, seen = _measure(model, eval_uri, str(local))
+        return scores, seen, continue_prompts(model, prompts, max_new_tokens)
 
 
-def _score_baseline(uri: str, eval_text: str) -> Scores:
-    """Score the SavedModel at `uri` (local or gs://) on `eval_text`, without continuations."""
-    return _evaluate_baseline(uri, eval_text, (), 0)[0]
+def _score_baseline(uri: str, eval_uri: str) -> Scores:
+    """Score the SavedModel at `uri` (local or gs://) on the eval text at `eval_uri`, without
+    continuations."""
+    return _evaluate_baseline(uri, eval_uri, (), 0)[0]
 
 
 def _generate(model, prompts: Sequence[str], max_new_tokens: int, temperature: float) -> list[str]:
+    """Continuations through `generate`, each ending at its document's end (EOS), when the
+    model can tell it: one exported before `stop_at_eos` existed has no such input."""
     import tensorflow as tf
 
-    out = model.signatures["generate"](
-        prompt=tf.constant(list(prompts)),
-        max_new_tokens=tf.constant(max_new_tokens, tf.int32),
-        temperature=tf.constant(temperature, tf.float32),
-    )
+    generate = model.signatures["generate"]
+    inputs = {
+        "prompt": tf.constant(list(prompts)),
+        "max_new_tokens": tf.constant(max_new_tokens, tf.int32),
+        "temperature": tf.constant(temperature, tf.float32),
+    }
+    if "stop_at_eos" in generate.structured_input_signature[1]:
+        inputs["stop_at_eos"] = tf.constant(True)
+    out = generate(**inputs)
     return [c.decode("utf-8", errors="replace") for c in out["completion"].numpy()]
 
 
@@ -431,11 +414,12 @@ def _diverged(model_dir: str) -> str:
     return ""
 
 
-def _read_eval_text(examples_uri: str) -> str:
+def _eval_text_uri(examples_uri: str) -> str:
+    """The Examples' eval text file (local or gs://); a UserError when it is missing."""
     uri = storage.join(examples_uri, EVAL_TEXT)
     if not storage.has_content(uri):
         raise UserError(f"Examples folder has no eval text: {uri} is missing")
-    return storage.read_bytes(uri).decode("utf-8")
+    return uri
 
 
 def _load(saved_model_dir: Path, what: str, fix: str, needs: Sequence[str] = SIGNATURES):
@@ -468,15 +452,6 @@ def _first_line(err: BaseException) -> str:
     if text.startswith("{{function_node"):
         text = text.split("}}", 1)[-1].strip()
     return text.splitlines()[0] if text else type(err).__name__
-
-
-def _batches(items: list[str], size: int) -> Iterator[list[str]]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
-
-
-def _safe_exp(x: float) -> float:
-    return math.exp(x) if math.isfinite(x) and x < 700 else float("inf")
 
 
 def key_metrics(result: EvalResult) -> dict[str, float]:

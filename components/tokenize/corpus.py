@@ -163,10 +163,11 @@ class _Chunker:
 
     Split: the eval part starts at the first line start at or after byte
     round(size * (1 - eval_fraction)) of the file (or size - eval_max_bytes, if later), so
-    every file gives text to both splits and eval text stays contiguous (nanoGPT's tail split, counted in bytes so that it is known
-    before the file is decoded). A file with no line start there is cut at that byte (moved
-    back to a character's first byte). Chunks: each part is cut after the first newline at or
-    after every `chunk_bytes` bytes from where the last chunk ended, and at the part's end;
+    every file gives text to both splits and eval text stays contiguous (nanoGPT's tail split,
+    counted in bytes so that it is known before the file is decoded). A file with no line
+    start there is cut at that byte (moved back to a character's first byte). Chunks: each
+    part is cut after the first newline at or after every `chunk_bytes` bytes from where the
+    last chunk ended, and at the part's end;
     a part that does not end in a newline gets one, as the windows of a split run on across
     files. The bytes held are at most a chunk and a block, plus one line (MAX_LINE_BYTES).
     """

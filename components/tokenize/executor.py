@@ -42,7 +42,6 @@ from components.tokenize.plan import (
     PLAN_FILE,
     SPLIT_FILE,
     TAIL,
-    UNIT_BYTES,
     WORK_TOKENIZER,
     Plan,
     SplitRule,
@@ -70,6 +69,7 @@ if TYPE_CHECKING:
 
 DEFAULT_SHARD_WINDOWS = 4096  # about 0.25 MB of GZIP per shard at seq_len 64, vocab 512
 DEFAULT_EVAL_MAX_BYTES = TokenizeParams.eval_max_bytes
+DEFAULT_UNIT_BYTES = TokenizeParams.unit_bytes
 # Options of `run` that change nothing in the output, so not the dataset version.
 NOT_VERSIONED = ("parts", "runner", "progress", "reporter", "work_dir")
 
@@ -83,6 +83,7 @@ def run(
     eval_fraction: float = 0.1,
     eval_max_bytes: int = DEFAULT_EVAL_MAX_BYTES,
     text_field: str = "text",
+    unit_bytes: int = DEFAULT_UNIT_BYTES,
     tokenizer: str | None = None,
     shard_windows: int = DEFAULT_SHARD_WINDOWS,
     chunk_bytes: int = CHUNK_BYTES,
@@ -161,6 +162,7 @@ def run(
         eval_fraction=eval_fraction,
         eval_max_bytes=eval_max_bytes,
         text_field=text_field,
+        unit_bytes=unit_bytes,
         shard_windows=shard_windows,
         chunk_bytes=chunk_bytes,
         tokenizer_sample_bytes=tokenizer_sample_bytes,
@@ -171,7 +173,7 @@ def run(
         raise UserError(
             f"corpus {corpus!r} changed while the run was reading it; run again when it is stable"
         )
-    units = group_units(sources)
+    units = group_units(sources, unit_bytes)
     plan = Plan(
         corpus=corpus,
         root=corpus_root(corpus, sources),
@@ -368,6 +370,7 @@ def execute(
         eval_fraction=params.eval_fraction,
         eval_max_bytes=params.eval_max_bytes,
         text_field=params.text_field,
+        unit_bytes=params.unit_bytes,
         tokenizer=params.tokenizer or None,
         parts=params.parts or None,
         runner=part_runner(params, step),
@@ -391,6 +394,7 @@ def dataset_version_of(
     eval_fraction: float = 0.1,
     eval_max_bytes: int = DEFAULT_EVAL_MAX_BYTES,
     text_field: str = "text",
+    unit_bytes: int = DEFAULT_UNIT_BYTES,
     tokenizer: str | None = None,
     shard_windows: int = DEFAULT_SHARD_WINDOWS,
     chunk_bytes: int = CHUNK_BYTES,
@@ -406,6 +410,7 @@ def dataset_version_of(
         eval_fraction=eval_fraction,
         eval_max_bytes=eval_max_bytes,
         text_field=text_field,
+        unit_bytes=unit_bytes,
         shard_windows=shard_windows,
         chunk_bytes=chunk_bytes,
         tokenizer_sample_bytes=tokenizer_sample_bytes,
@@ -415,9 +420,9 @@ def dataset_version_of(
 
 def _parameters(tokenizer: str | None, **versioned: Any) -> tuple[DatasetParameters, Any]:
     """Every parameter that changes the output (`versioned`: dataset_parameters' arguments but
-    the tokenizer and the unit size), and the given tokenizer's bytes (None: one is trained)."""
+    the tokenizer), and the given tokenizer's bytes (None: one is trained)."""
     given = bpe.read_given(tokenizer, versioned["vocab_size"]) if tokenizer else None
-    return dataset_parameters(given=given, unit_bytes=UNIT_BYTES, **versioned), given
+    return dataset_parameters(given=given, **versioned), given
 
 
 def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Dataset:

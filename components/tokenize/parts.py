@@ -150,6 +150,8 @@ class _Stream:
                     ends = last and chunk.split == SPLITS[1]  # the file ends in its eval part
                     yield Text(chunk.text, ends, key, None, chunk.split, chunk.size)
                 continue
+            from components.tokenize.readers import DocumentReader
+
             reader = DocumentReader(
                 source, text_field=plan.text_field, piece_bytes=plan.chunk_bytes
             )

@@ -1,8 +1,8 @@
 """What the tokenize step and its parts share: the plan, the split rule, the work folder's
 layout, and the record each part leaves for every unit it finishes.
 
-The corpus's sources are grouped, in listing order, into units of about UNIT_BYTES (a function
-of the listing alone), and part `i` of `n` takes units i, i + n, i + 2n, ... So the units, and
+The corpus's sources are grouped, in listing order, into units of at least `unit_bytes` (a
+function of the listing alone), and part `i` of `n` takes units i, i + n, i + 2n, ... So the units, and
 with them every shard's bytes, are the same whatever the number of parts and wherever they run;
 only who does which unit changes. Windows never cross a unit's end.
 
@@ -32,7 +32,6 @@ from components import storage
 from contracts import records
 from contracts.examples import SplitStats
 
-UNIT_BYTES = 64 << 20  # listed bytes per unit, at least (a unit is whole files)
 PLAN_FILE = "plan.json"
 SPLIT_FILE = "split.json"
 WORK_TOKENIZER = "tokenizer.model"
@@ -117,13 +116,16 @@ def unit_uri(work: str, phase: str, unit: int) -> str:
     return storage.join(work, phase, unit_name(unit))
 
 
-def group_units(sources: Sequence[storage.FileInfo]) -> tuple[tuple[storage.FileInfo, ...], ...]:
-    """Consecutive sources in units of at least UNIT_BYTES listed bytes (the last may be less)."""
+def group_units(
+    sources: Sequence[storage.FileInfo], unit_bytes: int
+) -> tuple[tuple[storage.FileInfo, ...], ...]:
+    """Consecutive sources in units of at least `unit_bytes` listed bytes (the last may be
+    less)."""
     units: list[tuple[storage.FileInfo, ...]] = []
     current: list[storage.FileInfo] = []
     for source in sources:
         current.append(source)
-        if sum(f.size for f in current) >= UNIT_BYTES:
+        if sum(f.size for f in current) >= unit_bytes:
             units.append(tuple(current))
             current = []
     if current:

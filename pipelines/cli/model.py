@@ -25,7 +25,7 @@ from contracts.errors import UserError
 from pipelines.config import DEFAULT_ROOT, RunConfig
 
 if TYPE_CHECKING:
-    from components.evaluate.executor import Scores
+    from contracts.blessing import Scores
 
 # The components (storage, serving, evaluate with TensorFlow) are imported where they are used,
 # as main.py does, so adding these commands' parsers costs `gptpipe` nothing at start-up.
@@ -58,6 +58,12 @@ def add_parser(subparsers: Any) -> None:
         help="sample from this seed (the same seed, the same continuation); without it, "
         "from the model's own random state",
     )
+    gen.add_argument(
+        "--through-eos",
+        action="store_true",
+        help="continue past the end of the document (EOS) into a new one; by default the "
+        "continuation ends there",
+    )
     gen.add_argument("prompt", help="the text to continue")
     gen.set_defaults(func=cmd_generate)
 
@@ -84,7 +90,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     check_sampling(args.max_new_tokens, args.temperature, args.seed)
     uri = resolve_model(args.model, args.version)
     with open_model(uri) as model:
-        print(generate(model, args.prompt, args.max_new_tokens, args.temperature, args.seed))
+        print(
+            generate(
+                model,
+                args.prompt,
+                args.max_new_tokens,
+                args.temperature,
+                args.seed,
+                stop_at_eos=not args.through_eos,
+            )
+        )
     return 0
 
 
@@ -200,9 +215,18 @@ def check_sampling(max_new_tokens: int, temperature: float, seed: int | None = N
 
 
 def generate(
-    model: Any, prompt: str, max_new_tokens: int, temperature: float, seed: int | None
+    model: Any,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int | None,
+    stop_at_eos: bool = True,
 ) -> str:
     """The model's continuation of `prompt` (the continuation only), as text.
+
+    With `stop_at_eos` it ends at the document's end (EOS), if the model samples one first;
+    without, it continues through EOS. A model exported before `stop_at_eos` existed has no
+    such input and always continues.
 
     With `seed`, the model's `generate_seeded` signature samples statelessly from it (the same
     seed, the same text); without, `generate` samples from the SavedModel's own random state,
@@ -226,6 +250,8 @@ def generate(
             "it existed), so --seed has no effect",
             file=sys.stderr,
         )
+    if "stop_at_eos" in signature.structured_input_signature[1]:
+        inputs["stop_at_eos"] = tf.constant(stop_at_eos)
     completion = signature(**inputs)["completion"].numpy()[0]
     # Sampled byte-fallback pieces need not form whole UTF-8 characters.
     return bytes(completion).decode("utf-8", errors="replace")
@@ -255,10 +281,10 @@ def read_text(path: Path) -> str:
 
 def score(model: Any, text: str, source: Path | str) -> Scores:
     """Score `text` as evaluate scores the eval split: line-aligned chunks through `score`."""
-    from components.evaluate import executor as evaluate
+    from components.evaluate import scoring
 
     try:
-        return evaluate.score_text(model, text)
+        return scoring.score_text(model, text)
     except UserError:  # raised only when no token was predicted: a one-token text
         raise UserError(
             f"{source} is too short to score: the model predicts no token of it; pass more text"

@@ -31,6 +31,8 @@ from bench.results import (
     memory_gib,
     report,
 )
+from contracts.artifacts import EVAL_TEXT
+from tests.tiny import write_eval_text
 from trainer import flops
 
 REPO = Path(__file__).resolve().parents[2]
@@ -158,10 +160,9 @@ def test_planned_steps_fit_the_budget_and_fall_on_the_curves_points():
 def test_the_quality_split_is_the_corpus_less_its_eval_tail(tmp_path):
     corpus, examples = tmp_path / "corpus.txt", tmp_path / "examples"
     corpus.write_text("First line\nsecond\nthe tail\n", encoding="utf-8")
-    (examples / "raw").mkdir(parents=True)
-    (examples / "raw" / "eval.txt").write_text("the tail\n", encoding="utf-8")
+    write_eval_text(examples / EVAL_TEXT, ["the tail\n"])
     assert quality_bench.train_split(examples, corpus) == ("First line\nsecond\n", "the tail\n")
-    (examples / "raw" / "eval.txt").write_text("second\n", encoding="utf-8")
+    write_eval_text(examples / EVAL_TEXT, ["second\n"])
     with pytest.raises(RuntimeError, match="not the corpus's tail"):
         quality_bench.train_split(examples, corpus)
 

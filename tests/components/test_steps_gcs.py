@@ -18,6 +18,7 @@ from components.storage import gcs as storage_gcs
 from components.tokenize import executor as tokenize
 from contracts.artifacts import RETIRED_FILE
 from contracts.errors import UserError
+from contracts.eval_text import EvalPiece, piece_line
 from contracts.examples import GcsSource, parse_manifest
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "data" / "tinyshakespeare.txt"
@@ -330,6 +331,10 @@ def test_evaluate_scores_the_highest_complete_gcs_version(gcs, tmp_path):
 
     baseline = serving.latest_version_uri(gcs.uri("serving"))
     assert baseline == gcs.uri("serving/4")
-    scores = evaluate._score_baseline(baseline, "some eval text\nsecond line\n")
-    assert scores.nats_per_char == pytest.approx(0.5) and scores.chars == 27
+    # The eval text is streamed from gs:// too: two documents, the first in two pieces.
+    texts = [("some eval text\n", False), ("second line\n", True), ("third\n", True)]
+    pieces = [EvalPiece(text, end) for text, end in texts]
+    gcs.put("examples/raw/eval.jsonl", b"".join(piece_line(p) for p in pieces))
+    scores = evaluate._score_baseline(baseline, gcs.uri("examples/raw/eval.jsonl"))
+    assert scores.nats_per_char == pytest.approx(0.5) and scores.chars == 33
     assert serving.latest_version_uri(gcs.uri("empty")) is None

@@ -36,11 +36,11 @@ SHAKESPEARE = Path(__file__).resolve().parents[2] / "data" / "tinyshakespeare.tx
 CORPUS_NAME = "shakespeare.txt"
 CORPUS_SHA256 = "00eb54584be5f4d895fe098e102ad0222b7c47d676d413e2085b711c33840c06"
 
-# A manifest.json as tokenize wrote it before the manifest was a record (5976 bytes of
-# data/tinyshakespeare.txt, vocab_size 320, seq_len 16, shard_windows 64), its source's folder
-# renamed. Examples on disk and in the content-addressed store look like this.
+# A manifest.json as tokenize writes it (format 3; 5976 bytes of data/tinyshakespeare.txt,
+# vocab_size 320, seq_len 16, shard_windows 64), its source's folder renamed. Examples on disk
+# and in the content-addressed store look like this.
 TODAY_MANIFEST = """{
-  "dataset_version": "185e3c97518491147de6c2c8eded3ff515322e4bbbb6b58eb6fd09ba5fab5fe1",
+  "dataset_version": "d51df2debff0804e092ec75d79267852f560ca548be37ca8a431977d4bb3432b",
   "seq_len": 16,
   "vocab_size": 320,
   "eval_fraction": 0.1,
@@ -62,7 +62,7 @@ TODAY_MANIFEST = """{
         "Split-eval/data_tfrecord-00000-of-00001.gz"
       ],
       "windows": 31,
-      "tokens": 500,
+      "tokens": 501,
       "chars": 577
     }
   },
@@ -80,11 +80,14 @@ TODAY_MANIFEST = """{
     }
   ],
   "parameters": {
-    "format_version": 2,
-    "split_method": "file-tail-bytes-v2",
+    "format_version": 3,
+    "split_method": "file-tail-bytes-v3",
     "vocab_size": 320,
     "seq_len": 16,
     "eval_fraction": 0.1,
+    "eval_max_bytes": 100000000,
+    "text_field": "text",
+    "unit_bytes": 67108864,
     "shard_windows": 64,
     "chunk_bytes": 1048576,
     "tokenizer_sample_bytes": 16777216,
@@ -111,6 +114,14 @@ TODAY_MANIFEST = """{
       "pad_id": -1
     },
     "given_tokenizer_sha256": null
+  },
+  "documents": {
+    "train": 1,
+    "eval": 1
+  },
+  "empty_documents": 0,
+  "formats": {
+    "txt": 1
   }
 }
 """
@@ -134,7 +145,7 @@ def _today() -> dict:
 def test_todays_manifest_reads_as_a_record_and_is_written_back_byte_for_byte():
     manifest = parse_manifest(TODAY_MANIFEST, "examples/manifest.json")
     assert manifest.splits["train"].shards[4] == "Split-train/data_tfrecord-00004-of-00005.gz"
-    assert (manifest.total("windows"), manifest.total("tokens")) == (322, 5166)
+    assert (manifest.total("windows"), manifest.total("tokens")) == (322, 5167)
     assert manifest.tokenizer.file == "tokenizer.model" and manifest.tokenizer.trained
     assert manifest.sources == (LocalSource("/data/corpus/shakespeare.txt", 5976, CORPUS_SHA256),)
     assert manifest.parameters.format_version == FORMAT_VERSION
@@ -215,9 +226,9 @@ def test_a_manifest_missing_what_todays_writer_always_writes_is_refused(drop, sa
 @pytest.mark.parametrize(
     ("version", "said"),
     [
-        (1, "is of format_version 1, this gptpipe reads 2; tokenize the corpus again"),
-        (None, "is of format_version null, this gptpipe reads 2; tokenize the corpus again"),
-        (3, "is of format_version 3, this gptpipe reads 2; read it with the gptpipe that"),
+        (2, "is of format_version 2, this gptpipe reads 3; tokenize the corpus again"),
+        (None, "is of format_version null, this gptpipe reads 3; tokenize the corpus again"),
+        (4, "is of format_version 4, this gptpipe reads 3; read it with the gptpipe that"),
     ],
 )
 def test_a_manifest_of_another_format_is_refused_naming_the_file(version, said):

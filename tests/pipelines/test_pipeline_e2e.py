@@ -166,7 +166,10 @@ def test_pushed_model_answers_generate_and_score(two_runs):
     root, _, _ = two_runs
     model = tf.saved_model.load(str(root / "serving" / "gpt" / "1"))
     out = model.signatures["generate"](
-        prompt=tf.constant(["ROMEO:"]), max_new_tokens=tf.constant(8), temperature=tf.constant(0.0)
+        prompt=tf.constant(["ROMEO:"]),
+        max_new_tokens=tf.constant(8),
+        temperature=tf.constant(0.0),
+        stop_at_eos=tf.constant(False),
     )
     assert out["completion"].shape == (1,) and out["completion"][0].numpy()
     scored = model.signatures["score"](text=tf.constant(["To be, or not to be."]))

@@ -11,7 +11,7 @@ import tf_keras as keras
 
 from tests.tiny import SEQ_LEN, VOCAB_SIZE, tiny_corpus, train_tokenizer
 from trainer.config import resolve_config
-from trainer.export import export_model
+from trainer.export import GPTServing, export_model
 from trainer.model import build_gpt
 
 # Each test loads TensorFlow models: the module is the slow tier's.
@@ -79,6 +79,9 @@ def test_export_layout_and_signatures(exported):
     assert set(loaded.signatures) == {"serving_default", "generate", "generate_seeded", "score"}
     gen = loaded.signatures["generate"]
     assert set(gen.structured_outputs) == {"completion"}
+    for name in ("generate", "generate_seeded"):
+        inputs = loaded.signatures[name].structured_input_signature[1]
+        assert inputs["stop_at_eos"] == tf.TensorSpec([], tf.bool, name="stop_at_eos")
     assert set(loaded.signatures["serving_default"].structured_outputs) == {"completion"}
     assert set(loaded.signatures["score"].structured_outputs) == {
         "nats",
@@ -104,7 +107,10 @@ def test_generate_greedy_matches_keras_and_handles_ragged_batches(exported, toke
     prompts = ["ROMEO:\n", "", "To be, or not to be, that is the question. Speak, speak."]
     n = SEQ_LEN + 4  # longer than the window: the context must be cropped
     out = loaded.signatures["generate"](
-        prompt=tf.constant(prompts), max_new_tokens=tf.constant(n), temperature=tf.constant(0.0)
+        prompt=tf.constant(prompts),
+        max_new_tokens=tf.constant(n),
+        temperature=tf.constant(0.0),
+        stop_at_eos=tf.constant(False),
     )["completion"].numpy()
     got = [c.decode("utf-8") for c in out]
     assert got == [_greedy_reference(model, sp, p, n) for p in prompts]
@@ -114,11 +120,17 @@ def test_generate_sampling_and_zero_tokens(exported):
     _, loaded, _ = exported
     gen = loaded.signatures["serving_default"]
     out = gen(
-        prompt=tf.constant(["a", "bb"]), max_new_tokens=tf.constant(5), temperature=tf.constant(1.0)
+        prompt=tf.constant(["a", "bb"]),
+        max_new_tokens=tf.constant(5),
+        temperature=tf.constant(1.0),
+        stop_at_eos=tf.constant(False),
     )["completion"]
     assert out.shape == (2,) and all(len(c) > 0 for c in out.numpy())
     empty = gen(
-        prompt=tf.constant(["a"]), max_new_tokens=tf.constant(0), temperature=tf.constant(0.7)
+        prompt=tf.constant(["a"]),
+        max_new_tokens=tf.constant(0),
+        temperature=tf.constant(0.7),
+        stop_at_eos=tf.constant(True),
     )["completion"].numpy()
     assert empty.tolist() == [b""]
 
@@ -170,5 +182,97 @@ def test_a_rotary_model_exports_generates_and_scores_like_keras(tokenizer_path, 
         prompt=tf.constant(["ROMEO:\n"]),
         max_new_tokens=tf.constant(n),
         temperature=tf.constant(0.0),
+        stop_at_eos=tf.constant(False),
     )["completion"].numpy()
     assert out[0].decode("utf-8") == _greedy_reference(model, sp, "ROMEO:\n", n)
+
+
+# ---- generation ends at the document's end (EOS) ---------------------------------------------
+
+
+def _table_model(next_ids: dict[int, int], default: int) -> keras.Model:
+    """A model whose next token after id i is next_ids.get(i, default), by a wide margin."""
+    table = np.zeros((VOCAB_SIZE, VOCAB_SIZE), dtype="float32")
+    for i in range(VOCAB_SIZE):
+        table[i, next_ids.get(i, default)] = 50.0
+    ids = keras.Input((None,), dtype="int32")
+    init = keras.initializers.Constant(table)
+    logits = keras.layers.Embedding(VOCAB_SIZE, VOCAB_SIZE, embeddings_initializer=init)(ids)
+    return keras.Model(ids, logits)  # (B, T, V)
+
+
+@pytest.fixture(scope="module")
+def eos_after_one(tokenizer_path, tmp_path_factory):
+    """A SavedModel that continues any prompt with A, EOS, then B for ever (and B with B):
+    (loaded, sp, A, B)."""
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
+    a, b = sp.encode("R")[0], sp.encode("J")[0]
+    assert len({a, b, sp.eos_id()}) == 3 and sp.eos_id() == 2
+    model = _table_model({a: sp.eos_id(), sp.eos_id(): b, b: b}, default=a)
+    cfg = resolve_config("tiny", [f"vocab_size={VOCAB_SIZE}", f"seq_len={SEQ_LEN}"])
+    export_dir = tmp_path_factory.mktemp("eos") / "Format-Serving"
+    export_model(model, cfg, str(tokenizer_path), str(export_dir))
+    return tf.saved_model.load(str(export_dir)), sp, a, b
+
+
+def _continue(loaded, prompts, stop_at_eos, temperature=0.0, seed=None):
+    inputs = {
+        "prompt": tf.constant(prompts),
+        "max_new_tokens": tf.constant(6),
+        "temperature": tf.constant(temperature),
+        "stop_at_eos": tf.constant(stop_at_eos),
+    }
+    name = "generate" if seed is None else "generate_seeded"
+    if seed is not None:
+        inputs["seed"] = tf.constant(seed, tf.int64)
+    return [c.decode("utf-8") for c in loaded.signatures[name](**inputs)["completion"].numpy()]
+
+
+def test_generation_stops_at_eos_per_row_and_leaves_it_out(eos_after_one):
+    loaded, sp, a, b = eos_after_one
+    # The first row meets EOS after A; the second, ending in B, never does and runs to 6.
+    prompts = ["ROMEO:\n", sp.decode([b])]
+    assert _continue(loaded, prompts, True) == [sp.decode([a]), sp.decode([b] * 6)]
+    for seed in (1, 2):  # sampling (temperature 1) stops alike
+        assert _continue(loaded, prompts[:1], True, 1.0, seed) == [sp.decode([a])]
+
+
+def test_generation_continues_through_eos_when_asked(eos_after_one):
+    loaded, sp, a, b = eos_after_one
+    through = sp.decode([a, sp.eos_id(), b, b, b, b])
+    assert through == sp.decode([a]) + sp.decode([b] * 4)  # EOS itself is no text
+    assert _continue(loaded, ["ROMEO:\n"], False) == [through]
+    assert _continue(loaded, ["ROMEO:\n"], False, 1.0, 3) == [through]
+
+
+def test_a_tokenizer_without_eos_never_stops(tmp_path):
+    from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(tiny_corpus(), encoding="utf-8")
+    options = {**SENTENCEPIECE_TRAINER_OPTIONS, "eos_id": -1}
+    spm.SentencePieceTrainer.train(
+        input=str(corpus),
+        model_prefix=str(tmp_path / "no-eos"),
+        vocab_size=VOCAB_SIZE,
+        minloglevel=2,
+        **options,
+    )
+    module = GPTServing(_table_model({}, default=2), SEQ_LEN, str(tmp_path / "no-eos.model"))
+    assert module.eos_id == -1
+    out = module.generate(
+        tf.constant(["ROMEO:"]), tf.constant(5), tf.constant(0.0), tf.constant(True)
+    )
+    ids = module.tokenizer.tokenize(out["completion"])
+    assert ids.row_lengths().numpy().tolist() == [5]
+
+
+def test_text_never_tokenizes_to_eos(tokenizer_path):
+    """EOS is a control symbol: the text "</s>" is its characters, so a scored string never
+    holds a document's end."""
+    sp = spm.SentencePieceProcessor(model_file=str(tokenizer_path))
+    tok = tf_text.SentencepieceTokenizer(model=tokenizer_path.read_bytes())
+    texts = ["</s>", "a</s>b\n", "<s></s><unk>"]
+    for row in tok.tokenize(tf.constant(texts)).to_list():
+        assert sp.eos_id() not in row
+    assert all(sp.eos_id() not in sp.encode(text) for text in texts)

@@ -20,7 +20,7 @@ from contracts import records, termination
 from contracts.artifacts import BACKUP_DIR, CHECKED_SHARDS_DIR
 from contracts.errors import UserError
 from contracts.training import TrainMetrics
-from tests.tiny import TINY_OVERRIDES
+from tests.tiny import TINY_OVERRIDES, read_eval_documents
 from trainer import data, export, shard_check
 from trainer.callbacks import TrainMonitor
 from trainer.cluster import choose_strategy, cluster_size, is_chief
@@ -238,9 +238,10 @@ def test_train_end_to_end_exports_a_working_model(tmp_path, examples):
         prompt=tf.constant(["ROMEO:\n", ""]),
         max_new_tokens=tf.constant(12),
         temperature=tf.constant(0.0),
+        stop_at_eos=tf.constant(False),
     )["completion"].numpy()
     assert all(len(c.decode("utf-8")) > 0 for c in out)
-    eval_text = (examples / "raw" / "eval.txt").read_text(encoding="utf-8")
+    eval_text = "".join(read_eval_documents(examples))
     scored = loaded.signatures["score"](text=tf.constant([eval_text]))
     nats_per_token = float(scored["nats_per_token"][0])
     keras_loss = _keras_eval_loss(examples, model_dir, work_dir, cfg)

@@ -36,11 +36,3 @@ def test_nan_and_divergence_are_never_blessed():
     assert not executor.decide(scores(float("nan")), None, POLICY)[0]
     blessed, reason = executor.decide(scores(1.0), None, POLICY, "NaN loss at step 3")
     assert not blessed and "diverged" in reason
-
-
-def test_chunks_are_whole_lines_and_lose_nothing():
-    text = "".join(f"line {i} " + "x" * (i % 50) + "\n" for i in range(200))
-    chunks = executor.chunk_text(text, 256)
-    assert "".join(chunks) == text
-    assert all(c.endswith("\n") for c in chunks)
-    assert all(len(c) <= 256 for c in chunks)

@@ -8,6 +8,7 @@ import pytest
 from components import overlap
 from components.evaluate import executor
 from contracts.params import EvalPolicy
+from tests.tiny import read_eval_documents
 
 pytestmark = pytest.mark.slow
 
@@ -34,7 +35,7 @@ def test_first_model_is_blessed_without_a_baseline(tmp_path, trained):
     result = run(tmp_path, examples, model, tmp_path / "serving")
     assert result.blessed and result.baseline is None
     assert 0 < result.candidate.nats_per_char < result.candidate.nats_per_token
-    assert result.candidate.chars == len((examples / "raw" / "eval.txt").read_text())
+    assert result.candidate.chars == len("".join(read_eval_documents(examples)))
     assert (tmp_path / "blessing" / "BLESSED").is_file()
     report = (tmp_path / "report.md").read_text()
     assert "change check against a baseline was skipped" in report
@@ -85,7 +86,7 @@ def test_the_report_says_how_much_of_the_eval_text_each_model_trained_on(tmp_pat
     """A model in service that trained on the eval text (the split moved since) is named in the
     reason, the blessing, the Metrics and both reports; the decision is the scores' alone."""
     examples, model = trained
-    eval_text = (examples / "raw" / "eval.txt").read_text(encoding="utf-8")
+    eval_text = "".join(read_eval_documents(examples))  # its documents end with newlines
     _serve(model, tmp_path / "serving", 1, sketch_of=eval_text)
     result = run(
         tmp_path, examples, model, tmp_path / "serving", html_report_path=str(tmp_path / "r.html")
@@ -119,3 +120,42 @@ def test_a_baseline_without_a_sketch_or_with_a_damaged_one_is_unknown(tmp_path, 
         assert "| unknown |" in (out / "report.md").read_text()
         assert "eval_text_seen_by_baseline" not in executor.key_metrics(result)
     assert "ignoring the unreadable train-text sketch" in caplog.text
+
+
+def _old_baseline(folder):
+    """A SavedModel as exported before `stop_at_eos` existed: `generate` without that input,
+    continuing every prompt with "old", and a `score` of 0.5 nats per char."""
+    import tensorflow as tf
+
+    class Old(tf.Module):
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([None], tf.string, name="prompt"),
+                tf.TensorSpec([], tf.int32, name="max_new_tokens"),
+                tf.TensorSpec([], tf.float32, name="temperature"),
+            ]
+        )
+        def generate(self, prompt, max_new_tokens, temperature):
+            return {"completion": tf.fill(tf.shape(prompt), "old")}
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
+        def score(self, text):
+            chars = tf.strings.length(text, unit="UTF8_CHAR")
+            return {"nats": tf.cast(chars, tf.float32) * 0.5, "tokens": chars, "chars": chars}
+
+    old = Old()
+    signatures = {"generate": old.generate, "score": old.score}
+    tf.saved_model.save(old, str(folder), signatures=signatures)
+    return folder
+
+
+def test_a_baseline_exported_before_stop_at_eos_still_continues_the_prompts(tmp_path, trained):
+    examples, model = trained
+    _old_baseline(tmp_path / "serving" / "1")
+    result = run(
+        tmp_path, examples, model, tmp_path / "serving", html_report_path=str(tmp_path / "r.html")
+    )
+    assert result.baseline.nats_per_char == pytest.approx(0.5)
+    assert result.baseline.chars == result.candidate.chars
+    page = (tmp_path / "r.html").read_text()
+    assert page.count('<pre class="sample">old</pre>') == len(executor.COMPARE_PROMPTS)

@@ -17,7 +17,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from components import storage
-from components.tokenize import bpe, corpus, encode, executor, plan, shards
+from components.tokenize import bpe, corpus, encode, executor, shards
 from contracts.errors import UserError
 from contracts.examples import SplitStats
 
@@ -126,12 +126,12 @@ def test_pieces_encode_as_each_text_alone_with_eos_after_a_document_end(model):
 
 
 @pytest.mark.slow
-def test_one_two_and_four_parts_write_the_same_bytes(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(plan, "UNIT_BYTES", 20_000)  # several units from a small corpus
+def test_one_two_and_four_parts_write_the_same_bytes(tmp_path, capsys):
     text = SHAKESPEARE.read_text(encoding="utf-8")[:120_000]
     for i in range(6):
         _write(tmp_path / "docs" / f"{i}.txt", text[i * 20_000 : (i + 1) * 20_000])
     options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "shard_windows": 300, "chunk_bytes": 4096}
+    options["unit_bytes"] = 20_000  # a unit per file
     runs = {}
     for parts in (1, 2, 4):
         runs[parts] = executor.run(

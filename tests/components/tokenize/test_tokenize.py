@@ -16,8 +16,8 @@ import tensorflow as tf
 from components import overlap
 from components.tokenize import encode, executor
 from contracts.artifacts import EVAL_TEXT, TRAIN_TEXT_SKETCH
-from contracts.eval_text import EvalPiece, read_pieces
 from contracts.errors import UserError
+from contracts.eval_text import EvalPiece, read_pieces
 from contracts.examples import (
     ExamplesManifest,
     LocalSource,

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from contracts.artifacts import EVAL_TEXT
 from contracts.params import EvalPolicy, TrainJob
 from pipelines.runners.local import runner
 from tests.tiny import PIPELINE_SMALL as SMALL
+from tests.tiny import read_eval_documents
 from trainer.config import resolve_config
 
 REPO = Path(__file__).resolve().parents[3]
@@ -75,9 +75,12 @@ class LocalRuns:
         """The Examples folder run `index` trained and evaluated on."""
         return Path(self.summaries[index]["steps"]["tokenize"]["outputs"]["examples"][0]["uri"])
 
-    def eval_text(self, index: int) -> Path:
-        """The eval split's text that evaluate scored in run `index`."""
-        return self.examples(index) / EVAL_TEXT
+    def eval_text(self, index: int, folder: Path) -> Path:
+        """The eval split's text that evaluate scored in run `index`, written into `folder` as a
+        plain text file (its documents joined: the run's corpus slice is one document)."""
+        path = folder / f"eval-text-{index}.txt"
+        path.write_text("".join(read_eval_documents(self.examples(index))), encoding="utf-8")
+        return path
 
 
 @pytest.fixture(scope="session")

@@ -58,14 +58,15 @@ def test_the_seed_chooses_the_continuation(local_runs, capsys):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("index", [0, 1])
-def test_score_of_the_eval_text_is_the_runs_evaluation(local_runs, capsys, index):
+def test_score_of_the_eval_text_is_the_runs_evaluation(local_runs, capsys, index, tmp_path):
     version = str(local_runs.pushed_version(index))
     argv = ["score", "--model", str(local_runs.serving_dir), "--version", version, "--json"]
-    found = json.loads(output(capsys, [*argv, str(local_runs.eval_text(index))]))
+    eval_text = local_runs.eval_text(index, tmp_path)
+    found = json.loads(output(capsys, [*argv, str(eval_text)]))
     assert found["model"] == str(local_runs.pushed_model(index))
     assert math.isfinite(found["nats_per_char"]) and found["nats_per_char"] > 0
     assert found["nats_per_char"] == pytest.approx(local_runs.eval_nats_per_char(index), rel=1e-3)
-    text = local_runs.eval_text(index).read_text(encoding="utf-8")
+    text = eval_text.read_text(encoding="utf-8")
     assert found["chars"] == len(text) and found["tokens"] > 0
 
 
@@ -175,3 +176,39 @@ def test_a_file_that_cannot_be_scored_is_one_line_naming_it(tmp_path):
         with pytest.raises(UserError, match=expected) as err:
             run(["score", "--model", str(tmp_path / "no-model-here"), str(path)])
         assert "\n" not in str(err.value)
+
+
+class _Generate:
+    """A `generate` signature that records its inputs; `inputs` names those it takes."""
+
+    def __init__(self, inputs: tuple[str, ...]) -> None:
+        self.structured_input_signature = ((), dict.fromkeys(inputs))
+        self.calls: list[dict] = []
+
+    def __call__(self, **inputs):
+        import tensorflow as tf
+
+        self.calls.append({name: value.numpy() for name, value in inputs.items()})
+        return {"completion": tf.constant([b"continued"])}
+
+
+@pytest.mark.slow
+def test_generate_stops_at_eos_unless_through_eos_and_an_old_model_is_asked_without_it():
+    base = ("prompt", "max_new_tokens", "temperature")
+    new, old = _Generate((*base, "stop_at_eos")), _Generate(base)
+    for signature in (new, old):
+        model = type("Model", (), {"signatures": {"generate": signature}})()
+        for stop in (True, False):
+            assert model_cmd.generate(model, "p", 4, 0.8, None, stop_at_eos=stop) == "continued"
+    assert [call["stop_at_eos"] for call in new.calls] == [True, False]
+    assert all("stop_at_eos" not in call for call in old.calls)
+    args = _parser().parse_args(["generate", "--through-eos", "p"])
+    assert args.through_eos and not _parser().parse_args(["generate", "p"]).through_eos
+
+
+def _parser():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    model_cmd.add_parser(parser.add_subparsers())
+    return parser
