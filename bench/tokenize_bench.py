@@ -1,12 +1,13 @@
 """Tokenize at scale (issue 36): a generated .jsonl.zst corpus through the step in parts.
 
-The corpus: LARGE_MB (100 MB; 1000 MB with --full) of document text, and SMALL_MB (10 MB;
+The corpus: a large size (100 MB; 1000 MB with --full) of document text and a small one (10 MB;
 100 MB with --full), as JSONL lines `{"text": ...}` compressed with zstandard into FILES files,
 made in a temporary folder from the bundled text with a fixed seed: each document is a span of
 it starting at a line, its length lognormal between 200 B and 50 KB. Each file is one unit
-(the step's units are 64 MiB of listed bytes, which would make the quick tier's corpus, a few
-MB compressed, a single unit with nothing for parts to share; a corpus of 64 MiB files is cut
-the same way), so the units and parts here are what a large corpus would give them.
+(`tokenize.unit_bytes` = UNIT_BYTES: its default, 64 MiB of listed bytes, would make the quick
+tier's corpus, tens of MB compressed, a single unit with nothing for parts to share; a corpus of
+64 MiB files is cut the same way), so units and parts here share the work as a large corpus's
+would.
 
 Each run is the step itself (`executor.run`, vocabulary and window of `tiny`, its tokenizer
 trained as usual) in a fresh process that imports nothing else. Its stages are timed from the
@@ -20,13 +21,13 @@ the step's and its parts' of one phase (what is resident at once, at most), and 
   by line on one thread, in a fresh process that loads sentencepiece (and the corpus's readers,
   untimed), with the tokenizer the step trained.
 - Scaling: the encode phase's wall time on 1 part over on 2 parts (local processes).
-- Memory: peaks at LARGE_MB over at SMALL_MB, 2 parts, and the sum at LARGE_MB.
-- Identity: every file's sha256 of the Examples from 4 parts (SMALL_MB) and 2 parts (LARGE_MB)
-  against 1 part's; the figure counts the files that differ, held to zero.
+- Memory: on 2 parts, the peaks at the large size over at the small, and the sum at the large.
+- Identity: every file's sha256 of the Examples from 4 parts (small size) and 2 parts (both
+  sizes) against 1 part's; the figure counts the files that differ on 4 parts, held to zero.
 - The 1 TB estimate on a 16-pod Indexed Job, from the per-part rates measured here and the
   assumptions in `Cluster` (docs/benchmarks.md, "Tokenize at scale").
 
-At LARGE_MB the runs alternate 1 part, bare, 2 parts, 2 parts, bare, 1 part, so that both
+At the large size the runs alternate 1 part, bare, 2 parts, 2 parts, bare, 1 part, so that both
 ratios are A B B A, and each side's best run counts (as peer_bench). Timing on a shared
 machine moves by tens of percent: read the ratios, and the CPU seconds beside them, which other
 load moves far less. Scaling shows only on an idle machine with 2 free cores.
@@ -57,6 +58,7 @@ DOC_BYTES = (200, 50_000)  # a document's length, at least and at most
 DOC_MEDIAN, DOC_SIGMA = 2000, 1.0  # its lognormal distribution: median bytes, sigma of the log
 REFERENCE_MB = 10  # of the documents' text, encoded bare for the reference
 SAMPLE_S = 0.1  # how often memory is sampled
+UNIT_BYTES = 1  # the step's tokenize.unit_bytes here: every file is a unit of its own
 VOCAB_SIZE, SEQ_LEN = 512, 64  # trainer/config.py's `tiny`
 SEED = 0
 REPO = Path(__file__).resolve().parents[1]
@@ -397,9 +399,9 @@ def run_step(corpus: Path, out: Path, parts: int, keep_model: Path | None = None
     """The tokenize step on `corpus` in a fresh process on `parts` parts: its stage times, CPU
     seconds, peak memory and the sha256 of every file it wrote (the output is then removed;
     its tokenizer is copied to `keep_model` first, if given)."""
-    args = [str(corpus), str(out), str(parts), str(SAMPLE_S), str(VOCAB_SIZE), str(SEQ_LEN)]
+    args = [corpus, out, parts, SAMPLE_S, VOCAB_SIZE, SEQ_LEN, UNIT_BYTES]
     done = subprocess.run(
-        [sys.executable, "-c", _STEP, *args],
+        [sys.executable, "-c", _STEP, *map(str, args)],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         capture_output=True,
@@ -421,18 +423,17 @@ def run_step(corpus: Path, out: Path, parts: int, keep_model: Path | None = None
     return run
 
 
-# The step in a fresh process, every file its own unit (the module's docstring). A stage runs
+# The step in a fresh process (every file its own unit: the module's docstring). A stage runs
 # from its first progress event to its last; `between_s` is the tokenizer's training, between
 # the read and encode stages. Each child's VmHWM is sampled with the stage it was first seen
 # in, so that the parts of one phase are summed together.
 _STEP = """
 import json, resource, sys, threading, time
 from pathlib import Path
-from components.tokenize import executor, plan
+from components.tokenize import executor
 from contracts.progress import Progress
 
-corpus, out, parts, every, vocab, seq_len = sys.argv[1:7]
-plan.UNIT_BYTES = executor.UNIT_BYTES = 1
+corpus, out, parts, every, vocab, seq_len, unit_bytes = sys.argv[1:8]
 
 def hwm(pid):
     try:
@@ -483,7 +484,7 @@ threading.Thread(target=sample, daemon=True).start()
 started = time.perf_counter()
 manifest = executor.run(
     corpus, out, vocab_size=int(vocab), seq_len=int(seq_len), parts=int(parts),
-    progress=False, reporter=clock,
+    unit_bytes=int(unit_bytes), progress=False, reporter=clock,
 )
 wall = time.perf_counter() - started
 finished.set()
