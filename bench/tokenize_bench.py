@@ -18,8 +18,8 @@ the step's and its parts' of one phase (what is resident at once, at most), and 
 
 - Throughput per encoding process: the encode phase on 1 part (in the step's own process)
   over a bare SentencePiece encode of the first REFERENCE_MB of the same documents' text, line
-  by line on one thread, in a fresh process that loads sentencepiece (and the corpus's readers,
-  untimed), with the tokenizer the step trained.
+  by line on one thread, in a fresh process that loads sentencepiece (and zstandard and json to
+  read the text, untimed), with the tokenizer the step trained.
 - Scaling: the encode phase's wall time on 1 part over on 2 parts (local processes).
 - Memory: on 2 parts, the peaks at the large size over at the small, and the sum at the large.
 - Identity: every file's sha256 of the Examples from 4 parts (small size) and 2 parts (both
