@@ -123,10 +123,11 @@ class DocumentReader:
     # ---- shared steps ----------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _stream(self) -> Iterator[IO[bytes]]:
+    def _stream(self, counted: bool = True) -> Iterator[IO[bytes]]:
         """The file's bytes, decompressed, checked against the listing at their end."""
+        count = self._count if counted else _ignore
         with storage.open_read(self.source.uri, expect=self.source) as raw:
-            yield compression.open_stream(self.source.uri, self.compression, raw, self._count)
+            yield compression.open_stream(self.source.uri, self.compression, raw, count)
 
     def _count(self, n: int) -> None:
         self.raw_bytes += n
@@ -264,7 +265,7 @@ class DocumentReader:
                 _check_unchanged(self.source, f)
             return
         with tempfile.TemporaryFile(prefix="gptpipe-parquet-") as copy:
-            with self._stream() as f:
+            with self._stream(counted=False) as f:  # progress counts rows read, as locally
                 for block in iter(lambda: f.read(READ_CHUNK_BYTES), b""):
                     copy.write(block)
             copy.seek(0)
@@ -350,6 +351,10 @@ def _check_lines(uri: str, data: bytes, where: str) -> None:
         if newline == -1:
             return
         start, number = newline + 1, number + 1
+
+
+def _ignore(n: int) -> None:
+    pass
 
 
 def _listed(record: dict[str, Any]) -> str:

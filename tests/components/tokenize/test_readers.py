@@ -138,6 +138,15 @@ def test_jsonl_blank_lines_are_empty_documents_and_another_field_is_read(tmp_pat
     assert (reader.documents, reader.empty) == (5, 2)
 
 
+def test_a_zstd_file_of_several_frames_reads_across_them(tmp_path):
+    frames = [zstandard.ZstdCompressor(level=i).compress(_jsonl([d])) for i, d in enumerate(DOCS)]
+    reader, pieces = _read(_file(tmp_path / "f.jsonl.zst", b"".join(frames)))
+    assert _documents(pieces) == {0: DOCS[0], 3: DOCS[3]}  # one line per frame
+    assert (reader.documents, reader.empty) == (5, 3)
+    truncated = _file(tmp_path / "t.jsonl.zst", b"".join(frames)[:-3])
+    assert "is truncated" in _refusal(truncated)
+
+
 def test_parquet_is_read_in_batches_across_row_groups(tmp_path, monkeypatch):
     monkeypatch.setattr(readers, "PARQUET_BATCH_ROWS", 3)
     docs = [f"row {i}\n" if i % 4 else None for i in range(20)]
