@@ -255,24 +255,27 @@ def test_a_corrupt_compressed_file(tmp_path):
 @pytest.mark.parametrize(
     "name, data, expected",
     [
-        (
+        pytest.param(
             "a.jsonl.zst",
-            gzip.compress(b"{}\n"),
+            gzip.compress(b"{}\n", mtime=0),
             "is named `.zst` but is not zstd-compressed: its bytes are gzip-compressed; "
             "rename it to `a.jsonl.gz`",
+            id="gzip-named-zst",
         ),
-        (
+        pytest.param(
             "a.txt.gz",
             b"plain words\n",
             "is named `.gz` but is not gzip-compressed: its bytes look like uncompressed text; "
             "if it is not compressed, rename it to `a.txt`",
+            id="text-named-gz",
         ),
-        (
+        pytest.param(
             "a.txt.xz",
             b"\x00\x01\x02\x03\x04\x05\x06\x07\x08",
             "its bytes start 00 01 02 03 04 05 06 07, a format tokenize does not know",
+            id="unknown-named-xz",
         ),
-        ("a.txt.bz2", b"", "its bytes are none (the file is empty)"),
+        pytest.param("a.txt.bz2", b"", "its bytes are none (the file is empty)", id="empty-bz2"),
     ],
 )
 def test_a_compressed_suffix_on_other_bytes(tmp_path, name, data, expected):
