@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from components import storage
+from components.tokenize import sniff
 from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
 from contracts.artifacts import SPLITS
 from contracts.errors import UserError
@@ -31,17 +32,6 @@ MAX_LINE_BYTES = 16 * SENTENCEPIECE_TRAINER_OPTIONS["max_sentence_length"]
 # Bytes read at a time. No larger than MAX_LINE_BYTES: a line that starts and ends inside one
 # block is then within the limit, and only lines that cross a block boundary are measured.
 READ_CHUNK_BYTES = min(1 << 20, MAX_LINE_BYTES)
-# Files that land in a text folder by mistake, by their first bytes: what they are, the fix.
-_NOT_TEXT = (
-    (b"\x89PNG\r\n\x1a\n", "a PNG image", "remove it from the corpus"),
-    (b"\xff\xd8\xff", "a JPEG image", "remove it from the corpus"),
-    (b"\x7fELF", "an ELF executable", "remove it from the corpus"),
-    (b"%PDF-", "a PDF document", "extract its text into a UTF-8 file"),
-    (b"\x1f\x8b", "gzip-compressed", "decompress it first (`gunzip`)"),
-    (b"PK\x03\x04", "a zip archive", "extract its text files first (`unzip`)"),
-    (b"\xff\xfe", "UTF-16 text", "convert it to UTF-8 (`iconv -f utf-16 -t utf-8`)"),
-    (b"\xfe\xff", "UTF-16 text", "convert it to UTF-8 (`iconv -f utf-16 -t utf-8`)"),
-)
 
 
 def list_sources(corpus: str) -> list[storage.FileInfo]:
@@ -129,7 +119,7 @@ def read_chunks(
     try:
         with storage.open_read(uri, expect=source) as f:
             chunker = _Chunker(uri, source.size, eval_fraction, chunk_bytes, eval_max_bytes)
-            yield from chunker.chunks(_checked_blocks(uri, f))
+            yield from chunker.chunks(checked_blocks(uri, f))
     except storage.ObjectChangedError:
         raise UserError(
             f"corpus file {uri!r} changed while it was read; run again when it is stable"
@@ -147,12 +137,12 @@ def _eval_target(size: int, eval_fraction: float, eval_max_bytes: int = 0) -> in
     return max(target, size - eval_max_bytes) if eval_max_bytes else target
 
 
-def _checked_blocks(uri: str, f: IO[bytes]) -> Iterator[bytes]:
+def checked_blocks(uri: str, f: IO[bytes]) -> Iterator[bytes]:
     """The file's bytes in blocks, each checked for binary content and over-long lines."""
-    lines = _LineLimit(uri)
+    lines = LineLimit(uri)
     offset = 0
     for block in iter(lambda: f.read(READ_CHUNK_BYTES), b""):
-        _check_text(uri, block, offset)
+        check_text(uri, block, offset)
         lines.feed(block, offset)
         yield block
         offset += len(block)
@@ -262,12 +252,12 @@ class _Chunker:
             ) from None
 
 
-def _check_text(uri: str, chunk: bytes, offset: int) -> None:
+def check_text(uri: str, chunk: bytes, offset: int) -> None:
     """Refuse a file that is not text: a known binary header first, then any NUL byte."""
-    if offset == 0:
-        for magic, kind, fix in _NOT_TEXT:
-            if chunk.startswith(magic):
-                raise UserError(f"corpus file {uri!r} is {kind}, not UTF-8 text; {fix}")
+    magic = sniff.identify(chunk) if offset == 0 else None
+    if magic is not None:
+        fix = magic.fix.format(name=uri.rstrip("/").rsplit("/", 1)[-1])
+        raise UserError(f"corpus file {uri!r} is {magic.kind}, not UTF-8 text; {fix}")
     nul = chunk.find(b"\x00")
     if nul != -1:
         raise UserError(
@@ -276,7 +266,7 @@ def _check_text(uri: str, chunk: bytes, offset: int) -> None:
         )
 
 
-class _LineLimit:
+class LineLimit:
     """Follows line boundaries across blocks; refuses a line once it passes MAX_LINE_BYTES."""
 
     def __init__(self, uri: str) -> None:

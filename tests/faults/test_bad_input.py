@@ -176,7 +176,7 @@ ELF = b"\x7fELF\x02\x01\x01\x00" + b"\x00" * 8 + b"\x02\x00\x3e\x00" + bytes(ran
         pytest.param(
             "corpus.txt",
             b"\x1f\x8b\x08\x00" + bytes(range(256)),
-            "is gzip-compressed, not UTF-8 text; decompress it first",
+            "is gzip-compressed, not UTF-8 text; name it `corpus.txt.gz` so tokenize decompresses",
             marks=pytest.mark.bad_input("a gzip-compressed corpus"),
             id="gzip",
         ),
