@@ -83,6 +83,8 @@ class Cluster:
     copies_per_shard: int = 2  # the merge: work folder to staging, staging to the Examples
     copy_threads: int = 8  # components/storage/gcs.py's WORKERS
     pod_start_s: float = 60.0  # per phase: schedule the pods, start the image (pulled)
+    unit_bytes: int = 64 << 20  # tokenize.unit_bytes's default, of stored bytes
+    shard_windows: int = 4096  # executor.DEFAULT_SHARD_WINDOWS
 
 
 def figures(full: bool) -> list[Figure]:
@@ -269,33 +271,50 @@ def tree_digests(folder: Path) -> dict[str, str]:
 
 
 def estimate_figure(large: dict, inputs: dict) -> Figure:
+    """The 1 TB estimate from 1 part's best run on the large corpus."""
     one, mb = large["best"][1], large["MB"]
     rates = {
         "read_MBps": mb / one["stages_s"]["read"],
         "encode_MBps": mb / one["stages_s"]["encode"],
         "tokenizer_s": one["between_s"],
-        "shards_per_MB": one["shards"] / mb,
+        "windows_per_MB": one["windows"] / mb,
     }
     cluster = Cluster()
     estimate = extrapolate(cluster, **rates)
+    # The same corpus at seq_len 1024 (GPT-2's): 16 times fewer windows of 16 times the tokens,
+    # so 16 times fewer shards to copy.
+    longer = dict(rates, windows_per_MB=rates["windows_per_MB"] * SEQ_LEN / 1024)
     return Figure(
-        name=f"tokenize 1 TB on a {cluster.pods}-pod Indexed Job (extrapolated)",
+        name=f"tokenize 1 TB on a {cluster.pods}-pod Indexed Job (extrapolated), seq_len {SEQ_LEN}",
         value=estimate["total_s"] / 3600,
         unit="h",
         inputs=inputs,
-        details={"measured": rates, "assumed": asdict(cluster), "estimate": estimate},
+        details={
+            "measured": rates,
+            "assumed": asdict(cluster),
+            "estimate": estimate,
+            "estimate_at_seq_len_1024": extrapolate(cluster, **longer),
+        },
     )
 
 
 def extrapolate(
-    c: Cluster, *, read_MBps: float, encode_MBps: float, tokenizer_s: float, shards_per_MB: float
+    c: Cluster,
+    *,
+    read_MBps: float,
+    encode_MBps: float,
+    tokenizer_s: float,
+    windows_per_MB: float,
 ) -> dict[str, float]:
     """Seconds of each stage of tokenizing `c.text_bytes` on `c.pods` pods, each as fast as
-    one part here, or as its GCS reads allow: both phases read every byte; the merge copies
-    every shard `c.copies_per_shard` times server-side."""
-    per_pod_MB = c.text_bytes / 1e6 / c.pods
-    gcs_text_MBps = c.gcs_MBps * c.compression  # text MB/s the stored bytes carry
-    shards = shards_per_MB * c.text_bytes / 1e6
+    one part here or as its GCS reads allow (both phases read every byte), and of the merge,
+    which copies every shard `c.copies_per_shard` times server-side."""
+    text_MB = c.text_bytes / 1e6
+    per_pod_MB = text_MB / c.pods
+    gcs_text_MBps = c.gcs_MBps * c.compression  # text MB/s that the stored bytes carry
+    units = math.ceil(c.text_bytes / c.compression / c.unit_bytes)
+    # Each unit ends each split with a shard not yet full.
+    shards = windows_per_MB * text_MB / c.shard_windows + 2 * units
     stages = {
         "start_s": 2 * c.pod_start_s,
         "phase1_s": per_pod_MB / min(read_MBps, gcs_text_MBps),
@@ -303,7 +322,7 @@ def extrapolate(
         "phase2_s": per_pod_MB / min(encode_MBps, gcs_text_MBps),
         "merge_s": shards * c.copies_per_shard * c.copy_s / c.copy_threads,
     }
-    return {**stages, "shards": shards, "total_s": math.fsum(stages.values())}
+    return {**stages, "units": units, "shards": shards, "total_s": math.fsum(stages.values())}
 
 
 # ---- the corpus -----------------------------------------------------------------------------

@@ -451,6 +451,7 @@ def _tokenize_run(encode_s: float, peak_sum: int, digests: dict | None = None) -
         "peak_largest_MB": 200,
         "parts_MB": {"read": [80, 90], "encode": [100, 110]},
         "shards": 40,
+        "windows": 5000,
         "digests": digests or {"Split-train/a.gz": "1", "manifest.json": "2"},
     }
 
@@ -534,12 +535,15 @@ def test_tokenize_documents_keep_their_bounds():
 def test_tokenize_1tb_estimate_adds_its_stages():
     from bench import tokenize_bench
 
-    cluster = tokenize_bench.Cluster(text_bytes=16e6, pods=16, gcs_MBps=1.0, compression=2.0)
+    cluster = tokenize_bench.Cluster(
+        text_bytes=16e6, pods=16, gcs_MBps=1.0, compression=2.0, unit_bytes=2 * 10**6
+    )
     estimate = tokenize_bench.extrapolate(
-        cluster, read_MBps=4.0, encode_MBps=1.0, tokenizer_s=5.0, shards_per_MB=8.0
+        cluster, read_MBps=4.0, encode_MBps=1.0, tokenizer_s=5.0, windows_per_MB=4096.0
     )
     assert estimate["phase1_s"] == pytest.approx(1 / 2.0)  # GCS-bound: 1 MB at 2 text MB/s
     assert estimate["phase2_s"] == pytest.approx(1 / 1.0)  # CPU-bound
-    assert estimate["shards"] == pytest.approx(128)
-    assert estimate["merge_s"] == pytest.approx(128 * 2 * 0.1 / 8)
-    assert estimate["total_s"] == pytest.approx(120 + 0.5 + 5 + 1 + 3.2)
+    assert estimate["units"] == 4  # 8 MB stored
+    assert estimate["shards"] == pytest.approx(16 + 2 * 4)
+    assert estimate["merge_s"] == pytest.approx(24 * 2 * 0.1 / 8)
+    assert estimate["total_s"] == pytest.approx(120 + 0.5 + 5 + 1 + 0.6)
