@@ -107,8 +107,8 @@ def figures(full: bool) -> list[Figure]:
             value=large["scaling"],
             target=SCALING_TARGET,
             inputs=inputs,
-            details=scaling_details(large),
-            note=f"{m['cores']} cores, load {m['load_before']:.1f}",
+            details=scaling_details(large) | {"load": [m["load_before"], m["load_after"]]},
+            note=f"{m['cores']} cores, load {m['load_before']:.1f}-{m['load_after']:.1f}",
         ),
     ]
     rows += memory_figures(small, large, inputs)
@@ -148,6 +148,7 @@ def main(full: bool = False, sizes: tuple[int, int] | None = None) -> dict[str, 
         "cores": os.cpu_count(),
         "sizes_MB": [small_mb, large_mb],
         "load_before": load,
+        "load_after": os.getloadavg()[0],
         "small": small,
         "large": summarize(large),
     }

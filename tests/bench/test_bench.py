@@ -494,7 +494,12 @@ def test_tokenize_figures_hold_identity_to_zero_differing_files(monkeypatch):
         "corpus": {"files": 16, "stored_MB": 25.0},
     }
     fake = {"vocab_size": 1, "seq_len": 1, "files": 16, "cores": 2, "sizes_MB": [10, 100]}
-    fake |= {"load_before": 0.5, "small": small, "large": tokenize_bench.summarize(large)}
+    fake |= {
+        "load_before": 0.5,
+        "load_after": 1.5,
+        "small": small,
+        "large": tokenize_bench.summarize(large),
+    }
     monkeypatch.setattr(tokenize_bench, "main", lambda full: fake)
     rows = tokenize_bench.figures(False)
     (identity,) = [f for f in rows if "differ" in f.name]
