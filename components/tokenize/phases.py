@@ -21,6 +21,7 @@ from components import overlap, storage
 from components.tokenize import parts as part_program
 from components.tokenize.plan import (
     BUCKETS,
+    DOCUMENTS,
     EVAL_BYTES,
     PHASES,
     SAMPLE_TEXT,
@@ -209,6 +210,12 @@ def check_one_window(corpus: str, split: str, stats: SplitStats, plan: Plan) -> 
     """Refuse a split with no window: nothing to train on, or to evaluate."""
     if stats.windows:
         return
+    if plan.split_method == DOCUMENTS and not stats.tokens:
+        raise UserError(
+            f"corpus {corpus!r}: no document fell into the {split} split, which takes whole "
+            f"documents by a hash of their names (about tokenize.eval_fraction = "
+            f"{plan.eval_fraction} of them); give more documents, or a larger eval_fraction"
+        )
     seq_len = plan.seq_len
     tokens = stats.tokens
     larger_split = ", or a larger eval_fraction / eval_max_bytes" if split == "eval" else ""
