@@ -234,3 +234,25 @@ def test_the_launcher_is_chosen_by_name_and_placed_from_the_steps_pod(tmp_path):
     assert (placed.namespace, placed.owner.uid) == ("team-a", "uid-7")
     assert (placed.service_account, placed.image_pull_secrets) == ("default", ("regcred",))
     assert place(make_spec(tmp_path, "ok"), kube_api.PodIdentity()) == make_spec(tmp_path, "ok")
+
+
+@pytest.mark.slow
+def test_the_release_exit_handler_deletes_the_runs_indexed_jobs_in_a_pod(
+    tmp_path, records, monkeypatch
+):
+    from components.train import release
+    from contracts.params import TrainJob
+
+    with FakeKube() as kube:
+        body = manifest.build_manifest(make_spec(records, "ok"))
+        client.BatchV1Api(kube.api_client()).create_namespaced_job("ml", body)
+        monkeypatch.setattr(kube_api, "default_api_client", kube.api_client)
+        monkeypatch.setenv("KFP_RUN_ID", RUN)
+        monkeypatch.setenv(kube_api.POD_NAMESPACE_ENV, "ml")
+        monkeypatch.delenv(kube_api.POD_NAME_ENV, raising=False)
+        store = str(tmp_path / "metadata.sqlite")
+        local = TrainJob(launcher="local").to_dict()
+        assert release.release(local, store) == 0  # not in a pod: no cluster to clean
+        monkeypatch.setenv(kube_api.POD_NAME_ENV, "run-release-pod")
+        assert release.release(local, store) == 1
+        assert not kube.cluster.jobs
