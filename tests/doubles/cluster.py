@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gzip
+import json
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,7 +43,7 @@ from google.cloud import storage as gcs_lib
 
 from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
-from contracts.params import EvalPolicy, TrainJob
+from contracts.params import EvalPolicy, TokenizeParams, TrainJob
 from pipelines.cli import main as cli
 from tests.doubles.gcs.tf_stand_in import TfGcsStandIn
 from tests.doubles.kfp import argo as kfp_argo
@@ -91,6 +93,8 @@ class LocalCluster:
             "serving_dir": self.uri("serving", "gpt"),
             "artifact_root": self.uri("root"),
             "train_job": TrainJob(workers=2, gpus_per_worker=0, cpu="1", memory="2Gi").to_dict(),
+            # tokenize's parts as an Indexed Job of 4 pods, one unit of the corpus's each
+            "tokenize": TokenizeParams(parts=4, unit_bytes=1, cpu="1", memory="2Gi").to_dict(),
             # a model trained for seconds must still be blessed
             "eval_policy": EvalPolicy(max_nats_per_char=5.0).to_dict(),
             "metadata": "",  # the MLMD service KFP names in the steps' environment
@@ -158,7 +162,14 @@ def gcs_client(endpoint: str) -> gcs_lib.Client:
 def upload_corpus(bucket: gcs_lib.Bucket) -> None:
     text = (REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:CORPUS_CHARS]
     text = text[: text.rindex("\n") + 1]
-    bucket.blob("corpus/shakespeare.txt").upload_from_string(text.encode("utf-8"))
+    # Speeches as JSONL documents in four files, one of them compressed, so that tokenize's
+    # four parts have a unit each and the document readers run against gs://.
+    speeches = [s for s in text.split("\n\n") if s.strip()]
+    for part in range(4):
+        lines = "".join(json.dumps({"text": s}) + "\n" for s in speeches[part::4]).encode()
+        name = f"corpus/speeches-{part}.jsonl" + (".gz" if part == 3 else "")
+        data = gzip.compress(lines, mtime=0) if part == 3 else lines
+        bucket.blob(name).upload_from_string(data)
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
