@@ -112,6 +112,7 @@ def run_phase(runner: PartRunner, phase: str, plan: Plan, work: str, report: Rep
         finally:
             stop.set()
             watcher.join()
+        advance(total)
     missing = [u for u in range(len(plan.units)) if not _done(work, phase, u)]
     if missing:  # a runner that returned without doing its work: never merge a partial set
         raise RuntimeError(f"tokenize: phase {phase} left units {missing} unfinished")
@@ -183,6 +184,7 @@ def merge(
             sum(s.windows for s in parts),
             sum(s.tokens for s in parts),
             sum(s.chars for s in parts),
+            tuple(n for s in parts for n in s.shard_windows),
         )
         documents[split] = sum(record.documents[split] for record in records)
         check_one_window(corpus, split, stats[split], plan)

@@ -14,7 +14,8 @@ What runs, and which double stands for what:
   runs the TFJob's worker pods as processes (tests/doubles/kubernetes/), reached by the steps
   through KUBECONFIG (`config.load_incluster_config()` fails in a step: no service account);
 - TensorFlow's GCS file system in the workers: the kubelet's opt-in stand-in
-  (tests/doubles/gcs/tf_stand_in.py); the workers get no STORAGE_EMULATOR_HOST.
+  (tests/doubles/gcs/tf_stand_in.py), which ignores the STORAGE_EMULATOR_HOST that the
+  tokenize parts' pods (google-cloud-storage) read from the image's environment.
 
 The harness runs each step's pod as a process but creates no pod object in the Kubernetes double,
 while the steps read their own pod through the API (the train step its service account and image
@@ -239,7 +240,10 @@ def local_cluster(
     bucket = gcs.create_bucket(f"e2e-{secrets.token_hex(6)}")
     upload_corpus(bucket)
     yaml = compile_pipeline(folder / "gptpipe.yaml", f"gs://{bucket.name}/root", overrides)
-    trainer_env = {**TRAINER_ENV, "HOME": str(folder)}
+    # The tokenize parts' pods read and write gs:// with google-cloud-storage, as the steps do,
+    # so the image's environment names the emulator; TensorFlow's GCS file system in the
+    # trainer workers does not read the variable (they reach GCS through the stand-in).
+    trainer_env = {**TRAINER_ENV, "HOME": str(folder), "STORAGE_EMULATOR_HOST": gcs_endpoint}
     kube = FakeKube.running(folder / "nodes", trainer_env, grace_seconds=GRACE_SECONDS)
     assert kube.kubelet is not None
     kube.kubelet.gcs_stand_in = TfGcsStandIn(gcs)

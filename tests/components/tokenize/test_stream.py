@@ -229,6 +229,7 @@ def test_shards_are_tfrecords_written_as_they_fill(tmp_path):
         windows,
         len(stream),
         90,
+        (3, 3, 3, 2),
     )
     files = [str(tmp_path / name) for name in stats.shards]
     spec = {"input_ids": tf.io.FixedLenFeature([5], tf.int64)}
