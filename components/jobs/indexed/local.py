@@ -14,6 +14,7 @@ and its children (components/jobs/local.py `stop_groups`).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import shutil
@@ -107,13 +108,13 @@ class LocalIndexedLauncher:
                     self._say(f"index {run.index} failed: exit code {code}, no retries left")
                 else:
                     parts.retries += 1
-                    parts.pending.insert(0, run.index)
+                    bisect.insort(parts.pending, run.index)  # lowest pending index first
                     self._say(
                         f"index {run.index} exited with code {code}; running it again "
                         f"({run.attempt}/{spec.backoff_limit_per_index})"
                     )
             if deadline is not None and time.monotonic() >= deadline:
-                raise self._deadline_error(spec, deadline)
+                raise self._deadline_error(spec)
             time.sleep(POLL_SECONDS)
 
     def _tail(self, run: _Run) -> list[str]:
@@ -158,7 +159,7 @@ class LocalIndexedLauncher:
         )
 
     @staticmethod
-    def _deadline_error(spec: IndexedJobSpec, deadline: float) -> LaunchTimeout:
+    def _deadline_error(spec: IndexedJobSpec) -> LaunchTimeout:
         return LaunchTimeout(
             f"job {spec.name} ran past its deadline; stopped all parts",
             reason="DeadlineExceeded",
