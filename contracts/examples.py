@@ -55,6 +55,9 @@ class SplitStats:
     windows: int  # windows written (seq_len + 1 tokens each); each unit's last tail is dropped
     tokens: int  # tokens of the whole split, EOS ids included
     chars: int  # characters of the whole split
+    # Windows in each shard, in order (each unit's last shard of a split is partly filled);
+    # () in a hand-made manifest: every shard full but the last.
+    shard_windows: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

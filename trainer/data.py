@@ -162,12 +162,21 @@ class Shards(NamedTuple):
 
 
 def split_shards(examples_dir: str, manifest: ExamplesManifest, split: str) -> Shards:
-    """The shards of `split` and their window counts. Tokenize fills every shard with
-    `parameters.shard_windows` windows but the last, which takes the rest
-    (components/tokenize/shards.py), so the manifest's counts give each file's."""
+    """The shards of `split` and their window counts, as the manifest lists them (tokenize's
+    parts fill every shard of a unit with `parameters.shard_windows` windows but the unit's
+    last); a manifest without the list (made by hand) has every shard full but the last."""
     files = split_files(examples_dir, manifest, split)
     per_shard = manifest.parameters.shard_windows
     total = manifest.splits[split].windows
+    counts = list(manifest.splits[split].shard_windows)
+    if counts:
+        if len(counts) != len(files) or sum(counts) != total or min(counts) < 1:
+            raise UserError(
+                f"examples: the manifest's {split!r} split lists {len(files)} shards and "
+                f"{len(counts)} window counts summing to {sum(counts)}, not {total}; "
+                "re-run the tokenize step"
+            )
+        return Shards(files, counts)
     if per_shard < 1 or len(files) != -(-total // per_shard):
         raise UserError(
             f"examples: the manifest's {split!r} split lists {len(files)} shards, which "

@@ -5,8 +5,8 @@ cancel), and the one message format for a failed worker (its exit code and last 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
-from components.jobs.spec import JobSpec
 from contracts.errors import UserError
 from contracts.termination import INPUT_ERROR, INPUT_ERROR_EXIT, TerminationMessage
 
@@ -38,8 +38,15 @@ class WorkerInputError(LaunchError, UserError):
     error's message is that one line, so the train step prints it as a user error."""
 
 
+class Named(Protocol):
+    """A job spec, as an error names it (`JobSpec`, indexed `IndexedJobSpec`)."""
+
+    @property
+    def name(self) -> str: ...
+
+
 def input_error(
-    spec: JobSpec,
+    spec: Named,
     what: str,
     replica: str | None,
     exit_code: int | None,
@@ -49,7 +56,8 @@ def input_error(
     """The error for a worker that exited 2 having named its bad input in its termination
     message (`said`); None otherwise.
 
-    `what` names the job as the launcher does ("job <name>", "TFJob <namespace>/<name>").
+    `what` names the job as the launcher does ("job <name>", "TFJob <namespace>/<name>");
+    `replica` the part that failed ("worker-1", "index-3").
     """
     if exit_code != INPUT_ERROR_EXIT or said is None or said.kind != INPUT_ERROR:
         return None

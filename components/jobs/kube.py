@@ -11,7 +11,9 @@ import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 POD_NAME_ENV = "KFP_POD_NAME"  # KFP v2 sets it on every executor pod (downward API metadata.name)
 POD_UID_ENV = "KFP_POD_UID"  # KFP v2 sets it on every executor pod (downward API metadata.uid)
@@ -66,6 +68,21 @@ def wait_out(
     say(f"API unavailable ({api_error_brief(exc)}); again in {delay:.0f} s")
     sleep(delay)
     return faults + 1
+
+
+def retried(
+    call: Callable[[], T],
+    attempts: int,
+    say: Callable[[str], None],
+    sleep: Callable[[float], None],
+) -> T:
+    """`call()`, again after a transient API failure (`wait_out`), up to `attempts` in all."""
+    faults = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:
+            faults = wait_out(exc, faults, attempts, say, sleep)
 
 
 def pod_identity(

@@ -201,37 +201,44 @@ class _WorkerGroup:
             time.sleep(POLL_SECONDS)
 
     def stop(self, grace: float) -> None:
-        """SIGTERM every worker's process group, then SIGKILL what is left after `grace`.
+        """Stop every worker and its children (`stop_groups`), then close the logs."""
+        try:
+            stop_groups(self.procs, grace)
+        finally:
+            if self.pump is not None:
+                self.pump.join(timeout=5)
+            for f in self.files:
+                f.close()
 
-        Returns once no process of any group runs: a worker's children (data loaders, shells)
-        die with it, and nothing of this attempt can hold its ports or files afterwards. The
-        workers are reaped only then, so that each group's ID is still theirs when signalled
-        (`exited`). On macOS a worker that exited was reaped already: its group is signalled
-        as before, since members still running keep the group's ID from other processes.
-        A second Ctrl-C (or SIGTERM) during the grace period cuts it short: the groups are
-        SIGKILLed and reaped all the same, and the interruption is raised after.
-        """
-        interrupted: BaseException | None = None
-        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-            for proc in self.procs:
-                if proc.returncode is None or not _WAITID:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, sig)
-            until = time.monotonic() + wait
-            try:
-                while time.monotonic() < until and any(group_alive(p.pid) for p in self.procs):
-                    time.sleep(POLL_SECONDS)
-            except BaseException as exc:  # noqa: BLE001 -- raised below, once nothing is left
-                interrupted = interrupted or exc
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=1)
-        if self.pump is not None:
-            self.pump.join(timeout=5)
-        for f in self.files:
-            f.close()
-        if interrupted is not None:
-            raise interrupted
+
+def stop_groups(procs: Sequence[subprocess.Popen[bytes]], grace: float) -> None:
+    """SIGTERM the process group of each of `procs`, then SIGKILL what is left after `grace`.
+
+    Returns once no process of any group runs: a worker's children (data loaders, shells)
+    die with it, and nothing of it can hold its ports or files afterwards. The processes are
+    reaped only then, so that each group's ID is still theirs when signalled (`exited`). On
+    macOS a process that exited was reaped already: its group is signalled as before, since
+    members still running keep the group's ID from other processes. A second Ctrl-C (or
+    SIGTERM) during the grace period cuts it short: the groups are SIGKILLed and reaped all the
+    same, and the interruption is raised after.
+    """
+    interrupted: BaseException | None = None
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        for proc in procs:
+            if proc.returncode is None or not _WAITID:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, sig)
+        until = time.monotonic() + wait
+        try:
+            while time.monotonic() < until and any(group_alive(p.pid) for p in procs):
+                time.sleep(POLL_SECONDS)
+        except BaseException as exc:  # noqa: BLE001 -- raised below, once nothing is left
+            interrupted = interrupted or exc
+    for proc in procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=1)
+    if interrupted is not None:
+        raise interrupted
 
 
 class LocalLauncher:

@@ -13,6 +13,8 @@ import re
 # A TFJob's Services are named `<job>-worker-<i>`, a DNS-1035 label of at most 63 characters,
 # so the job name leaves room for "-worker-" and three digits.
 MAX_JOB_NAME = 52
+LABEL_RUN_ID = "gptpipe.dev/run-id"  # on every job and pod of a run: run_label(run_id)
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"  # "gptpipe" on every job and pod
 
 
 def run_label(run_id: str) -> str:

@@ -7,7 +7,7 @@ permanent error; 128-255 (a signal: 137 = SIGKILL/OOM, 143 = SIGTERM/preemption)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +90,25 @@ def _validate(spec: JobSpec) -> None:
     def bad(what: str, fix: str) -> UserError:
         return UserError(f"JobSpec {what}: {fix}")
 
+    check_pod_fields(spec, bad)
+    if spec.workers < 1:
+        raise bad(f"workers={spec.workers}", "use at least 1")
+    if spec.gpus_per_worker < 0:
+        raise bad(f"gpus_per_worker={spec.gpus_per_worker}", "use 0 or more")
+    if spec.shm_size and not QUANTITY.match(spec.shm_size):
+        raise bad(f"shm_size={spec.shm_size!r} is not a Kubernetes quantity", "use e.g. '2Gi'")
+    if spec.restart_policy not in RESTART_POLICIES:
+        raise bad(f"restart_policy={spec.restart_policy!r}", f"use one of {RESTART_POLICIES}")
+    if spec.clean_pod_policy not in CLEAN_POD_POLICIES:
+        raise bad(f"clean_pod_policy={spec.clean_pod_policy!r}", f"use one of {CLEAN_POD_POLICIES}")
+    if spec.backoff_limit < 0:
+        raise bad(f"backoff_limit={spec.backoff_limit}", "use 0 or more")
+
+
+def check_pod_fields(spec: Any, bad: Callable[[str, str], UserError]) -> None:
+    """The checks of the fields every job spec shares (`JobSpec`, components/jobs/indexed
+    `IndexedJobSpec`): its name, namespace, command, resources, placement, deadlines, labels
+    and owner; `bad(what, fix)` makes the error, named after the spec's class."""
     if len(spec.name) > MAX_JOB_NAME or not DNS1035_LABEL.match(spec.name):
         raise bad(
             f"name {spec.name!r} is invalid",
@@ -100,22 +119,12 @@ def _validate(spec: JobSpec) -> None:
         raise bad(f"namespace {spec.namespace!r} is invalid", "use a DNS-1123 label")
     if not spec.command or not all(isinstance(a, str) and a for a in spec.command):
         raise bad("command is empty or has a non-string", "give a list of non-empty strings")
-    if spec.workers < 1:
-        raise bad(f"workers={spec.workers}", "use at least 1")
-    if spec.gpus_per_worker < 0:
-        raise bad(f"gpus_per_worker={spec.gpus_per_worker}", "use 0 or more")
-    for key, value in (("cpu", spec.cpu), ("memory", spec.memory), ("shm_size", spec.shm_size)):
-        if not QUANTITY.match(value) and not (key == "shm_size" and value == ""):
+    for key, value in (("cpu", spec.cpu), ("memory", spec.memory)):
+        if not QUANTITY.match(value):
             raise bad(f"{key}={value!r} is not a Kubernetes quantity", "use e.g. '4', '8Gi'")
     for name in (spec.service_account or "", *spec.image_pull_secrets):
         if name and not is_object_name(name):
             raise bad(f"name {name!r} is not a Kubernetes object name", "use a DNS-1123 subdomain")
-    if spec.restart_policy not in RESTART_POLICIES:
-        raise bad(f"restart_policy={spec.restart_policy!r}", f"use one of {RESTART_POLICIES}")
-    if spec.clean_pod_policy not in CLEAN_POD_POLICIES:
-        raise bad(f"clean_pod_policy={spec.clean_pod_policy!r}", f"use one of {CLEAN_POD_POLICIES}")
-    if spec.backoff_limit < 0:
-        raise bad(f"backoff_limit={spec.backoff_limit}", "use 0 or more")
     for key in ("active_deadline_seconds", "ttl_seconds_after_finished"):
         value = getattr(spec, key)
         if value is not None and value < (1 if key == "active_deadline_seconds" else 0):

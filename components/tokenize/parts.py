@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from types import TracebackType
 
 import numpy as np
 import sentencepiece as spm
@@ -246,9 +247,14 @@ class _publish:  # noqa: N801 - a context manager, named for what it does
     def __enter__(self) -> Path:
         return self._inner.__enter__()
 
-    def __exit__(self, *exc: object) -> bool:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> bool:
         try:
-            return bool(self._inner.__exit__(*exc))
+            return bool(self._inner.__exit__(kind, error, trace))
         except FileExistsError:
             if storage.has_content(storage.join(self.uri, UNIT_RECORD)):
                 return True

@@ -21,6 +21,7 @@ from components import overlap, storage
 from components.tokenize import parts as part_program
 from components.tokenize.plan import (
     BUCKETS,
+    DOCUMENTS,
     EVAL_BYTES,
     PHASES,
     SAMPLE_TEXT,
@@ -111,6 +112,7 @@ def run_phase(runner: PartRunner, phase: str, plan: Plan, work: str, report: Rep
         finally:
             stop.set()
             watcher.join()
+        advance(total)
     missing = [u for u in range(len(plan.units)) if not _done(work, phase, u)]
     if missing:  # a runner that returned without doing its work: never merge a partial set
         raise RuntimeError(f"tokenize: phase {phase} left units {missing} unfinished")
@@ -182,6 +184,7 @@ def merge(
             sum(s.windows for s in parts),
             sum(s.tokens for s in parts),
             sum(s.chars for s in parts),
+            tuple(n for s in parts for n in s.shard_windows),
         )
         documents[split] = sum(record.documents[split] for record in records)
         check_one_window(corpus, split, stats[split], plan)
@@ -209,6 +212,12 @@ def check_one_window(corpus: str, split: str, stats: SplitStats, plan: Plan) -> 
     """Refuse a split with no window: nothing to train on, or to evaluate."""
     if stats.windows:
         return
+    if plan.split_method == DOCUMENTS and not stats.tokens:
+        raise UserError(
+            f"corpus {corpus!r}: no document fell into the {split} split, which takes whole "
+            f"documents by a hash of their names (about tokenize.eval_fraction = "
+            f"{plan.eval_fraction} of them); give more documents, or a larger eval_fraction"
+        )
     seq_len = plan.seq_len
     tokens = stats.tokens
     larger_split = ", or a larger eval_fraction / eval_max_bytes" if split == "eval" else ""

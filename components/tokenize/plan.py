@@ -2,9 +2,9 @@
 layout, and the record each part leaves for every unit it finishes.
 
 The corpus's sources are grouped, in listing order, into units of at least `unit_bytes` (a
-function of the listing alone), and part `i` of `n` takes units i, i + n, i + 2n, ... So the units, and
-with them every shard's bytes, are the same whatever the number of parts and wherever they run;
-only who does which unit changes. Windows never cross a unit's end.
+function of the listing alone), and part `i` of `n` takes units i, i + n, i + 2n, ... So the
+units, and with them every shard's bytes, are the same whatever the number of parts and
+wherever they run; only who does which unit changes. Windows never cross a unit's end.
 
 The work folder (`<datasets_root>/.<version>.work/`, beside the Examples it becomes) holds:
 

@@ -56,7 +56,10 @@ class SplitWriter:
         """Close the last shard; the split's counts, with the `chars` of text it was encoded
         from, and its shards relative to `folder`."""
         self._close_shard()
-        return SplitStats(tuple(self._shards), self.windows, self.tokens, chars)
+        counts = [self.shard_windows] * len(self._shards)
+        if counts:
+            counts[-1] = self.windows - self.shard_windows * (len(counts) - 1)
+        return SplitStats(tuple(self._shards), self.windows, self.tokens, chars, tuple(counts))
 
     def abort(self) -> None:
         """Close the open shard, if any, after a failure (its error is not this one's to tell)."""

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from components import storage
-from components.jobs import kube
 from components.jobs.launcher import Launcher, LaunchResult
 from components.jobs.naming import job_name, run_label
-from components.jobs.spec import METRICS_FLAG, METRICS_PORT, JobSpec, OwnerPod
+from components.jobs.placement import cluster_placement
+from components.jobs.spec import METRICS_FLAG, METRICS_PORT, JobSpec
 from contracts.artifacts import (
     BACKUP_DIR,
     CHECKPOINT_DIR,
@@ -140,7 +140,8 @@ def job_spec(
 
     `options` are `JobSpec` fields under their own names (workers, gpus_per_worker, cpu, memory,
     image, backoff_limit, active_deadline_seconds, node_selector, tolerations, namespace, owner,
-    service_account, image_pull_secrets, ...; `cluster_placement` gives the last four);
+    service_account, image_pull_secrets, ...; `cluster_placement`, components/jobs/placement.py,
+    gives the last four);
     the name, command and run label are derived here. `work_dir` holds checkpoints and the
     BackupAndRestore state; it is derived from the run, so a restarted job (or a retried step)
     resumes instead of starting over. A TFJob's chief serves Prometheus metrics on
@@ -236,47 +237,6 @@ def check_cache_inputs(examples_uri: str, dataset_version: str) -> None:
     found = parse_manifest(storage.read_bytes(manifest_uri), manifest_uri).dataset_version
     if found != dataset_version:
         raise UserError(f"dataset_version input {dataset_version!r} is not the Examples' {found!r}")
-
-
-def cluster_placement(
-    pod: kube.PodIdentity, service_account: str = "", api_client: Any = None
-) -> dict[str, Any]:
-    """Where the TFJob goes when the launcher runs in a KFP pod, and as whom its workers run.
-
-    The job goes to the pod's namespace, owned by the pod. Its workers get `service_account`,
-    or when that is "" the step pod's own `serviceAccountName`, and the step pod's
-    `imagePullSecrets`: the identity and registry access the run was given (read from the pod
-    through `api_client`, by default the in-cluster client). Returns `JobSpec` fields; outside a
-    pod it returns {} (plus `service_account` if given) and JobSpec's defaults apply.
-    """
-    placement: dict[str, Any] = {}
-    if service_account:
-        placement["service_account"] = service_account
-    if pod.name and pod.uid:
-        placement["owner"] = OwnerPod(pod.name, pod.uid)
-    if pod.namespace:
-        placement["namespace"] = pod.namespace
-    if pod.name and pod.namespace:
-        own = _own_pod_spec(api_client, pod)
-        placement.setdefault("service_account", own.get("serviceAccountName") or None)
-        secrets = [s["name"] for s in own.get("imagePullSecrets") or [] if s.get("name")]
-        placement["image_pull_secrets"] = tuple(secrets)
-    return placement
-
-
-def _own_pod_spec(api_client: Any, pod: kube.PodIdentity) -> dict[str, Any]:
-    from kubernetes.client.exceptions import ApiException
-
-    try:
-        client = api_client if api_client is not None else kube.default_api_client()
-        found = kube.read_pod(client, pod.namespace, pod.name)
-    except ApiException as exc:
-        raise UserError(
-            f"cannot read the train step's own pod {pod.namespace}/{pod.name} ({exc.status} "
-            f"{exc.reason}) to give the TFJob workers its service account and image pull "
-            "secrets: grant the step's service account 'get' on pods"
-        ) from None
-    return dict(found.get("spec") or {})
 
 
 def trainer_command(

@@ -55,7 +55,14 @@ TODAY_MANIFEST = """{
       ],
       "windows": 291,
       "tokens": 4666,
-      "chars": 5399
+      "chars": 5399,
+      "shard_windows": [
+        64,
+        64,
+        64,
+        64,
+        35
+      ]
     },
     "eval": {
       "shards": [
@@ -63,7 +70,10 @@ TODAY_MANIFEST = """{
       ],
       "windows": 31,
       "tokens": 501,
-      "chars": 577
+      "chars": 577,
+      "shard_windows": [
+        31
+      ]
     }
   },
   "tokenizer": {

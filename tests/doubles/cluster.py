@@ -14,7 +14,8 @@ What runs, and which double stands for what:
   runs the TFJob's worker pods as processes (tests/doubles/kubernetes/), reached by the steps
   through KUBECONFIG (`config.load_incluster_config()` fails in a step: no service account);
 - TensorFlow's GCS file system in the workers: the kubelet's opt-in stand-in
-  (tests/doubles/gcs/tf_stand_in.py); the workers get no STORAGE_EMULATOR_HOST.
+  (tests/doubles/gcs/tf_stand_in.py), which ignores the STORAGE_EMULATOR_HOST that the
+  tokenize parts' pods (google-cloud-storage) read from the image's environment.
 
 The harness runs each step's pod as a process but creates no pod object in the Kubernetes double,
 while the steps read their own pod through the API (the train step its service account and image
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gzip
+import json
 import secrets
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,7 +44,7 @@ from google.cloud import storage as gcs_lib
 
 from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
-from contracts.params import EvalPolicy, TrainJob
+from contracts.params import EvalPolicy, TokenizeParams, TrainJob
 from pipelines.cli import main as cli
 from tests.doubles.gcs.tf_stand_in import TfGcsStandIn
 from tests.doubles.kfp import argo as kfp_argo
@@ -91,6 +94,8 @@ class LocalCluster:
             "serving_dir": self.uri("serving", "gpt"),
             "artifact_root": self.uri("root"),
             "train_job": TrainJob(workers=2, gpus_per_worker=0, cpu="1", memory="2Gi").to_dict(),
+            # tokenize's parts as an Indexed Job of 4 pods, one unit of the corpus's each
+            "tokenize": TokenizeParams(parts=4, unit_bytes=1, cpu="1", memory="2Gi").to_dict(),
             # a model trained for seconds must still be blessed
             "eval_policy": EvalPolicy(max_nats_per_char=5.0).to_dict(),
             "metadata": "",  # the MLMD service KFP names in the steps' environment
@@ -158,7 +163,14 @@ def gcs_client(endpoint: str) -> gcs_lib.Client:
 def upload_corpus(bucket: gcs_lib.Bucket) -> None:
     text = (REPO / "data" / "tinyshakespeare.txt").read_text(encoding="utf-8")[:CORPUS_CHARS]
     text = text[: text.rindex("\n") + 1]
-    bucket.blob("corpus/shakespeare.txt").upload_from_string(text.encode("utf-8"))
+    # Speeches as JSONL documents in four files, one of them compressed, so that tokenize's
+    # four parts have a unit each and the document readers run against gs://.
+    speeches = [s for s in text.split("\n\n") if s.strip()]
+    for part in range(4):
+        lines = "".join(json.dumps({"text": s}) + "\n" for s in speeches[part::4]).encode()
+        name = f"corpus/speeches-{part}.jsonl" + (".gz" if part == 3 else "")
+        data = gzip.compress(lines, mtime=0) if part == 3 else lines
+        bucket.blob(name).upload_from_string(data)
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:
@@ -228,7 +240,10 @@ def local_cluster(
     bucket = gcs.create_bucket(f"e2e-{secrets.token_hex(6)}")
     upload_corpus(bucket)
     yaml = compile_pipeline(folder / "gptpipe.yaml", f"gs://{bucket.name}/root", overrides)
-    trainer_env = {**TRAINER_ENV, "HOME": str(folder)}
+    # The tokenize parts' pods read and write gs:// with google-cloud-storage, as the steps do,
+    # so the image's environment names the emulator; TensorFlow's GCS file system in the
+    # trainer workers does not read the variable (they reach GCS through the stand-in).
+    trainer_env = {**TRAINER_ENV, "HOME": str(folder), "STORAGE_EMULATOR_HOST": gcs_endpoint}
     kube = FakeKube.running(folder / "nodes", trainer_env, grace_seconds=GRACE_SECONDS)
     assert kube.kubelet is not None
     kube.kubelet.gcs_stand_in = TfGcsStandIn(gcs)

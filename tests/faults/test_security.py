@@ -19,7 +19,7 @@
 5. deploy/rbac.yaml grants the launcher exactly the (apiGroup, resource, verb) triples it uses,
    recorded by the Kubernetes double over every launcher path: create, watch, logs, restarts,
    the deadline, cancel, re-attach, a transient outage, the release exit handler, and the step
-   reading its own pod.
+   reading its own pod; for the TFJob launcher and the Indexed Job launcher alike.
 """
 
 from __future__ import annotations
@@ -49,7 +49,11 @@ import yaml
 
 from components import provenance
 from components.jobs import kube as kube_api
-from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
+from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout, WorkerInputError
+from components.jobs.indexed import cleanup as indexed_cleanup
+from components.jobs.indexed import manifest as indexed_manifest
+from components.jobs.indexed.job import IndexedJobLauncher
+from components.jobs.indexed.spec import IndexedJobSpec
 from components.jobs.tfjob import cleanup
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import manifest as tfjob_manifest
@@ -62,6 +66,7 @@ from pipelines.runners.kfp import client as kfp_client
 from tests.components.jobs.tfjob.specs import make_spec, worker_template
 from tests.doubles.kfp import api_server as kfp_api_double
 from tests.doubles.kfp.api_server import KfpApiDouble
+from tests.doubles.kubernetes import batch_api
 from tests.doubles.kubernetes.apiserver import FakeKube, scenarios
 from tests.doubles.kubernetes.pod_security import restricted_violations
 from tests.tiny import PIPELINE_SMALL
@@ -1038,9 +1043,89 @@ def _release_deletes_the_runs_jobs(kube: FakeKube) -> None:
     assert cleanup.delete_run_jobs(kube.api_client(), "ml", RUN) == ["train-running"]
 
 
-def _each_launcher_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, FakeKube, Any]]:
-    """(what the launcher does, a double, doing it): every path of components/train that
-    talks to the Kubernetes API."""
+FAKE_PART = REPO / "tests" / "doubles" / "kubernetes" / "fake_part.py"
+
+
+def _indexed_spec(root: Path, mode: str) -> IndexedJobSpec:
+    """Two parts of `mode` (tests/doubles/kubernetes/fake_part.py), recording under `root`."""
+    records = root / "records"
+    records.mkdir(parents=True, exist_ok=True)
+    return IndexedJobSpec(
+        name="parts-run-1",
+        command=[sys.executable, str(FAKE_PART), mode, str(records)],
+        completions=2,
+        parallelism=2,
+        image=TRAINER_IMAGE,
+        namespace="ml",
+        run_id=RUN,
+        env={"FAKE_PARTS": "2"},
+    )
+
+
+def _run_indexed(
+    kube: FakeKube, root: Path, mode: str, expect: type[Exception] | None = None, **kwargs: Any
+) -> None:
+    launcher = IndexedJobLauncher(kube.api_client(), out=io.StringIO(), poll_seconds=5)
+    if expect is None:
+        launcher.run(_indexed_spec(root, mode), **kwargs)
+    else:
+        with pytest.raises(expect):
+            launcher.run(_indexed_spec(root, mode), **kwargs)
+
+
+def _release_deletes_the_runs_indexed_jobs(kube: FakeKube, root: Path) -> None:
+    body = indexed_manifest.build_manifest(_indexed_spec(root, "ok"))
+    with kube.cluster.cond:
+        kube.cluster.add_job(body, resource="jobs", prepare=batch_api.prepare)
+    assert indexed_cleanup.delete_run_jobs(kube.api_client(), "ml", RUN) == ["parts-run-1"]
+
+
+def _each_indexed_path(root: Path) -> Iterator[tuple[str, FakeKube, Any]]:
+    """The Indexed Job launcher's paths (components/jobs/indexed), on the Job controller."""
+
+    def running(name: str) -> FakeKube:
+        env = {"PATH": os.environ["PATH"]}
+        return FakeKube.running(root / name, env, grace_seconds=2, pod_failure_backoff=0.05)
+
+    yield (
+        "an Indexed Job: create, watch, its pods' digests",
+        running("ok"),
+        lambda k: _run_indexed(k, root / "ok", "ok"),
+    )
+    yield (
+        "a part's bad input: its pod's termination message and log",
+        running("bad"),
+        lambda k: _run_indexed(k, root / "bad", "bad-0", WorkerInputError),
+    )
+    yield (
+        "the launcher's timeout deletes the Indexed Job",
+        running("hang"),
+        lambda k: _run_indexed(k, root / "hang", "hang", LaunchTimeout, timeout_seconds=1),
+    )
+
+    def reattach(kube: FakeKube) -> None:
+        body = indexed_manifest.build_manifest(_indexed_spec(root / "again", "ok"))
+        with kube.cluster.cond:
+            kube.cluster.add_job(body, resource="jobs", prepare=batch_api.prepare)
+        _run_indexed(kube, root / "again", "ok")
+
+    yield (
+        "a retried launcher re-attaches to its Indexed Job (409, then get)",
+        running("again"),
+        (reattach),
+    )
+    yield (
+        "the release exit handler deletes the run's Indexed Jobs",
+        FakeKube(),
+        lambda k: _release_deletes_the_runs_indexed_jobs(k, root / "release"),
+    )
+
+
+def _each_launcher_path(
+    monkeypatch: pytest.MonkeyPatch, root: Path
+) -> Iterator[tuple[str, FakeKube, Any]]:
+    """(what the launcher does, a double, doing it): every path of components/train and
+    components/jobs/indexed that talks to the Kubernetes API."""
     existing = tfjob_manifest.build_manifest(make_spec())
     yield "create, watch, stream worker 0's log", FakeKube(scenarios.success()), _launch
     yield (
@@ -1103,6 +1188,7 @@ def _each_launcher_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, 
         FakeKube(),
         _release_deletes_the_runs_jobs,
     )
+    yield from _each_indexed_path(root)
 
 
 @pytest.fixture(scope="module")
@@ -1112,7 +1198,8 @@ def launcher_use(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LauncherU
     before = signal.getsignal(signal.SIGTERM)
     with pytest.MonkeyPatch.context() as monkeypatch:
         use.planted = plant(monkeypatch, tmp_path_factory.mktemp("creds"))
-        for name, kube, act in _each_launcher_path(monkeypatch):
+        root = tmp_path_factory.mktemp("launchers")
+        for name, kube, act in _each_launcher_path(monkeypatch, root):
             with kube:
                 act(kube)
             use.record(kube, name)
@@ -1188,4 +1275,6 @@ def test_the_launcher_sends_no_credential_and_submits_restricted_worker_pods(lau
     assert launcher_use.submitted and launcher_use.bodies
     assert find_secret(launcher_use.planted.secret, (), launcher_use.bodies) == []
     for manifest in launcher_use.submitted:
-        assert check_worker_pod(worker_template(manifest)) == []
+        indexed = manifest["kind"] == indexed_manifest.KIND
+        template = manifest["spec"]["template"] if indexed else worker_template(manifest)
+        assert check_worker_pod(template) == []

@@ -99,12 +99,7 @@ def delete_run_jobs(
 
 def _retried(call: Callable[[], T], sleep: Callable[[float], None]) -> T:
     """`call()`, again after a transient API failure, up to ATTEMPTS times in all."""
-    faults = 0
-    while True:
-        try:
-            return call()
-        except Exception as exc:
-            faults = kube.wait_out(exc, faults, ATTEMPTS, _say, sleep)
+    return kube.retried(call, ATTEMPTS, _say, sleep)
 
 
 def _say(message: str) -> None:

@@ -29,14 +29,17 @@ Only the chief (worker 0) serves, but a TFJob's workers share one pod template.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import yaml
 
+from components.jobs import pods
+
+# Re-exported: the run's jobs are found by these labels (cleanup.py, pipelines/runners/kfp).
+from components.jobs.naming import LABEL_MANAGED_BY as LABEL_MANAGED_BY
+from components.jobs.naming import LABEL_RUN_ID as LABEL_RUN_ID
 from components.jobs.spec import METRICS_FLAG, JobSpec
-from contracts.errors import UserError
 from contracts.termination import TERMINATION_MESSAGE_PATH, WORKER_MESSAGE_ENV
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1", "tfjobs", "TFJob"
@@ -45,10 +48,7 @@ REPLICA = "Worker"
 LABEL_JOB_NAME = "training.kubeflow.org/job-name"  # set by the operator on every pod
 LABEL_REPLICA_TYPE = "training.kubeflow.org/replica-type"  # "worker"
 LABEL_REPLICA_INDEX = "training.kubeflow.org/replica-index"  # "0", "1", ...
-LABEL_RUN_ID = "gptpipe.dev/run-id"
-LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
-_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
-TRAINER_UID = 1000  # images/Dockerfile: USER 1000:1000
+TRAINER_UID = pods.IMAGE_UID
 SHM_VOLUME = "dshm"  # the memory-backed emptyDir mounted at /dev/shm
 METRICS_PORT_NAME = "metrics"  # the container port's name, which deploy/podmonitor.yaml scrapes
 METRICS_PATH = "/metrics"
@@ -81,10 +81,7 @@ def _scrape_annotations(port: int) -> dict[str, str]:
 
 
 def _labels(spec: JobSpec) -> dict[str, str]:
-    labels = {LABEL_MANAGED_BY: "gptpipe", **spec.labels}
-    if spec.run_id:
-        labels[LABEL_RUN_ID] = spec.run_id
-    return labels
+    return pods.job_labels(spec.run_id, spec.labels)
 
 
 def _container(spec: JobSpec) -> dict[str, Any]:
@@ -104,10 +101,7 @@ def _container(spec: JobSpec) -> dict[str, Any]:
         # the file, never the log, may be read as its termination message.
         "terminationMessagePath": TERMINATION_MESSAGE_PATH,
         "terminationMessagePolicy": "File",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": pods.container_security(),
     }
     port = metrics_port(spec.command)
     if port is not None:
@@ -127,13 +121,7 @@ def _pod_template(spec: JobSpec) -> dict[str, Any]:
         # launcher's Role: no token in the workers (Workload Identity, IRSA and Azure WI get
         # cloud credentials from the metadata server or their own projected token instead).
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
-            "fsGroup": TRAINER_UID,  # volumes (a PVC work folder) writable by the trainer
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": pods.pod_security(),
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
@@ -176,13 +164,7 @@ def build_manifest(spec: JobSpec) -> dict[str, Any]:
     tag can move between a worker's first start and its restart, and the run's lineage must name
     the bytes that trained the model.
     """
-    if not spec.image:
-        raise UserError("JobSpec image is empty: a TFJob needs a container image by digest")
-    if not (_DIGEST.search(spec.image) or spec.allow_unpinned):
-        raise UserError(
-            f"JobSpec image {spec.image!r} is not pinned by digest: "
-            "use repo/name@sha256:<64 hex> (or allow_unpinned=True outside pipeline runs)"
-        )
+    pods.check_pinned("JobSpec", spec.image, spec.allow_unpinned)
     metadata: dict[str, Any] = {
         "name": spec.name,
         "namespace": spec.namespace,

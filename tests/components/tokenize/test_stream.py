@@ -17,8 +17,10 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from components import storage
-from components.tokenize import bpe, corpus, encode, executor, shards
+from components.tokenize import bpe, corpus, encode, executor, parts, shards
+from contracts.artifacts import EVAL_TEXT
 from contracts.errors import UserError
+from contracts.eval_text import read_pieces
 from contracts.examples import SplitStats
 
 REPO = Path(__file__).resolve().parents[3]
@@ -128,16 +130,16 @@ def test_pieces_encode_as_each_text_alone_with_eos_after_a_document_end(model):
 @pytest.mark.slow
 def test_one_two_and_four_parts_write_the_same_bytes(tmp_path, capsys):
     text = SHAKESPEARE.read_text(encoding="utf-8")[:120_000]
-    for i in range(6):
-        _write(tmp_path / "docs" / f"{i}.txt", text[i * 20_000 : (i + 1) * 20_000])
+    for i in range(60):  # documents of 2 kB, a tenth of them eval by their names' hash
+        _write(tmp_path / "docs" / f"{i:02d}.txt", text[i * 2_000 : (i + 1) * 2_000])
     options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "shard_windows": 300, "chunk_bytes": 4096}
     options["unit_bytes"] = 20_000  # a unit per file
     runs = {}
-    for parts in (1, 2, 4):
-        runs[parts] = executor.run(
-            str(tmp_path / "docs"), str(tmp_path / f"p{parts}"), parts=parts, **options
+    for count in (1, 2, 4):
+        runs[count] = executor.run(
+            str(tmp_path / "docs"), str(tmp_path / f"p{count}"), parts=count, **options
         )
-        assert f"in 6 units, on {parts} part" in capsys.readouterr().err
+        assert f"in 6 units, on {count} part" in capsys.readouterr().err
     assert len({m.dataset_version for m in runs.values()}) == 1
     assert len(runs[1].splits["train"].shards) > 1
     assert _tree(tmp_path / "p1") == _tree(tmp_path / "p2") == _tree(tmp_path / "p4")
@@ -227,6 +229,7 @@ def test_shards_are_tfrecords_written_as_they_fill(tmp_path):
         windows,
         len(stream),
         90,
+        (3, 3, 3, 2),
     )
     files = [str(tmp_path / name) for name in stats.shards]
     spec = {"input_ids": tf.io.FixedLenFeature([5], tf.int64)}
@@ -285,3 +288,92 @@ def test_peak_memory_does_not_grow_with_the_corpus(tmp_path):
     print(f"peak RSS: {small} MiB at 5 MB of text, {large} MiB at 35 MB")
     assert large - small < 48, f"peak RSS {small} MiB at 5 MB of text, {large} MiB at 35 MB"
     assert large < 1024
+
+
+# ---- documents ------------------------------------------------------------------------------
+
+
+def _jsonl_corpus(folder: Path, documents: int, empty_every: int = 0) -> Path:
+    text = SHAKESPEARE.read_text(encoding="utf-8")
+    rng = random.Random(1)
+    lines = []
+    for i in range(documents):
+        start = rng.randrange(0, len(text) - 3000)
+        body = "" if empty_every and i % empty_every == 0 else text[start : start + 300 + i % 900]
+        lines.append(json.dumps({"id": i, "body": body}))
+    return _write(folder / "docs.jsonl", "\n".join(lines) + "\n")
+
+
+def test_a_jsonl_corpus_is_documents_each_ended_by_eos_and_split_whole(tmp_path):
+    corpus_path = _jsonl_corpus(tmp_path / "in", 400, empty_every=50)
+    manifest = executor.run(
+        str(corpus_path),
+        str(tmp_path / "out"),
+        vocab_size=VOCAB,
+        seq_len=SEQ_LEN,
+        text_field="body",
+        progress=False,
+    )
+    assert manifest.parameters.split_method == "document-hash-v1"
+    assert manifest.empty_documents == 8 and manifest.formats == {"jsonl": 1}
+    assert manifest.documents["train"] + manifest.documents["eval"] == 392
+    assert 15 < manifest.documents["eval"] < 70  # about a tenth, by hash
+    processor = spm.SentencePieceProcessor(model_file=str(tmp_path / "out" / "tokenizer.model"))
+    pieces = list(read_pieces((tmp_path / "out" / EVAL_TEXT).open("rb"), "eval"))
+    assert sum(p.end for p in pieces) == manifest.documents["eval"]
+    bodies = {json.loads(line)["body"] for line in corpus_path.read_text().splitlines()}
+    assert all(p.text in bodies for p in pieces)  # whole documents, never cut between splits
+    ids = tf.data.TFRecordDataset(
+        [str(tmp_path / "out" / s) for s in manifest.splits["train"].shards],
+        compression_type="GZIP",
+    )
+    spec = {"input_ids": tf.io.FixedLenFeature([SEQ_LEN + 1], tf.int64)}
+    tokens = np.concatenate(
+        [tf.io.parse_single_example(r, spec)["input_ids"].numpy()[1:] for r in ids]
+    )
+    eos = int((tokens == processor.eos_id()).sum())
+    assert manifest.documents["train"] - 2 <= eos <= manifest.documents["train"]
+
+
+def test_the_eval_split_is_capped_by_eval_max_bytes(tmp_path):
+    corpus_path = _jsonl_corpus(tmp_path / "in", 400)
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "text_field": "body", "progress": False}
+    free = executor.run(str(corpus_path), str(tmp_path / "a"), eval_max_bytes=0, **options)
+    capped = executor.run(str(corpus_path), str(tmp_path / "b"), eval_max_bytes=8_000, **options)
+    assert free.splits["eval"].chars > 8_000 >= capped.splits["eval"].chars > 0
+    assert capped.documents["eval"] < free.documents["eval"]
+    assert free.dataset_version != capped.dataset_version
+
+
+@pytest.mark.bad_input("a corpus whose documents are all empty")
+def test_a_corpus_of_empty_documents_is_refused_naming_the_field(tmp_path):
+    corpus_path = _write(tmp_path / "in" / "e.jsonl", '{"text": ""}\n{"text": "  "}\n')
+    with pytest.raises(UserError, match=r"all 2 of its documents are empty.*text_field \('text'\)"):
+        executor.run(str(corpus_path), str(tmp_path / "out"), vocab_size=VOCAB, seq_len=SEQ_LEN)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".*work"))
+
+
+def test_a_killed_run_resumes_from_the_units_it_finished(tmp_path, monkeypatch):
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:120_000]
+    for i in range(60):
+        _write(tmp_path / "docs" / f"{i:02d}.txt", text[i * 2_000 : (i + 1) * 2_000])
+    options = {"vocab_size": VOCAB, "seq_len": SEQ_LEN, "unit_bytes": 20_000, "parts": 1}
+    done: list[int] = []
+    encode_unit = parts.encode_unit
+
+    def killed_after_three(plan, work, unit, rule, model):
+        if len(done) == 3:
+            raise KeyboardInterrupt  # what SIGINT or a lost pod looks like to the step
+        encode_unit(plan, work, unit, rule, model)
+        done.append(unit)
+
+    monkeypatch.setattr(parts, "encode_unit", killed_after_three)
+    with pytest.raises(KeyboardInterrupt):
+        executor.run(str(tmp_path / "docs"), str(tmp_path / "out"), progress=False, **options)
+    assert done == [0, 1, 2] and not (tmp_path / "out").exists()
+    monkeypatch.setattr(parts, "encode_unit", lambda *a: (done.append(a[2]), encode_unit(*a)))
+    resumed = executor.run(str(tmp_path / "docs"), str(tmp_path / "out"), progress=False, **options)
+    assert done == [0, 1, 2, 3, 4, 5]  # only the other three units, on the second run
+    fresh = executor.run(str(tmp_path / "docs"), str(tmp_path / "fresh"), progress=False, **options)
+    assert _tree(tmp_path / "out") == _tree(tmp_path / "fresh")
+    assert resumed == fresh

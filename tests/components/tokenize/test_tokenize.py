@@ -181,17 +181,18 @@ def test_reuses_a_given_tokenizer(built, tmp_path):
 
 
 def test_folder_and_glob_inputs(tmp_path, capsys):
-    text = _slice(12_000)
-    half = text.index("\n", len(text) // 2) + 1
-    _write(tmp_path / "docs" / "a.txt", text[:half])
-    _write(tmp_path / "docs" / "sub" / "b.txt", text[half:])
+    text = _slice(60_000)
+    for i in range(40):  # documents: a file each, whole to train or to eval
+        sub = "sub/" if i >= 30 else ""
+        _write(tmp_path / "docs" / f"{sub}{i:02d}.txt", text[i * 1500 : (i + 1) * 1500])
     _write(tmp_path / "docs" / ".hidden.txt", "never read\n")
     folder = _run(tmp_path / "docs", tmp_path / "from_folder", progress=True)
     assert re.search(r"tokenize: encode: 100% of \d+\.\d kB\n", capsys.readouterr().err)
-    assert [Path(s.uri).name for s in folder.sources] == ["a.txt", "b.txt"]
+    assert [Path(s.uri).name for s in folder.sources] == [f"{i:02d}.txt" for i in range(40)]
+    assert folder.documents["train"] + folder.documents["eval"] == 40
 
     glob = _run(f"{tmp_path}/docs/*.txt", tmp_path / "from_glob")
-    assert [Path(s.uri).name for s in glob.sources] == ["a.txt"]
+    assert [Path(s.uri).name for s in glob.sources] == [f"{i:02d}.txt" for i in range(30)]
     assert glob.dataset_version != folder.dataset_version
     assert executor.artifact_properties(folder)["dataset_version"] == folder.dataset_version
 

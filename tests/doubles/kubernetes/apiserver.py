@@ -41,6 +41,8 @@ from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client
 
+from tests.doubles.kubernetes import batch_api
+from tests.doubles.kubernetes.job_controller import JobController
 from tests.doubles.kubernetes.kubelet import Kubelet
 from tests.doubles.kubernetes.scenarios import (
     COMPLETION_TIME,
@@ -134,7 +136,9 @@ class _Handler(BaseHTTPRequestHandler):
     # -- verbs --
 
     def do_POST(self) -> None:  # noqa: N802
-        parts, _, body = self._record("POST")
+        parts, query, body = self._record("POST")
+        if batch_api.is_batch(parts):
+            return batch_api.handle(self, "POST", parts, query, body)
         if not self._tfjobs(parts) or len(parts) != 6:
             return self._send_json(404, status_object(404, "NotFound", "no such resource"))
         ns, name = parts[4], body["metadata"]["name"]
@@ -168,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.kube.unavailable_deletes > 0:  # as do_GET's 503, for deletes
             self.kube.unavailable_deletes -= 1
             return self._send_json(503, status_object(503, "ServiceUnavailable", "try again"))
+        if batch_api.is_batch(parts):
+            return batch_api.handle(self, "DELETE", parts, query, body)
         policy = query.get("propagationPolicy") or (body or {}).get("propagationPolicy")
         cluster = self.kube.cluster
         with cluster.cond:
@@ -192,6 +198,8 @@ class _Handler(BaseHTTPRequestHandler):
             # waitGroupWriteRetryAfterToResponse; maxinflight.go answers 429 the same way).
             self.kube.unavailable -= 1
             return self._send_json(503, status_object(503, "ServiceUnavailable", "try again"))
+        if batch_api.is_batch(parts):
+            return batch_api.handle(self, "GET", parts, query, None)
         if self._tfjobs(parts):
             if len(parts) == 7:
                 return self._get(self.kube.cluster.tfjobs, parts[4], parts[6], "tfjobs")
@@ -278,7 +286,13 @@ class _Handler(BaseHTTPRequestHandler):
                         return
                     for rv, kind, obj in cluster.events:
                         meta = obj["metadata"]
-                        if rv > since and meta["namespace"] == ns and meta["name"] == name:
+                        tfjob = obj.get("apiVersion", "").startswith("kubeflow.org/")
+                        if (
+                            rv > since
+                            and tfjob
+                            and meta["namespace"] == ns
+                            and meta["name"] == name
+                        ):
                             line = json.dumps({"type": kind, "object": obj}).encode() + b"\n"
                             self._chunk(line)
                         since = max(since, rv)
@@ -441,6 +455,7 @@ class FakeKube:
         self.forbid_logs = False  # pod logs answer 403 (RBAC)
         self.forbid_events = False  # event lists answer 403 (RBAC)
         self.operator: TrainingOperator | None = None
+        self.job_controller: JobController | None = None
         self.kubelet: Kubelet | None = None
         self._player: threading.Thread | None = None
         self._existing = existing
@@ -459,17 +474,21 @@ class FakeKube:
         *,
         grace_seconds: int = 30,
         existing: dict[str, Any] | None = None,
+        pod_failure_backoff: float = 10.0,
     ) -> FakeKube:
-        """The double with the Training Operator and a kubelet that runs pods as processes.
+        """The double with the Training Operator, the Job controller, and a kubelet that runs
+        pods as processes.
 
         `image_env` is the image's environment (PATH, PYTHONPATH...); pods' working folders go
         under `root`; `grace_seconds` is the terminationGracePeriodSeconds of pods that set
-        none (Kubernetes: 30).
+        none (Kubernetes: 30); `pod_failure_backoff` the Job controller's first delay before
+        it recreates a failed pod (Kubernetes: 10 s; tests shorten it).
         """
         kube = cls(existing=existing)
         kube.cluster.default_grace_seconds = grace_seconds
         services: dict[str, int] = {}
         kube.operator = TrainingOperator(kube.cluster, services)
+        kube.job_controller = JobController(kube.cluster, backoff_seconds=pod_failure_backoff)
         kube.kubelet = Kubelet(kube.cluster, root, image_env, services, image_digest=IMAGE_DIGEST)
         return kube
 
@@ -478,6 +497,8 @@ class FakeKube:
         if self.kubelet is not None and self.operator is not None:
             self.kubelet.start()
             self.operator.start()
+        if self.job_controller is not None:
+            self.job_controller.start()
         if self._existing is not None:  # a job a previous launcher attempt created
             with self.cluster.cond:
                 self.cluster.add_job(self._existing)
@@ -487,6 +508,8 @@ class FakeKube:
     def __exit__(self, *exc: object) -> None:
         if self.operator is not None:
             self.operator.stop()
+        if self.job_controller is not None:
+            self.job_controller.stop()
         if self.kubelet is not None:
             self.kubelet.stop()
         with self.cluster.cond:

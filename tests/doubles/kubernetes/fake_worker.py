@@ -34,7 +34,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout, for contracts/
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout, for contracts/
 from contracts import termination  # noqa: E402 -- the trainer's own wire format
 
 BAD_SHARD = "shard train-00001 is not a GZIP TFRecord file: delete the folder and run again"

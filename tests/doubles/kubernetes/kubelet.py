@@ -1,8 +1,15 @@
-"""A kubelet for the Kubernetes double: each pod's `tensorflow` container is a local process.
+"""A kubelet for the Kubernetes double: each pod's one container is a local process.
 
-What it plays, and the Kubernetes source each behaviour follows:
-- a Pending pod's container starts: the container's command and args, its env (plus HOSTNAME, the
-  pod's name), started in its own empty working folder; the pod turns Running with a
+It runs the pods a controller owns (a TFJob's workers, a Job's parts), each with a single
+container (a TFJob's `tensorflow`, an Indexed Job's part). What it plays, and the Kubernetes
+source each behaviour follows:
+- a Pending pod's container starts: the container's command and args, its env (plus HOSTNAME:
+  the pod's spec.hostname, else its name, `GeneratePodHostNameAndDomain`), started in its own
+  empty working folder; an env var's `valueFrom.fieldRef` is resolved from the pod (the
+  downward API: metadata.name, .namespace, .uid, .annotations['k'], .labels['k'],
+  spec.serviceAccountName, spec.nodeName, status.podIP; pkg/fieldpath/fieldpath.go
+  `ExtractFieldPathAsString`, pkg/kubelet/kubelet_pods.go `podFieldSelectorRuntimeValue`),
+  as an Indexed Job's JOB_COMPLETION_INDEX is; the pod turns Running with a
   containerStatus `running`, `ready`, and the imageID the runtime resolved (pkg/kubelet/
   kubelet_pods.go, `convertToAPIContainerStatuses`);
 - the container's stdout and stderr, line by line, are the pod's log (pkg/kubelet/kuberuntime/
@@ -26,7 +33,8 @@ What it plays, and the Kubernetes source each behaviour follows:
   (pkg/kubelet/status/status_manager.go).
 
 Not played: resource limits, the securityContext (processes run as this user), image pulls,
-and in-place restarts (restartPolicy OnFailure/Always), which the TFJobs here never ask for.
+in-place restarts (restartPolicy OnFailure/Always), which the jobs here never ask for, pods of
+more than one container, and pod conditions (only container readiness is kept).
 
 Mounts: the kubelet bind-mounts the termination-message file at its path in the container.
 Here, with no mount namespace, the file is `<pod>-<uid>.termination-log` beside the pod's working
@@ -61,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.doubles.gcs.tf_stand_in import StagedPod, TfGcsStandIn
-from tests.doubles.kubernetes.store import Cluster, now
+from tests.doubles.kubernetes.store import Cluster, now, owner_uid
 from tests.processes import signal_group, signal_leader, wait_unreaped
 
 POLL_SECONDS = 0.05
@@ -80,6 +88,27 @@ def log_message(lines: list[str]) -> str:
     (a circular buffer of that size)."""
     text = "".join(line + "\n" for line in lines[-MAX_LOG_MESSAGE_LINES:]).encode()
     return termination_message(text[-MAX_LOG_MESSAGE_BYTES:])
+
+
+def env_value(pod: dict[str, Any], var: dict[str, Any]) -> str:
+    """An env var's value: its `value`, or its downward-API `fieldRef` resolved from the pod
+    (module docstring); a field not played is ""."""
+    path = ((var.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath")
+    if path is None:
+        return str(var.get("value", ""))
+    meta = pod["metadata"]
+    for kind in ("annotations", "labels"):
+        if path.startswith(f"metadata.{kind}['") and path.endswith("']"):
+            return str((meta.get(kind) or {}).get(path[len(kind) + 11 : -2], ""))
+    fields = {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta["uid"],
+        "spec.serviceAccountName": pod["spec"].get("serviceAccountName", ""),
+        "spec.nodeName": pod["spec"].get("nodeName", ""),
+        "status.podIP": "127.0.0.1",
+    }
+    return str(fields.get(path, ""))
 
 
 def exit_code_of(returncode: int) -> int:
@@ -139,7 +168,7 @@ class Kubelet:
         with cluster.cond:
             while not self._halt.is_set() and not cluster.closed:
                 for pod in list(cluster.pods.values()):
-                    if "training.kubeflow.org/job-name" not in pod["metadata"].get("labels", {}):
+                    if not owner_uid(pod) and pod["metadata"]["uid"] not in self.procs:
                         continue  # not ours to run (e.g. a KFP executor pod added as data)
                     if pod["metadata"].get("deletionTimestamp"):
                         self._terminate(pod)
@@ -149,9 +178,9 @@ class Kubelet:
 
     def _start(self, pod: dict[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
-        container = next(c for c in spec["containers"] if c["name"] == "tensorflow")
-        env = {**self.image_env, "HOSTNAME": meta["name"]}
-        env.update({e["name"]: e.get("value", "") for e in container.get("env", [])})
+        (container,) = spec["containers"]
+        env = {**self.image_env, "HOSTNAME": spec.get("hostname") or meta["name"]}
+        env.update({e["name"]: env_value(pod, e) for e in container.get("env", [])})
         if "TF_CONFIG" in env:
             env["TF_CONFIG"] = self._local_tf_config(env["TF_CONFIG"])
         workdir = self.root / f"{meta['name']}-{meta['uid'][:8]}"
@@ -166,7 +195,7 @@ class Kubelet:
         stamp = now()
         image = container["image"]
         status: dict[str, Any] = {
-            "name": "tensorflow",
+            "name": container["name"],
             "image": image,
             "imageID": image if "@sha256:" in image else f"{image}@{self.image_digest}",
             "containerID": f"containerd://{meta['uid'].replace('-', '')}",

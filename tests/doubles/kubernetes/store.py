@@ -1,5 +1,5 @@
-"""The Kubernetes API server's state in the double: TFJobs, pods, their logs, the watch history,
-and the Events recorded on them (tests/event_recorder.py).
+"""The Kubernetes API server's state in the double: TFJobs, batch/v1 Jobs, pods, their logs, the
+watch history, and the Events recorded on them (tests/event_recorder.py).
 
 Each behaviour follows the Kubernetes source named beside it:
 - create: uid, creationTimestamp, resourceVersion; a pod without serviceAccountName gets
@@ -12,7 +12,10 @@ Each behaviour follows the Kubernetes source named beside it:
   (deletionTimestamp, finalizer foregroundDeletion: a MODIFIED event) and removes it (DELETED)
   only once the garbage collector (pkg/controller/garbagecollector/garbagecollector.go) has
   deleted every pod it owns; Background, the default for custom resources, removes it at once
-  and the collector deletes its pods after; Orphan leaves them;
+  and the collector deletes its pods after; Orphan leaves them, without their ownerReference
+  to it (the collector's `orphanDependents`). A batch/v1 Job deleted without a policy orphans
+  its pods (pkg/registry/batch/job/strategy.go `DefaultGarbageCollectionPolicy`: OrphanDependents
+  for batch/v1, kept for compatibility; the apiserver warns so);
 - a pod's log is its lines, each stamped with the time it was written, as the container
   runtime's CRI log file has them (`2016-10-06T00:17:09.669794202Z stdout F ...`, parsed by
   pkg/kubelet/kuberuntime/logs/logs.go, `parseCRILog`);
@@ -164,6 +167,7 @@ class Cluster:
 
     cond: threading.Condition = field(default_factory=threading.Condition)
     tfjobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)  # batch/v1 Jobs
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     logs: dict[str, PodLog] = field(default_factory=dict)  # pod uid -> lines
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # rv, type, obj
@@ -177,7 +181,10 @@ class Cluster:
     # The kubelet's hook for a pod marked for deletion; without one the pod is removed at once.
     on_pod_deleting: Callable[[dict[str, Any]], None] | None = None
 
-    # -- TFJobs --
+    # -- TFJobs and batch/v1 Jobs (resource "tfjobs" or "jobs") --
+
+    def store(self, resource: str) -> dict[tuple[str, str], dict[str, Any]]:
+        return self.jobs if resource == "jobs" else self.tfjobs
 
     def _emit(self, kind: str, job: dict[str, Any]) -> None:
         self.rv += 1
@@ -185,13 +192,22 @@ class Cluster:
         self.events.append((self.rv, kind, copy.deepcopy(job)))
         self.cond.notify_all()
 
-    def add_job(self, body: dict[str, Any]) -> dict[str, Any]:
+    def add_job(
+        self,
+        body: dict[str, Any],
+        resource: str = "tfjobs",
+        prepare: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Create the object; `prepare` is the resource's PrepareForCreate, once it has a uid."""
         job = copy.deepcopy(body)
         meta = job["metadata"]
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
         job["status"] = {}
-        self.tfjobs[(meta["namespace"], meta["name"])] = job
-        self.job_key = (meta["namespace"], meta["name"])
+        if prepare is not None:
+            prepare(job)
+        self.store(resource)[(meta["namespace"], meta["name"])] = job
+        if resource == "tfjobs":
+            self.job_key = (meta["namespace"], meta["name"])
         self._emit("ADDED", job)
         return job
 
@@ -204,15 +220,19 @@ class Cluster:
         self._emit("MODIFIED", job)
         return job
 
-    def set_job_status(self, key: tuple[str, str], status: dict[str, Any]) -> None:
+    def set_job_status(
+        self, key: tuple[str, str], status: dict[str, Any], resource: str = "tfjobs"
+    ) -> None:
         """PUT .../status (the operator's UpdateJobStatusInApiServer): an event if it changed."""
-        job = self.tfjobs.get(key)
+        job = self.store(resource).get(key)
         if job is not None and job.get("status") != status:
             job["status"] = copy.deepcopy(status)
             self._emit("MODIFIED", job)
 
-    def delete_job(self, key: tuple[str, str], propagation: str = "Background") -> dict[str, Any]:
-        job = self.tfjobs[key]
+    def delete_job(
+        self, key: tuple[str, str], propagation: str = "Background", resource: str = "tfjobs"
+    ) -> dict[str, Any]:
+        job = self.store(resource)[key]
         uid = job["metadata"]["uid"]
         if propagation == "Foreground":
             meta = job["metadata"]
@@ -223,11 +243,20 @@ class Cluster:
             self._collect(uid)
             self._finish_foreground()
             return copy.deepcopy(job)
-        self.tfjobs.pop(key)
+        self.store(resource).pop(key)
         self._emit("DELETED", job)
         if propagation != "Orphan":
             self._collect(uid)
+        else:
+            self._orphan(uid)
         return copy.deepcopy(job)
+
+    def _orphan(self, uid: str) -> None:
+        """The garbage collector's orphanDependents: the pods lose their ownerReference."""
+        for pod in self.pods.values():
+            refs = pod["metadata"].get("ownerReferences") or []
+            if any(r.get("uid") == uid for r in refs):
+                pod["metadata"]["ownerReferences"] = [r for r in refs if r.get("uid") != uid]
 
     def _collect(self, uid: str) -> None:
         """The garbage collector: delete every pod the (deleted) object controls."""
@@ -236,7 +265,9 @@ class Cluster:
 
     def _finish_foreground(self) -> None:
         """Remove foreground-deleted jobs whose dependents are gone (the collector's last step)."""
-        for key, job in list(self.tfjobs.items()):
+        for resource, key, job in [
+            (r, k, j) for r in ("tfjobs", "jobs") for k, j in self.store(r).items()
+        ]:
             meta = job["metadata"]
             if FOREGROUND not in meta.get("finalizers", []):
                 continue
@@ -245,7 +276,7 @@ class Cluster:
             meta["finalizers"] = [f for f in meta["finalizers"] if f != FOREGROUND]
             if not meta["finalizers"]:
                 del meta["finalizers"]
-                self.tfjobs.pop(key)
+                self.store(resource).pop(key)
                 self._emit("DELETED", job)
 
     # -- pods --

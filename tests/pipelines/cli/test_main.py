@@ -190,7 +190,9 @@ def test_a_local_run_resolves_each_steps_parameters_once_from_its_options(tmp_pa
         "local",
         0,
     )
-    assert run.tokenize == TokenizeParams(eval_fraction=0.2, tokenizer="tok.model")
+    assert run.tokenize == TokenizeParams(
+        eval_fraction=0.2, tokenizer="tok.model", launcher="local"
+    )
     assert run.eval_policy == EvalPolicy(tolerance=0.05)
 
 
