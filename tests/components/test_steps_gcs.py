@@ -15,6 +15,7 @@ from components import serving, storage
 from components.evaluate import executor as evaluate
 from components.push import executor as push
 from components.storage import gcs as storage_gcs
+from components.storage.publish import STAGING_PREFIX
 from components.tokenize import executor as tokenize
 from contracts.artifacts import RETIRED_FILE
 from contracts.errors import UserError
@@ -44,19 +45,20 @@ def _shards_and_model(root: str) -> dict[str, str]:
 
 
 def test_tokenize_reads_gcs_writes_gcs_and_matches_a_local_run(gcs, tmp_path, corpus_text):
-    half = corpus_text.index("\n", len(corpus_text) // 2) + 1
-    gcs.put("corpus/a.txt", corpus_text[:half].encode())
-    gcs.put("corpus/sub/b.txt", corpus_text[half:].encode())
+    # documents, a file each, whole to train or to eval: a.txt and 30 in sub/
+    documents = {"a.txt": corpus_text[:400]}
+    documents.update(
+        {f"sub/{i:02d}.txt": corpus_text[400 + 380 * i : 780 + 380 * i] for i in range(30)}
+    )
+    for name, text in documents.items():
+        gcs.put(f"corpus/{name}", text.encode())
     gcs.put("corpus/.staging-x/ignored.txt", b"hidden: never read")
     manifest = _tokenize(gcs.uri("corpus"), gcs.uri("examples"))
 
     names = gcs.names("examples/")
     assert "examples/manifest.json" in names and not [n for n in names if "/." in n]
     assert parse_manifest(gcs.get("examples/manifest.json"), "manifest.json") == manifest
-    assert [s.uri for s in manifest.sources] == [
-        gcs.uri("corpus/a.txt"),
-        gcs.uri("corpus/sub/b.txt"),
-    ]
+    assert [s.uri for s in manifest.sources] == [gcs.uri(f"corpus/{n}") for n in documents]
     blob = gcs.bucket.get_blob("corpus/a.txt")
     assert manifest.sources[0] == GcsSource(
         uri=gcs.uri("corpus/a.txt"),
@@ -66,8 +68,8 @@ def test_tokenize_reads_gcs_writes_gcs_and_matches_a_local_run(gcs, tmp_path, co
         generation=blob.generation,
     )
     (tmp_path / "docs" / "sub").mkdir(parents=True)
-    (tmp_path / "docs" / "a.txt").write_text(corpus_text[:half], encoding="utf-8")
-    (tmp_path / "docs" / "sub" / "b.txt").write_text(corpus_text[half:], encoding="utf-8")
+    for name, text in documents.items():
+        (tmp_path / "docs" / name).write_text(text, encoding="utf-8")
     local = _tokenize(str(tmp_path / "docs"), str(tmp_path / "examples"))
     assert local.splits == manifest.splits
     assert _shards_and_model(gcs.uri("examples")) == _shards_and_model(str(tmp_path / "examples"))
@@ -135,14 +137,17 @@ class PodKilled(BaseException):
 
 
 def die_after_two_copies(monkeypatch):
-    """Make the process 'die' (PodKilled) after two object copies; return the real copy."""
+    """Make the process 'die' (PodKilled) after two object copies into a final folder (the
+    promotion); copies into a staging folder, and tokenize's parts' own publishes into its work
+    folder, all land. Return the real copy."""
     real_copy = storage_gcs.copy_object
     copies = []
 
     def copy_then_die(source, destination, **kwargs):
-        if len(copies) == 2:
-            raise PodKilled("pod evicted")
-        copies.append(destination)
+        if STAGING_PREFIX not in destination and ".work/" not in destination:
+            if len(copies) == 2:
+                raise PodKilled("pod evicted")
+            copies.append(destination)
         return real_copy(source, destination, **kwargs)
 
     monkeypatch.setattr(storage_gcs, "copy_object", copy_then_die)

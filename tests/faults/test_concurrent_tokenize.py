@@ -77,10 +77,14 @@ def test_a_holder_overtaken_while_it_worked_reads_the_version_published_first(
     real = storage.atomic_dir
 
     @contextlib.contextmanager
-    def overtaken(final, ready=""):
-        with real(final, ready=ready) as tmp:
+    def overtaken(final, ready="", include=None):
+        with real(final, ready=ready, include=include) as tmp:
             yield tmp
-            shutil.copytree(tmp, final)  # the successor's copy, the same data's, lands first
+            if ".work" not in str(final):  # the dataset itself, not a part's unit of it
+                shutil.copytree(tmp, final)  # the successor's copy, the same data's, lands first
+                for rel, uri in (include or {}).items():
+                    Path(final, rel).parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copyfile(uri, Path(final, rel))
 
     monkeypatch.setattr(storage, "atomic_dir", overtaken)
     dataset = executor.run_content_addressed(
