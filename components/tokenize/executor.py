@@ -72,6 +72,18 @@ DEFAULT_EVAL_MAX_BYTES = TokenizeParams.eval_max_bytes
 DEFAULT_UNIT_BYTES = TokenizeParams.unit_bytes
 # Options of `run` that change nothing in the output, so not the dataset version.
 NOT_VERSIONED = ("parts", "runner", "progress", "reporter", "work_dir")
+# Options of `run` that the dataset's parameters hold (the tokenizer is held by its hash).
+VERSIONED = (
+    "vocab_size",
+    "seq_len",
+    "eval_fraction",
+    "eval_max_bytes",
+    "text_field",
+    "unit_bytes",
+    "shard_windows",
+    "chunk_bytes",
+    "tokenizer_sample_bytes",
+)
 
 
 def run(
@@ -152,22 +164,10 @@ def run(
         parts=parts,
     )
     report = Report(progress, reporter)
-    sources = list_sources(corpus)
-    method = split_method(sources)
-    parameters, given = _parameters(
-        tokenizer,
-        split_method=method,
-        vocab_size=vocab_size,
-        seq_len=seq_len,
-        eval_fraction=eval_fraction,
-        eval_max_bytes=eval_max_bytes,
-        text_field=text_field,
-        unit_bytes=unit_bytes,
-        shard_windows=shard_windows,
-        chunk_bytes=chunk_bytes,
-        tokenizer_sample_bytes=tokenizer_sample_bytes,
-    )
-    version = dataset_version(corpus, sources, parameters)
+    given_options = locals()
+    versioned = {name: given_options[name] for name in VERSIONED}
+    sources, parameters, given, version = _versioned(corpus, tokenizer, versioned)
+    method = parameters.split_method
     if expected_version and version != expected_version:
         # Checked before writing: a folder named for one version must never hold another.
         raise UserError(
@@ -221,7 +221,10 @@ def _tokenize(
 ) -> ExamplesManifest:
     """The phases, the tokenizer between them, and the merge (see `run`)."""
     corpus = plan.corpus
-    runner = runner or (phases.in_process if plan.parts == 1 else phases.LocalParts())
+    if runner is None:
+        from components.tokenize.job import LocalParts
+
+        runner = phases.in_process if plan.parts == 1 else LocalParts()
     phases.run_phase(runner, PHASES[0], plan, work, report)
     counts, sample, histogram = phases.sampled(plan, work)
     documents = sum(c.documents for c in counts)
@@ -401,28 +404,23 @@ def dataset_version_of(
     tokenizer_sample_bytes: int = bpe.SAMPLE_BYTES,
 ) -> tuple[str, list[storage.FileInfo]]:
     """The dataset version `run` would produce, from fingerprints alone (nothing is tokenized)."""
-    sources = list_sources(corpus)
-    parameters, _ = _parameters(
-        tokenizer,
-        split_method=split_method(sources),
-        vocab_size=vocab_size,
-        seq_len=seq_len,
-        eval_fraction=eval_fraction,
-        eval_max_bytes=eval_max_bytes,
-        text_field=text_field,
-        unit_bytes=unit_bytes,
-        shard_windows=shard_windows,
-        chunk_bytes=chunk_bytes,
-        tokenizer_sample_bytes=tokenizer_sample_bytes,
+    given_options = locals()
+    sources, _, _, version = _versioned(
+        corpus, tokenizer, {name: given_options[name] for name in VERSIONED}
     )
-    return dataset_version(corpus, sources, parameters), sources
+    return version, sources
 
 
-def _parameters(tokenizer: str | None, **versioned: Any) -> tuple[DatasetParameters, Any]:
-    """Every parameter that changes the output (`versioned`: dataset_parameters' arguments but
-    the tokenizer), and the given tokenizer's bytes (None: one is trained)."""
+def _versioned(
+    corpus: str, tokenizer: str | None, versioned: dict[str, Any]
+) -> tuple[list[storage.FileInfo], DatasetParameters, bytes | None, str]:
+    """The corpus's sources, every parameter that changes the output (`versioned`: `run`'s
+    VERSIONED arguments; the split method follows from the sources, the tokenizer's hash
+    from its bytes), the given tokenizer's bytes (None: one is trained), and the version."""
+    sources = list_sources(corpus)
     given = bpe.read_given(tokenizer, versioned["vocab_size"]) if tokenizer else None
-    return dataset_parameters(given=given, **versioned), given
+    parameters = dataset_parameters(given=given, split_method=split_method(sources), **versioned)
+    return sources, parameters, given, dataset_version(corpus, sources, parameters)
 
 
 def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Dataset:

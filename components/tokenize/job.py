@@ -1,4 +1,8 @@
-"""Tokenize's parts on a cluster: each phase as a Kubernetes `batch/v1` Indexed Job.
+"""Tokenize's parts through the indexed launchers (components/jobs/indexed/): each phase as
+processes on this machine (`LocalParts`), or on a cluster as a Kubernetes `batch/v1` Indexed
+Job (`JobParts`), with the same semantics: `JOB_COMPLETION_INDEX` names the part, a part that
+stops on bad input fails the phase at once with its own message, another failure runs that
+part again (it resumes from its units done).
 
 The Job runs the step's own image (the code that plans is the code that runs the parts) with
 `python -m components.tokenize.parts <phase> <work>`, one pod per part, each reading its
@@ -13,6 +17,9 @@ handler deletes the run's Jobs by label.
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from components import provenance
@@ -24,6 +31,29 @@ if TYPE_CHECKING:
 
 CONTAINER_PYTHON = "python"  # the image's interpreter (images/Dockerfile)
 DEADLINE_SECONDS = 24 * 3600  # a phase that runs longer than this fails, and its pods go
+
+
+PROGRAM = ("-m", "components.tokenize.parts")  # the part's program, after the interpreter
+_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding the `components` package
+
+
+class LocalParts:
+    """A `phases.PartRunner` that runs a phase as processes here (the local indexed launcher)."""
+
+    def __call__(self, phase: str, work: str, parts: int) -> None:
+        from components.jobs.indexed.make import make_indexed_launcher
+        from components.jobs.indexed.spec import IndexedJobSpec
+
+        path = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
+        spec = IndexedJobSpec(
+            name=f"tokenize-{phase}",
+            command=(sys.executable, *PROGRAM, phase, work),
+            completions=parts,
+            parallelism=parts,
+            env={"PYTHONPATH": path},
+            allow_unpinned=True,
+        )
+        make_indexed_launcher("local").run(spec)
 
 
 class JobParts:
@@ -41,7 +71,7 @@ class JobParts:
         spec = IndexedJobSpec(
             # one Job per phase per run: a retried step finds and re-attaches to its Job
             name=job_name(step.edge.run_id, f"tokenize-{phase}", prefix="tokenize"),
-            command=(CONTAINER_PYTHON, "-m", "components.tokenize.parts", phase, work),
+            command=(CONTAINER_PYTHON, *PROGRAM, phase, work),
             completions=parts,
             parallelism=parts,
             image=step.image,

@@ -32,7 +32,7 @@ import sentencepiece as spm
 
 from components import overlap, storage
 from components.tokenize import bpe
-from components.tokenize.corpus import read_chunks
+from components.tokenize.corpus import Chunk, read_chunks
 from components.tokenize.dataset import relative_name
 from components.tokenize.encode import encode_pieces
 from components.tokenize.plan import (
@@ -75,11 +75,10 @@ class Text:
     key: int  # the sample's key for it
     bucket: int | None  # its eval-candidate bucket (documents); None: train whatever the cap
     split: str  # its split: decided by the tail rule, or (documents) by the step's rule
-    size: int  # bytes of the source it covers, for the tail rule's progress
 
 
-def list_with_last(items: Iterator) -> Iterator:
-    """Each item with whether it is the last of its split (chunks come train, then eval)."""
+def list_with_last(items: Iterator[Chunk]) -> Iterator[tuple[Chunk, bool]]:
+    """Each chunk with whether it is the last of its split (chunks come train, then eval)."""
     previous = None
     for item in items:
         if previous is not None:
@@ -149,7 +148,7 @@ class _Stream:
                         self.empty -= 1
                     _, key = document_hashes(name, number)
                     ends = last and chunk.split == SPLITS[1]  # the file ends in its eval part
-                    yield Text(chunk.text, ends, key, None, chunk.split, chunk.size)
+                    yield Text(chunk.text, ends, key, None, chunk.split)
                 continue
             from components.tokenize.readers import DocumentReader
 
@@ -166,7 +165,7 @@ class _Stream:
                 rule = self.rule
                 is_eval = bucket is not None and (rule is None or bucket < rule.eval_buckets)
                 split = SPLITS[1] if is_eval else SPLITS[0]
-                yield Text(piece.text, piece.last, key ^ pieces, bucket, split, 0)
+                yield Text(piece.text, piece.last, key ^ pieces, bucket, split)
             self.documents += reader.documents
             self.empty += reader.empty
 

@@ -9,7 +9,6 @@ output is the same, byte for byte (plan.py says why).
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -53,48 +52,6 @@ def in_process(phase: str, work: str, parts: int) -> None:
     """Every part here, one after another (a corpus of one unit, tests)."""
     for part in range(parts):
         part_program.run_part(phase, work, part)
-
-
-class LocalParts:
-    """Every part as a process of its own on this machine (JOB_COMPLETION_INDEX set as the
-    Job controller sets it), through the local Indexed Job launcher."""
-
-    def __init__(self, log_dir: str | None = None) -> None:
-        self.log_dir = log_dir
-
-    def __call__(self, phase: str, work: str, parts: int) -> None:
-        import os
-        import subprocess
-        import sys
-
-        from contracts import termination
-
-        root = str(Path(__file__).resolve().parents[2])
-        path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
-        with tempfile.TemporaryDirectory(prefix="gptpipe-parts-") as tmp:
-            procs = []
-            for part in range(parts):
-                message = Path(tmp, f"part-{part}.termination-log")
-                env = {
-                    **os.environ,
-                    "PYTHONPATH": path,
-                    part_program.INDEX_ENV: str(part),
-                    termination.WORKER_MESSAGE_ENV: str(message),
-                }
-                command = [sys.executable, "-m", "components.tokenize.parts", phase, work]
-                procs.append((subprocess.Popen(command, env=env), message))
-            failed = []
-            for part, (proc, message) in enumerate(procs):
-                code = proc.wait()
-                if code:
-                    record = termination.read(str(message))
-                    if record is not None and code == termination.INPUT_ERROR_EXIT:
-                        for other, _ in procs:
-                            other.terminate()
-                        raise UserError(record.message)
-                    failed.append((part, code))
-            if failed:
-                raise RuntimeError(f"tokenize: parts exited with codes {failed}")
 
 
 def run_phase(runner: PartRunner, phase: str, plan: Plan, work: str, report: Report) -> None:
