@@ -9,16 +9,13 @@ the TFJob launcher's watch does (components/jobs/tfjob/watch.py); an expired res
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any
 
-from components.jobs import kube
-from components.jobs.errors import LaunchError, LaunchTimeout
+from components.jobs import follow
+from components.jobs.errors import LaunchError
 from components.jobs.indexed.api import JobApi
 from components.jobs.indexed.status import finished
-
-MAX_API_FAULTS = 10  # transient API failures in a row (about 2.5 min of backoff) before failing
 
 
 class Watch:
@@ -57,31 +54,12 @@ class Watch:
                 job, faults = self._recover(exc, faults)
 
     def _window(self, deadline: float | None) -> int:
-        """Seconds of the next watch request; LaunchTimeout once `deadline` has passed."""
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise LaunchTimeout(
-                f"{self.api.what} did not finish within the launcher's timeout; deleted it",
-                reason="Timeout",
-                job_name=self.api.spec.name,
-            )
-        window = self.poll_seconds if remaining is None else int(remaining) + 1
-        return max(1, min(self.poll_seconds, window))
+        return follow.window(self.api, deadline, self.poll_seconds)
 
     def _recover(
         self, exc: Exception, faults: int, *, counted: bool = True
     ) -> tuple[dict[str, Any], int]:
-        """After a failed request: wait out a transient failure (re-raise any other), then
-        read the job again, waiting out failures the same way."""
-        if counted:
-            faults = kube.wait_out(exc, faults, MAX_API_FAULTS, self.api.say, time.sleep)
-        while True:
-            try:
-                return self.api.get(), faults
-            except Exception as again:
-                if getattr(again, "status", None) == 404:
-                    raise self.api.deleted() from None
-                faults = kube.wait_out(again, faults, MAX_API_FAULTS, self.api.say, time.sleep)
+        return follow.reread(self.api, exc, faults, counted=counted)
 
     def observe(self, job: Mapping[str, Any]) -> None:
         """Say what is new in this state of the job: conditions, indexes done and failed."""

@@ -15,16 +15,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from components.jobs import kube
-from components.jobs.errors import LaunchTimeout
+from components.jobs import follow, kube
 from components.jobs.spec import is_retryable_exit_code
 from components.jobs.tfjob.api import TFJobApi
 from components.jobs.tfjob.backoff import take_restarts
 from components.jobs.tfjob.manifest import CONTAINER, GROUP, PLURAL, VERSION
 from components.jobs.tfjob.start import cannot_start_error, not_starting
 from components.jobs.tfjob.status import JobState, permanent_error, replica, terminated_exit
-
-MAX_API_FAULTS = 10  # transient API failures in a row (about 2.5 min of backoff) before failing
 
 
 class Watch:
@@ -63,16 +60,7 @@ class Watch:
                 job, faults = self._recover(exc, faults)
 
     def _window(self, deadline: float | None) -> int:
-        """Seconds of the next watch request; LaunchTimeout once `deadline` has passed."""
-        remaining = None if deadline is None else deadline - time.monotonic()
-        if remaining is not None and remaining <= 0:
-            raise LaunchTimeout(
-                f"{self.api.what} did not finish within the launcher's timeout; deleted it",
-                reason="Timeout",
-                job_name=self.api.spec.name,
-            )
-        window = self.poll_seconds if remaining is None else int(remaining) + 1
-        return max(1, min(self.poll_seconds, window))
+        return follow.window(self.api, deadline, self.poll_seconds)
 
     def _follow(self, job: dict[str, Any], window: int) -> dict[str, Any]:
         """One watch request on the job: observe each change until it ends or the job finished."""
@@ -101,18 +89,7 @@ class Watch:
     def _recover(
         self, exc: Exception, faults: int, *, counted: bool = True
     ) -> tuple[dict[str, Any], int]:
-        """After a failed request: wait out a transient failure (re-raise any other, or the
-        MAX_API_FAULTS-th in a row), then read the job again, waiting out failures the same
-        way. A job gone meanwhile (deleted while the watch was down) is the watch's DELETED."""
-        if counted:
-            faults = kube.wait_out(exc, faults, MAX_API_FAULTS, self.api.say, time.sleep)
-        while True:
-            try:
-                return self.api.get(), faults
-            except Exception as again:
-                if getattr(again, "status", None) == 404:
-                    raise self.api.deleted() from None
-                faults = kube.wait_out(again, faults, MAX_API_FAULTS, self.api.say, time.sleep)
+        return follow.reread(self.api, exc, faults, counted=counted)
 
     def observe(self, job: Mapping[str, Any]) -> None:
         """Take a new state of the job in: its conditions, its pods, its restarts."""

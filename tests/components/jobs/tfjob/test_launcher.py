@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 from kubernetes import client as kubernetes_client
 
+from components.jobs import follow
 from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout
 from components.jobs.spec import JobSpec
 from components.jobs.tfjob import cleanup, manifest
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import logs as tfjob_logs
 from components.jobs.tfjob import status as tfjob_status
-from components.jobs.tfjob import watch as tfjob_watch
 from components.jobs.tfjob.restarts import RestartLedger
 from contracts import termination
 from contracts.errors import UserError
@@ -774,7 +774,7 @@ def test_an_apiserver_that_stays_down_fails_the_launch(monkeypatch):
         kube.unavailable = 10_000
         with pytest.raises(Exception, match="503"):
             run_tfjob(kube)
-    assert kube.output.count("API unavailable") == tfjob_watch.MAX_API_FAULTS - 1
+    assert kube.output.count("API unavailable") == follow.MAX_API_FAULTS - 1
 
 
 @pytest.mark.parametrize(
