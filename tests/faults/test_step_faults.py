@@ -383,15 +383,16 @@ from contracts.errors import one_line_errors
 
 corpus, root, options, stop_marker = sys.argv[1:5]
 if stop_marker:
-    import tensorflow as tf
+    from components.tokenize import shards
 
-    class StopAfterFirstShard(tf.io.TFRecordWriter):
-        def __exit__(self, *exc):  # the shard is closed, whole, when this returns
-            super().__exit__(*exc)
-            pathlib.Path(stop_marker).touch()
-            time.sleep(600)
+    close = shards._GzipRecords.close
 
-    tf.io.TFRecordWriter = StopAfterFirstShard
+    def close_then_stop(self):  # the shard is closed, whole, when close returns
+        close(self)
+        pathlib.Path(stop_marker).touch()
+        time.sleep(600)
+
+    shards._GzipRecords.close = close_then_stop
 with one_line_errors("gptpipe tokenize"):
     executor.run_content_addressed(corpus, root, **json.loads(options))
 """
@@ -504,7 +505,8 @@ def test_tokenize_killed_between_shards_leaves_no_dataset_and_a_rerun_succeeds(t
         while not stopped.exists() and child.poll() is None and time.monotonic() < until:
             time.sleep(0.05)
         assert stopped.exists(), child.stderr.read().decode() if child.poll() is not None else ""
-        written = list(datasets.glob(f".{version}.tmp-*/Split-train/*.gz"))
+        # the one unit's shards, in the temporary folder its part publishes when whole
+        written = list(datasets.glob(f".{version}.work/encoded/.unit-*.tmp-*/Split-train/*.gz"))
         assert len(written) == 1  # one shard whole, three to go
     finally:
         signal_group(child, signal.SIGKILL)
