@@ -60,6 +60,8 @@ NAMESPACE = "kubeflow-user-example-com"  # a Kubeflow profile's namespace
 STEP_SERVICE_ACCOUNT = "default-editor"  # what a profile's pipeline pods run as
 PULL_SECRET = "regcred"  # compiled into every step (`gptpipe compile --image-pull-secret`)
 GRACE_SECONDS = 5  # terminationGracePeriodSeconds of step pods and worker pods
+TFJOB_NAME_LABEL = "training.kubeflow.org/job-name"  # on the Training Operator's pods
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"  # on an Indexed Job's pods
 CORPUS_CHARS = 80_000  # a slice of data/tinyshakespeare.txt, cut at a line end
 # The trainer image's environment (images/Dockerfile ENV): this checkout on the path, this
 # virtualenv first on PATH, where the worker command's `python` is looked up.
@@ -108,6 +110,13 @@ class LocalCluster:
 
     def worker_pods(self, run_id: str) -> list[dict[str, Any]]:
         """Every TFJob worker pod created for the run, as created."""
+        return [p for p in self.run_pods(run_id) if TFJOB_NAME_LABEL in _labels(p)]
+
+    def part_pods(self, run_id: str) -> list[dict[str, Any]]:
+        """Every Indexed Job pod (tokenize's parts) created for the run, as created."""
+        return [p for p in self.run_pods(run_id) if COMPLETION_INDEX_LABEL in _labels(p)]
+
+    def run_pods(self, run_id: str) -> list[dict[str, Any]]:
         label = run_label(run_id)
         return [p for p in self.created_pods if _labels(p).get(LABEL_RUN_ID) == label]
 

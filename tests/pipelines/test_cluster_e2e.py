@@ -25,6 +25,7 @@ from components import lineage
 from components.jobs.naming import job_name
 from pipelines.cli import lineage as lineage_cmd
 from tests.doubles.cluster import (
+    COMPLETION_INDEX_LABEL,
     NAMESPACE,
     PULL_SECRET,
     STEP_SERVICE_ACCOUNT,
@@ -148,6 +149,54 @@ def test_the_tfjob_ran_two_workers_as_the_train_step(cluster, first):
     ]
     (owner,) = created["metadata"]["ownerReferences"]  # the train step's own pod
     assert (owner["name"], owner["uid"]) == (train.attempts[0].pod_name, train.attempts[0].pod_uid)
+
+
+def test_tokenize_ran_as_two_indexed_jobs_of_four_parts_with_a_one_part_runs_bytes(
+    cluster, first, tmp_path
+):
+    from components import storage
+    from components.storage import gcs as storage_gcs
+    from components.tokenize import executor as tokenize
+    from contracts.examples import parse_manifest
+
+    pods = cluster.part_pods(first.run_id)
+    indexes = sorted(p["metadata"]["labels"][COMPLETION_INDEX_LABEL] for p in pods)
+    assert indexes == ["0", "0", "1", "1", "2", "2", "3", "3"]  # phase 1, then phase 2
+    for pod in pods:
+        assert pod["metadata"]["namespace"] == NAMESPACE
+        assert pod["spec"]["serviceAccountName"] == STEP_SERVICE_ACCOUNT
+        assert pod["spec"]["containers"][0]["command"][:3] == [
+            "python",
+            "-m",
+            "components.tokenize.parts",
+        ]
+    # The same corpus, tokenized here in one part: the same dataset, byte for byte (but the
+    # manifest, whose sources are named where they were read).
+    storage_gcs.set_client(cluster.gcs)
+    try:
+        examples = first.tasks["tokenize"].output_parameters["examples_uri"]
+        manifest = parse_manifest(storage.read_bytes(f"{examples}/manifest.json"), "manifest")
+        assert manifest.formats == {"jsonl": 3, "jsonl+gz": 1}
+        corpus = tmp_path / "corpus"
+        storage.download_dir(cluster.uri("corpus"), corpus)
+        params = manifest.parameters
+        local = tokenize.run(
+            str(corpus),
+            str(tmp_path / "examples"),
+            vocab_size=params.vocab_size,
+            seq_len=params.seq_len,
+            unit_bytes=params.unit_bytes,
+            parts=1,
+            progress=False,
+        )
+        there = storage.tree_crc32c(examples)
+    finally:
+        storage_gcs.set_client(None)
+    here = storage.tree_crc32c(str(tmp_path / "examples"))
+    assert local.splits == manifest.splits  # (the versions differ: GCS fingerprints by crc32c)
+    assert {k: v for k, v in here.items() if k != "manifest.json"} == {
+        k: v for k, v in there.items() if k != "manifest.json"
+    }
 
 
 def test_lineage_over_grpc_links_the_pushed_model_to_its_dataset(cluster, first):
