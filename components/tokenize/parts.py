@@ -125,7 +125,8 @@ def _format(plan: Plan, uri: str) -> str:
 
 
 class _Stream:
-    """`texts` of a unit, with its document counts once it is read."""
+    """A unit's text, piece by piece in order, each with where it goes (without a rule, in
+    phase 1, every eval candidate counts as eval); its document counts once it is read."""
 
     def __init__(self, plan: Plan, unit: int, rule: SplitRule | None) -> None:
         self.plan, self.unit, self.rule = plan, unit, rule
