@@ -187,6 +187,7 @@ def measure_one(name: str, shape: str, batch: int, xla_kernels: bool = True) -> 
     import tf_keras as keras
 
     from trainer import config as config_lib
+    from trainer import run_plan
 
     policy, jit, all_gpus, host_syncs = RUNS[name]
     gpus = tf.config.list_physical_devices("GPU")
@@ -201,8 +202,9 @@ def measure_one(name: str, shape: str, batch: int, xla_kernels: bool = True) -> 
     cfg = config_lib.resolve_config(preset, overrides)
     keras.mixed_precision.set_global_policy(policy)
     replicas = strategy.num_replicas_in_sync
-    global_batch = config_lib.global_batch_size(batch, replicas)
-    gpt = _trainee(strategy, cfg, global_batch, policy, jit)
+    plan = run_plan.plan_run(cfg, replicas)
+    global_batch = plan.global_batch
+    gpt = _trainee(strategy, cfg, plan, policy, jit)
     m = cfg.model
     rng = tf.random.Generator.from_seed(cfg.train.seed)
     ids = rng.uniform((global_batch, m.seq_len + 1), 0, m.vocab_size, dtype=tf.int32)
@@ -222,12 +224,12 @@ def measure_one(name: str, shape: str, batch: int, xla_kernels: bool = True) -> 
     }
 
 
-def _trainee(strategy: Any, cfg: Any, global_batch: int, policy: str, jit: bool) -> Any:
+def _trainee(strategy: Any, cfg: Any, plan: Any, policy: str, jit: bool) -> Any:
     """The model `fit` trains, built and compiled by the trainer's own code (trainer/task.py's
     `compiled_model`): the GPT with the trainer's instrumented train step."""
     from trainer import task
 
-    return task.compiled_model(strategy, cfg, global_batch, policy, jit).trainee
+    return task.compiled_model(strategy, cfg, plan, policy, jit).trainee
 
 
 def _timer(warmup: int, host_syncs: bool) -> Any:

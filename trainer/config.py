@@ -1,7 +1,7 @@
 """Model and training configuration: frozen dataclasses, presets, YAML files, key=value overrides.
 
-Resolution order: dataclass defaults, then a preset (`tiny`, `quality`, `gpt2-small`) or a YAML
-file, then `key=value` overrides. This module must not import TensorFlow: pipeline components
+Resolution order: dataclass defaults, then a preset (trainer/presets.py) or a YAML file, then
+`key=value` overrides. This module must not import TensorFlow: pipeline components
 import it.
 """
 
@@ -17,17 +17,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.errors import UserError
+from trainer import presets
+from trainer.presets import PRESET_NAMES
 
 PRECISIONS = ("auto", "float32", "mixed_float16", "mixed_bfloat16")
 JIT_COMPILE = ("auto", "on", "off")
-PRESET_NAMES = ("tiny", "quality", "gpt2-small")
 POSITIONS = ("learned", "rotary")  # model.position's choices
 # Fields added after configs were first recorded (lineage, saved runs, --param config=...),
 # with the value a config written before them meant. config_to_dict leaves them out at that
 # value and config_from_dict fills them in, so an earlier run's config loads and hashes as it
 # did when it was recorded, and a config without the new features still loads in an image
 # built before them (whose config_from_dict refuses keys it does not know: gptpipe reproduce).
-ADDED_FIELDS: dict[str, Any] = {"model.position": "learned"}
+ADDED_FIELDS: dict[str, Any] = {
+    "model.position": "learned",
+    "train.global_batch_tokens": 0,
+    "train.train_tokens": 0,
+    "train.warmup_tokens": 0,
+    "train.lr_scaling": "linear",
+    "train.recompute": "none",
+    "train.max_minutes": 0.0,
+}
+LR_SCALINGS = ("capped", "linear", "none")  # train.lr_scaling's rules (run_plan.peak_learning_rate)
+RECOMPUTE = ("none", "blocks")  # train.recompute's modes
+# Fields that say the same thing two ways: a layer of the config (a preset, a YAML file, the
+# overrides) that sets one to a non-zero value and leaves the other alone clears the other.
+EITHER = (("train_steps", "train_tokens"), ("warmup_steps", "warmup_tokens"))
 DEFAULT_PRESET = "tiny"  # tests and the local demo; what every entry point defaults to
 # How an error message asks for a value of each field type.
 _A_VALUE = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
@@ -59,11 +73,26 @@ class ModelConfig:
 class TrainConfig:
     """Optimizer, schedule and loop settings."""
 
-    batch_size: int = 32  # sequences per replica per step; the global batch is this x replicas
-    train_steps: int = 500  # optimizer steps in total
+    # sequences per replica per forward and backward pass: the micro-batch, the largest that fits
+    # a device's memory. The global batch is this x replicas, or train.global_batch_tokens.
+    batch_size: int = 32
+    # tokens per optimizer step across all replicas; 0: batch_size x replicas x seq_len. When
+    # set, each replica accumulates the gradients of global_batch_tokens / (seq_len x replicas x
+    # batch_size) micro-batches per step (trainer/run_plan.py)
+    global_batch_tokens: int = 0
+    train_steps: int = 500  # optimizer steps in total; 0: train_tokens / tokens per step
+    train_tokens: int = 0  # tokens to train on in total; 0: train_steps x tokens per step
+    # a wall-clock budget for the training loop in minutes; 0: none. When set, the steps (and
+    # with them the warmup and decay) come from the step time measured in the first steps
+    max_minutes: float = 0.0
     learning_rate: float = 2e-3  # peak learning rate at reference_batch_size
-    reference_batch_size: int = 32  # global batch at which learning_rate applies (linear scaling)
+    reference_batch_size: int = 32  # global batch (sequences) at which learning_rate applies
+    # how the peak learning rate follows the global batch: capped (linear scaling below
+    # reference_batch_size, never above learning_rate) | linear (the seeds' rule, unbounded) |
+    # none (learning_rate whatever the batch)
+    lr_scaling: str = "capped"
     warmup_steps: int = 50  # linear warmup steps from ~0 to the peak learning rate
+    warmup_tokens: int = 0  # the warmup in tokens instead (0: warmup_steps)
     min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of the peak learning rate
     weight_decay: float = 0.1  # AdamW decoupled weight decay (not on biases and LayerNorm)
     beta_1: float = 0.9  # AdamW first-moment decay
@@ -81,6 +110,9 @@ class TrainConfig:
     # XLA for train/eval steps: auto (see use_jit_compile) | on | off; off also keeps the
     # XLA-fused GELU out of training (use_xla_kernels)
     jit_compile: str = "auto"
+    # activation recomputation: none | blocks (each transformer block's activations are
+    # recomputed in the backward pass instead of kept: less memory for about a third more compute)
+    recompute: str = "none"
 
 
 @dataclass(frozen=True)
@@ -93,60 +125,12 @@ class Config:
 
 def _preset(name: str) -> dict[str, dict[str, Any]]:
     """Return the section overrides that define preset `name` on top of the defaults."""
-    if name == "tiny":
-        return {}  # the defaults: a model for tests and the demo, trained in about a minute
-    if name == "quality":
-        # The best model about 10 minutes of 2 CPU cores make of a corpus the size of the bundled
-        # one (1 MB): BPE 2048 and 128-token windows (~400 characters each); 4 x 256 layers,
-        # the most that train for several epochs in that time; dropout 0.15 against the overfit
-        # of several epochs; rotary positions. docs/benchmarks.md has how each choice measured,
-        # and bench/quality_bench.py measures the preset against the peer.
-        return {
-            "model": {
-                "vocab_size": 2048,
-                "seq_len": 128,
-                "n_layer": 4,
-                "n_head": 4,
-                "d_model": 256,
-                "d_ff": 1024,
-                "dropout": 0.15,
-                "position": "rotary",
-            },
-            "train": {
-                "batch_size": 32,
-                "train_steps": 900,
-                "warmup_steps": 100,
-                "checkpoint_every": 225,
-                "log_every": 50,
-            },
-        }
-    if name == "gpt2-small":
-        return {
-            "model": {
-                "vocab_size": 32000,
-                "seq_len": 1024,
-                "n_layer": 12,
-                "n_head": 12,
-                "d_model": 768,
-                "d_ff": 3072,
-                "dropout": 0.0,
-            },
-            "train": {
-                "batch_size": 32,
-                "train_steps": 100_000,
-                "learning_rate": 6e-4,
-                "reference_batch_size": 256,
-                "warmup_steps": 2000,
-                "beta_2": 0.95,
-                "checkpoint_every": 1000,
-                "log_every": 100,
-                "eval_batches": 50,
-                "shuffle_buffer": 10_000,
-            },
-        }
-    raise ConfigError(
-        f"config: unknown preset {name!r}; use one of {PRESET_NAMES} or a .yaml/.yml file"
-    )
+    found = presets.preset(name)
+    if found is None:
+        raise ConfigError(
+            f"config: unknown preset {name!r}; use one of {PRESET_NAMES} or a .yaml/.yml file"
+        )
+    return found
 
 
 def _sections() -> dict[str, type]:
@@ -247,8 +231,26 @@ def _apply_nested(cfg: Config, data: Mapping[str, Any], source: str) -> Config:
             if key not in valid_keys():
                 raise _unknown_key(key, f"config: {source}: ")
             typed[name] = _check_type(key, value, _field_type(section, name), source)
-        cfg = _apply(cfg, section, typed)
+        cfg = _apply(cfg, section, _with_either(section, typed, source))
     return cfg
+
+
+def _with_either(section: str, values: dict[str, Any], source: str) -> dict[str, Any]:
+    """`values` of one layer, with the other field of each EITHER pair cleared where the layer
+    sets one of them (non-zero) and not the other; both set is refused."""
+    if section != "train":
+        return values
+    out = dict(values)
+    for one, other in EITHER:
+        given = [name for name in (one, other) if values.get(name)]
+        if len(given) == 2:
+            raise ConfigError(
+                f"config: {source}: train.{one} and train.{other} both set; give one of them "
+                f"(the other is derived from it)"
+            )
+        if given:
+            out.setdefault(other if given[0] == one else one, 0)
+    return out
 
 
 def _load_yaml(path: str) -> dict[str, Any]:
@@ -290,6 +292,7 @@ def resolve_config(name: str = DEFAULT_PRESET, overrides: Sequence[str] = ()) ->
         cfg = _apply_nested(cfg, data, name)
     else:
         cfg = _apply_nested(cfg, _preset(name), f"preset {name}")
+    given: dict[str, dict[str, Any]] = {}
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
@@ -297,8 +300,11 @@ def resolve_config(name: str = DEFAULT_PRESET, overrides: Sequence[str] = ()) ->
                 f"config: override {item!r} must look like KEY=VALUE, e.g. train.train_steps=1000"
             )
         section, field = _resolve_key(key.strip())
-        value = _parse_str(key, text.strip(), _field_type(section, field))
-        cfg = _apply(cfg, section, {field: value})
+        given.setdefault(section, {})[field] = _parse_str(
+            key, text.strip(), _field_type(section, field)
+        )
+    for section, values in given.items():
+        cfg = _apply(cfg, section, _with_either(section, values, "overrides"))
     validate(cfg)
     return cfg
 
@@ -330,7 +336,6 @@ def _model_errors(m: ModelConfig) -> list[str]:
 def _train_errors(t: TrainConfig) -> list[str]:
     positive = (
         "batch_size",
-        "train_steps",
         "reference_batch_size",
         "checkpoint_every",
         "log_every",
@@ -343,11 +348,7 @@ def _train_errors(t: TrainConfig) -> list[str]:
     ]
     if t.learning_rate <= 0:
         errors.append(f"train.learning_rate must be positive, got {t.learning_rate}")
-    if not 0 <= t.warmup_steps <= t.train_steps:
-        errors.append(
-            f"train.warmup_steps={t.warmup_steps} must be in [0, train.train_steps="
-            f"{t.train_steps}]; lower warmup_steps or raise train_steps"
-        )
+    errors += _length_errors(t)
     if not 0.0 <= t.min_lr_ratio <= 1.0:
         errors.append(f"train.min_lr_ratio must be in [0, 1], got {t.min_lr_ratio}")
     if t.weight_decay < 0 or t.grad_clip_norm < 0:
@@ -361,6 +362,42 @@ def _train_errors(t: TrainConfig) -> list[str]:
         errors.append(f"train.precision must be one of {PRECISIONS}, got {t.precision!r}")
     if t.jit_compile not in JIT_COMPILE:
         errors.append(f"train.jit_compile must be one of {JIT_COMPILE}, got {t.jit_compile!r}")
+    if t.lr_scaling not in LR_SCALINGS:
+        errors.append(f"train.lr_scaling must be one of {LR_SCALINGS}, got {t.lr_scaling!r}")
+    if t.recompute not in RECOMPUTE:
+        errors.append(f"train.recompute must be one of {RECOMPUTE}, got {t.recompute!r}")
+    return errors
+
+
+def _length_errors(t: TrainConfig) -> list[str]:
+    """How long the run is and how it warms up: steps or tokens (EITHER), never both."""
+    errors = [
+        f"train.{name} must be >= 0, got {getattr(t, name)}"
+        for name in (
+            "train_steps",
+            "train_tokens",
+            "warmup_steps",
+            "warmup_tokens",
+            "global_batch_tokens",
+            "max_minutes",
+        )
+        if getattr(t, name) < 0
+    ]
+    for one, other in EITHER:
+        if getattr(t, one) > 0 and getattr(t, other) > 0:
+            errors.append(
+                f"train.{one} and train.{other} both set; give one of them (the other is "
+                "derived from it)"
+            )
+    if t.train_steps == 0 and t.train_tokens == 0 and t.max_minutes == 0:
+        errors.append(
+            "the run has no length: set train.train_steps, train.train_tokens or train.max_minutes"
+        )
+    if t.train_steps and t.warmup_steps > t.train_steps:
+        errors.append(
+            f"train.warmup_steps={t.warmup_steps} must be in [0, train.train_steps="
+            f"{t.train_steps}]; lower warmup_steps or raise train_steps"
+        )
     return errors
 
 
@@ -444,27 +481,6 @@ def config_hash(cfg: Config) -> str:
     """sha256 (hex) of the canonical JSON of the config (config_to_dict's)."""
     canonical = json.dumps(config_to_dict(cfg), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
-
-
-def global_batch_size(per_replica: int, replicas: int) -> int:
-    """Sequences per optimizer step across all replicas."""
-    return per_replica * replicas
-
-
-def scaled_learning_rate(base_lr: float, global_batch: int, reference_batch: int) -> float:
-    """Linear scaling rule: the peak LR grows with the global batch relative to the reference."""
-    return base_lr * global_batch / reference_batch
-
-
-def learning_rate_at(
-    step: int, peak_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float
-) -> float:
-    """LR at 0-based `step`: linear warmup to peak_lr, then cosine decay to min_lr_ratio * peak."""
-    if step < warmup_steps:
-        return peak_lr * (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-    return peak_lr * (min_lr_ratio + (1.0 - min_lr_ratio) * cosine)
 
 
 def precision_policy(

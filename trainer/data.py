@@ -23,8 +23,8 @@ import tensorflow as tf
 from contracts.artifacts import EXAMPLES_MANIFEST
 from contracts.errors import UserError
 from contracts.examples import ExamplesManifest, parse_manifest
-from trainer import config as config_lib
 from trainer.config import Config
+from trainer.run_plan import RunPlan
 from trainer.shard_check import verify_shards
 
 log = logging.getLogger("trainer")
@@ -317,16 +317,19 @@ def train_dataset(
     cfg: Config,
     ctx: tf.distribute.InputContext | None = None,
     skip_steps: int = 0,
+    step_batch: int = 0,
 ) -> tf.data.Dataset:
     """The training input as `fit` consumes it, in TrainOrder with the config's seed, without
     end; from the batch that step `skip_steps` + 1 takes (a step takes one batch for each
-    replica this pipeline feeds)."""
+    replica this pipeline feeds). `step_batch`: sequences per replica per optimizer step, all
+    its micro-batches (RunPlan); 0: train.batch_size."""
     t = cfg.train
+    batch = step_batch or t.batch_size
     mine, keep = pipeline_shards(shards, ctx)
     order = TrainOrder(mine, t.seed, t.shuffle_buffer, keep)
     replicas = ctx.num_replicas_in_sync // ctx.num_input_pipelines if ctx else 1
-    records = order.records(skip_steps * replicas * t.batch_size)
-    return _batches(records, cfg.model.seq_len, t.batch_size)
+    records = order.records(skip_steps * replicas * batch)
+    return _batches(records, cfg.model.seq_len, batch)
 
 
 class DistributedData(NamedTuple):
@@ -342,10 +345,14 @@ def distributed_datasets(
     examples_dir: str,
     manifest: ExamplesManifest,
     cfg: Config,
+    plan: RunPlan,
     skip_steps: int = 0,
     checked_dir: str | None = None,
 ) -> DistributedData:
     """The train and eval splits, each worker reading its part; eval is off under one batch.
+
+    A training batch holds a replica's whole optimizer step, `plan.accumulation` micro-batches
+    (the train step splits it); validation runs on micro-batches.
 
     Each worker first checks the shards it reads (`verify_shards`): a damaged one stops it with
     a CorruptShardError naming the file, before any step. With `checked_dir` (in the job's work
@@ -362,10 +369,11 @@ def distributed_datasets(
         mine, _ = pipeline_shards(train_shards, ctx)
         record = _checked_record(checked_dir, "train", ctx)
         verify_shards(examples_dir, mine.files, record, windows=mine.windows)
-        return train_dataset(train_shards, cfg, ctx, skip_steps)
+        step_batch = plan.micro_batch * plan.accumulation
+        return train_dataset(train_shards, cfg, ctx, skip_steps, step_batch)
 
     train_ds = strategy.distribute_datasets_from_function(train_fn)
-    global_batch = config_lib.global_batch_size(t.batch_size, strategy.num_replicas_in_sync)
+    global_batch = plan.micro_batch * strategy.num_replicas_in_sync  # of validation
     eval_split = manifest.splits.get("eval")
     eval_windows = eval_split.windows if eval_split else 0
     eval_steps = min(t.eval_batches, eval_windows // global_batch)
@@ -382,7 +390,7 @@ def distributed_datasets(
         # The same eval_steps batches every validation; one input pipeline feeds its replicas.
         files = pipeline_files(eval_files, ctx)
         verify_shards(examples_dir, files, _checked_record(checked_dir, "eval", ctx))
-        return make_dataset(eval_files, cfg.model.seq_len, t.batch_size, input_context=ctx).take(
+        return make_dataset(eval_files, cfg.model.seq_len, plan.micro_batch, ctx).take(
             eval_steps * ctx.num_replicas_in_sync // ctx.num_input_pipelines
         )
 

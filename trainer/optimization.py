@@ -1,5 +1,5 @@
-"""The optimizer: AdamW, its update one fused kernel, under a warmup + cosine schedule, its peak
-scaled to the global batch."""
+"""The optimizer: AdamW, its update one fused kernel, under a warmup + cosine schedule to the
+peak learning rate of the run's plan (trainer/run_plan.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer import config as config_lib
 from trainer.config import Config
+from trainer.run_plan import RunPlan
 
 
 class FusedAdamW(keras.optimizers.AdamW):
@@ -55,7 +55,7 @@ class FusedAdamW(keras.optimizers.AdamW):
 
 
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
-    """Warmup then cosine decay, in TF ops; the same curve as config.learning_rate_at."""
+    """Warmup then cosine decay, in TF ops; the same curve as run_plan.learning_rate_at."""
 
     def __init__(
         self, peak_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float
@@ -84,17 +84,17 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def build_optimizer(
-    cfg: Config, global_batch: int, policy: str = "float32"
+    cfg: Config, plan: RunPlan, policy: str = "float32"
 ) -> tuple[keras.optimizers.Optimizer, WarmupCosine]:
-    """AdamW (`FusedAdamW`) with a warmup+cosine schedule whose peak LR is scaled to the global
-    batch.
+    """AdamW (`FusedAdamW`) with a warmup+cosine schedule over the plan's steps, to its peak LR.
 
     Under mixed_float16 it is wrapped in a dynamic LossScaleOptimizer: float16 gradients of a
     small loss underflow. bfloat16 has float32's exponent range and needs no loss scaling.
     """
     t = cfg.train
-    peak = config_lib.scaled_learning_rate(t.learning_rate, global_batch, t.reference_batch_size)
-    schedule = WarmupCosine(peak, t.warmup_steps, t.train_steps, t.min_lr_ratio)
+    schedule = WarmupCosine(
+        plan.peak_learning_rate, plan.warmup_steps, plan.steps, t.min_lr_ratio
+    )
     optimizer = FusedAdamW(
         learning_rate=schedule,
         weight_decay=t.weight_decay,

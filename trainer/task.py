@@ -37,7 +37,7 @@ from contracts.errors import UserError
 from contracts.process import exit_without_final_gc
 from contracts.progress import Progress
 from contracts.training import TrainMetrics, parse_metrics
-from trainer import cluster, data, export, flops, model, precision, train_step
+from trainer import cluster, data, export, flops, model, precision, run_plan, train_step
 from trainer import config as config_lib
 from trainer.callbacks import Measured, PeriodicCheckpoint, TrainMonitor
 from trainer.config import Config, ConfigError
@@ -89,24 +89,25 @@ def train(
     replicas = strategy.num_replicas_in_sync
     agree = preemption_agreement(strategy, workers)
     policy, jit = precision.set_precision_and_choose_xla(cfg, workers, replicas, agree)
-    global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
+    plan = run_plan.plan_run(cfg, replicas)
+    global_batch = plan.global_batch
     resume_step = backed_up_step(_backup_dir(work_dir))
     checked = posixpath.join(work_dir, CHECKED_SHARDS_DIR)
     datasets = data.distributed_datasets(
-        strategy, examples_dir, manifest, cfg, resume_step, checked
+        strategy, examples_dir, manifest, cfg, plan, resume_step, checked
     )
-    gpt, trainee, optimizer, schedule = compiled_model(strategy, cfg, global_batch, policy, jit)
+    gpt, trainee, optimizer, schedule = compiled_model(strategy, cfg, plan, policy, jit)
     log.info(
-        "training %d params, policy %s, jit_compile %s, %d replicas, global batch %d",
+        "training %d params, policy %s, jit_compile %s, recompute %s; %s",
         gpt.count_params(),
         policy,
         jit,
-        replicas,
-        global_batch,
+        cfg.train.recompute,
+        plan.describe(),
     )
     is_chief = cluster.is_chief(tf_config)
     telemetry = _telemetry(is_chief, work_dir, progress, metrics_port)
-    monitor = _monitor(cfg, work_dir, schedule, telemetry, jit, workers, replicas)
+    monitor = _monitor(cfg, plan, work_dir, schedule, telemetry, jit, workers)
     backup = PreemptibleBackup(
         _backup_dir(work_dir),
         cfg.train.checkpoint_every,
@@ -117,7 +118,7 @@ def train(
     fault_cb = InjectFault(fault, cluster.task_index(tf_config)) if fault else None
     callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb)
     try:
-        _fit(trainee, cfg, datasets, callbacks)
+        _fit(trainee, cfg, plan, datasets, callbacks)
     except Preempted:
         # fit skips on_train_end when a callback raises: keep this attempt's curve up to its
         # backup, and its time, for the attempt that resumes there.
@@ -167,17 +168,17 @@ def _telemetry(
 
 def _monitor(
     cfg: Config,
+    plan: run_plan.RunPlan,
     work_dir: str,
     schedule: WarmupCosine,
     telemetry: Telemetry,
     jit: bool,
     workers: int,
-    replicas: int,
 ) -> TrainMonitor:
     """The monitor, continuing the curve an earlier attempt kept in the work folder, measuring
     what this host can (trainer/train_step.py says why the rest is left out)."""
-    global_batch = config_lib.global_batch_size(cfg.train.batch_size, replicas)
-    history = TrainHistory(precision.device_name(), replicas, global_batch)
+    replicas = plan.replicas
+    history = TrainHistory(precision.device_name(), replicas, plan.global_batch)
     history.load(work_dir)
     peak = flops.peak_flops(history.device)
     timed = train_step.times_steps(jit, precision.device_kind()[0])
@@ -187,10 +188,14 @@ def _monitor(
         flops_per_token=flops.flops_per_token(cfg.model),
         peak_flops=peak * replicas if peak else None,
     )
-    tokens_per_step = global_batch * cfg.model.seq_len
-    t = cfg.train
     return TrainMonitor(
-        t.train_steps, t.log_every, tokens_per_step, schedule, history, telemetry, measured
+        plan.steps,
+        cfg.train.log_every,
+        plan.global_batch_tokens,
+        schedule,
+        history,
+        telemetry,
+        measured,
     )
 
 
@@ -223,7 +228,7 @@ class Compiled(NamedTuple):
 
 
 def compiled_model(
-    strategy: tf.distribute.Strategy, cfg: Config, global_batch: int, policy: str, jit: bool
+    strategy: tf.distribute.Strategy, cfg: Config, plan: run_plan.RunPlan, policy: str, jit: bool
 ) -> Compiled:
     """The model as the trainer trains it, built under the strategy's scope; its `trainee`,
     which shares the `gpt`'s weights, is compiled for `fit` (also bench/gpu_bench.py's)."""
@@ -232,8 +237,8 @@ def compiled_model(
             cfg.model, xla_kernels=config_lib.use_xla_kernels(cfg.train.jit_compile)
         )
         timed = train_step.times_steps(jit, precision.device_kind()[0])
-        trainee = train_step.instrumented(gpt, timed=timed)
-        optimizer, schedule = build_optimizer(cfg, global_batch, policy)
+        trainee = train_step.instrumented(gpt, timed=timed, accumulation=plan.accumulation)
+        optimizer, schedule = build_optimizer(cfg, plan, policy)
         trainee.compile(
             optimizer=optimizer,
             jit_compile=jit,
@@ -271,17 +276,17 @@ def _callbacks(
 def _fit(
     gpt: keras.Model,
     cfg: Config,
+    plan: run_plan.RunPlan,
     datasets: data.DistributedData,
     callbacks: list[keras.callbacks.Callback],
 ) -> None:
     """Run fit in epochs of checkpoint_every steps so that validation happens that often."""
-    t = cfg.train
-    steps_per_epoch = min(t.checkpoint_every, t.train_steps)
+    steps_per_epoch = min(cfg.train.checkpoint_every, plan.steps)
     gpt.fit(
         datasets.train,
         validation_data=datasets.eval,
         validation_steps=datasets.eval_steps or None,
-        epochs=math.ceil(t.train_steps / steps_per_epoch),
+        epochs=math.ceil(plan.steps / steps_per_epoch),
         steps_per_epoch=steps_per_epoch,
         callbacks=callbacks,
         verbose=0,

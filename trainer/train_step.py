@@ -78,9 +78,14 @@ class InstrumentedGPT(keras.Model):
     `timed`: whether it records timestamps (`times_steps`).
     """
 
-    def __init__(self, inputs: Any, outputs: Any, timed: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self, inputs: Any, outputs: Any, timed: bool = True, accumulation: int = 1, **kwargs: Any
+    ) -> None:
         super().__init__(inputs, outputs, **kwargs)
         self.timed = timed
+        self.accumulation = accumulation  # micro-batches per step (not yet: 1 only)
+        if accumulation != 1:
+            raise NotImplementedError("gradient accumulation")
         self.step_stats = StepStats.create()
 
     def train_step(self, data: Any) -> dict[str, tf.Tensor]:
@@ -119,7 +124,9 @@ def times_steps(jit: bool, device_kind: str) -> bool:
     return not jit and device_kind == "cpu"
 
 
-def instrumented(gpt: keras.Model, timed: bool) -> InstrumentedGPT:
+def instrumented(gpt: keras.Model, timed: bool, accumulation: int = 1) -> InstrumentedGPT:
     """`gpt` (from build_gpt) with the measuring train step, sharing its layers; call under the
     strategy's scope."""
-    return InstrumentedGPT(gpt.inputs, gpt.outputs, timed=timed, name=gpt.name)
+    return InstrumentedGPT(
+        gpt.inputs, gpt.outputs, timed=timed, accumulation=accumulation, name=gpt.name
+    )

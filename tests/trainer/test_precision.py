@@ -16,6 +16,7 @@ from trainer.config import (
 )
 from trainer.model import build_gpt
 from trainer.optimization import build_optimizer
+from trainer.run_plan import plan_run
 from trainer.task import train
 
 
@@ -103,7 +104,7 @@ def test_xla_gelu_unless_xla_is_off():
 def test_loss_scaling_only_for_float16(policy, scaled, policy_reset):
     cfg = resolve_config("tiny", TINY_OVERRIDES)
     keras.mixed_precision.set_global_policy(policy)
-    optimizer, _ = build_optimizer(cfg, 8, policy)
+    optimizer, _ = build_optimizer(cfg, plan_run(cfg, 1), policy)
     gpt = build_gpt(cfg.model)
     gpt.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
     is_scaled = isinstance(gpt.optimizer, keras.mixed_precision.LossScaleOptimizer)

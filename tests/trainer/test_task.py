@@ -24,11 +24,12 @@ from tests.tiny import TINY_OVERRIDES, read_eval_documents
 from trainer import data, export, shard_check
 from trainer.callbacks import TrainMonitor
 from trainer.cluster import choose_strategy, cluster_size, is_chief
-from trainer.config import config_from_dict, config_to_dict, learning_rate_at, resolve_config
+from trainer.config import config_from_dict, config_to_dict, resolve_config
 from trainer.faults import Fault, InjectFault
 from trainer.model import build_gpt
 from trainer.optimization import FusedAdamW, WarmupCosine
 from trainer.preemption import backed_up_step
+from trainer.run_plan import learning_rate_at, plan_run
 from trainer.task import _export_barrier, main, parse_args, train
 
 REPO = Path(__file__).resolve().parents[2]
@@ -318,7 +319,8 @@ def test_resumed_input_skips_the_batches_trained_before(examples, replicas):
     strategy = tf.distribute.get_strategy() if replicas == 1 else _OneWorkerTwoReplicas()
 
     def first_batches(skip_steps: int, n: int) -> list[np.ndarray]:
-        found = data.distributed_datasets(strategy, str(examples), manifest, cfg, skip_steps)
+        plan = plan_run(cfg, replicas)
+        found = data.distributed_datasets(strategy, str(examples), manifest, cfg, plan, skip_steps)
         return [x.numpy() for x, _ in itertools.islice(iter(found.train), n)]
 
     uninterrupted = first_batches(0, 8 * replicas)
