@@ -467,7 +467,7 @@ def test_bad_yaml_config_fails_before_any_step(tmp_path, run_local, yaml_text, e
 @pytest.mark.bad_input("a config name that is neither a preset nor a YAML file")
 def test_unknown_preset(run_local):
     message = run_local("--config", "gpt2-huge")
-    presets = "('tiny', 'quality', 'gpt2-small')"
+    presets = "('tiny', 'quality', 'gpt2-small', 'gpt2-medium', 'gpt2-large', 'gpt2-xl')"
     assert f"unknown preset 'gpt2-huge'; use one of {presets} or a .yaml" in message
 
 

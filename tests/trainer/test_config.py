@@ -165,7 +165,9 @@ TINY_BEFORE_POSITION = {
     },
     # train.lr_scaling came later, its earlier value "linear" the only one then
     "train": {
-        k: v for k, v in config_to_dict(resolve_config("tiny"))["train"].items() if k != "lr_scaling"
+        name: value
+        for name, value in config_to_dict(resolve_config("tiny"))["train"].items()
+        if name != "lr_scaling"
     },
 }
 TINY_HASH_BEFORE_POSITION = "48783720308e1aa95f78958d66c65d82713e1aa6b95310d4bf3ca5e0927e36f3"
