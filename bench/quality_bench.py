@@ -99,6 +99,11 @@ def preset() -> tuple[str, str]:
         return "tiny", "no `quality` preset yet: `tiny` used"
 
 
+# The benchmark plans the trainer's steps itself, by the rule it plans the peer's, so the
+# preset's own time budget (train.max_minutes) is off here.
+NO_BUDGET = "train.max_minutes=0"
+
+
 def planned_steps(preset_steps: int, steps_per_s: float, startup_s: float, budget_s: float) -> int:
     """Training steps for the budget: the recipe's, or fewer if those would not fit SAFETY of
     it after start-up (the peer's schedule is planned by the same rule: bench/peer_gpt2.py);
@@ -187,7 +192,7 @@ def _watched_run(cfg, examples: Path) -> tuple[Path, Path, dict[int, float]]:
 def _plan(name: str, budget_s: float) -> tuple[int, dict[str, float]]:
     """Steps for the budget, from a calibration run: its steady steps/s and its start-up (the
     time to its last checkpoint less the time its steps took)."""
-    cfg = trainer_run.config(name, workloads.steady_state(CALIBRATION_STEPS))
+    cfg = trainer_run.config(name, (*workloads.steady_state(CALIBRATION_STEPS), NO_BUDGET))
     examples = trainer_run.examples(cfg.model.vocab_size, cfg.model.seq_len)
     job, _points, seen = _watched_run(cfg, examples)
     tokens_per_s = float(trainer_run.read_metrics(job / "model")["tokens_per_second"])
@@ -206,6 +211,7 @@ def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
     steps, calibration = _plan(name, budget_s)
     base = trainer_run.config(name, ())
     overrides = (
+        NO_BUDGET,
         f"train.train_steps={steps}",
         checkpoint_at_points(steps),
         f"train.warmup_steps={min(base.train.warmup_steps, steps // 5)}",

@@ -43,6 +43,8 @@ CHECKPOINT_DIR = "checkpoints"  # in train's work folder: periodic checkpoints
 CHECKED_SHARDS_DIR = "checked-shards"  # in train's work folder: shards each input found whole
 TENSORBOARD_DIR = "logs"  # in train's work folder: TensorBoard event files
 WORKER_LOGS_DIR = "worker-logs"  # in train's work folder: each local worker's log
+# in train's work folder: the steps train.max_minutes planned ({"steps": N, "final": bool})
+TIME_BUDGET_PLAN = "time_budget.json"
 # Non-chief workers' scratch, each removed by its worker; the train step sweeps what a worker
 # that died left (components/train/executor.run): `<work>/<prefix><random>` for the model a
 # worker writes and throws away, `<work>/checkpoints/<prefix><random>` for its checkpoints.

@@ -9,6 +9,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
+from trainer.budget import UNPLANNED_STEPS
 from trainer.config import Config
 from trainer.run_plan import RunPlan
 
@@ -55,7 +56,12 @@ class FusedAdamW(keras.optimizers.AdamW):
 
 
 class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
-    """Warmup then cosine decay, in TF ops; the same curve as run_plan.learning_rate_at."""
+    """Warmup then cosine decay, in TF ops; the same curve as run_plan.learning_rate_at.
+
+    The decay's length is a variable, so that a time budget can set it once the step time is
+    measured (trainer/budget.py) without tracing the step again; it is not part of any
+    checkpoint (a schedule is not tracked), and the budget keeps its own plan.
+    """
 
     def __init__(
         self, peak_lr: float, warmup_steps: int, total_steps: int, min_lr_ratio: float
@@ -64,11 +70,17 @@ class WarmupCosine(keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
         self.min_lr_ratio = min_lr_ratio
+        self._total = tf.Variable(float(total_steps), trainable=False, name="schedule_steps")
+
+    def set_total_steps(self, total_steps: int) -> None:
+        """Decay to `total_steps` from now on (a time budget's plan)."""
+        self.total_steps = total_steps
+        self._total.assign(float(total_steps))
 
     def __call__(self, step: tf.Tensor | int) -> tf.Tensor:
         step = tf.cast(step, tf.float32)
         warmup = self.peak_lr * (step + 1.0) / max(self.warmup_steps, 1)
-        decay_steps = max(1, self.total_steps - self.warmup_steps)
+        decay_steps = tf.maximum(1.0, self._total - self.warmup_steps)
         progress = tf.clip_by_value((step - self.warmup_steps) / decay_steps, 0.0, 1.0)
         cosine = 0.5 * (1.0 + tf.cos(math.pi * progress))
         decayed = self.peak_lr * (self.min_lr_ratio + (1.0 - self.min_lr_ratio) * cosine)
@@ -92,9 +104,8 @@ def build_optimizer(
     small loss underflow. bfloat16 has float32's exponent range and needs no loss scaling.
     """
     t = cfg.train
-    schedule = WarmupCosine(
-        plan.peak_learning_rate, plan.warmup_steps, plan.steps, t.min_lr_ratio
-    )
+    steps = plan.steps or UNPLANNED_STEPS  # a time budget alone plans them later
+    schedule = WarmupCosine(plan.peak_learning_rate, plan.warmup_steps, steps, t.min_lr_ratio)
     optimizer = FusedAdamW(
         learning_rate=schedule,
         weight_decay=t.weight_decay,

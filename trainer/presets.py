@@ -51,8 +51,10 @@ def preset(name: str) -> dict[str, dict[str, Any]] | None:
         # The best model about 10 minutes of 2 CPU cores make of a corpus the size of the bundled
         # one (1 MB): BPE 2048 and 128-token windows (~400 characters each); 4 x 256 layers,
         # the most that train for several epochs in that time; dropout 0.15 against the overfit
-        # of several epochs; rotary positions. docs/benchmarks.md has how each choice measured,
-        # and bench/quality_bench.py measures the preset against the peer.
+        # of several epochs; rotary positions. 900 steps at most, and 10 minutes of training
+        # on any host: a slower one (float32 where bfloat16 is not native) plans fewer steps
+        # and still decays to the end (trainer/budget.py). docs/benchmarks.md has how each
+        # choice measured, and bench/quality_bench.py measures the preset against the peer.
         return {
             "model": {
                 "vocab_size": 2048,
@@ -67,6 +69,7 @@ def preset(name: str) -> dict[str, dict[str, Any]] | None:
             "train": {
                 "batch_size": 32,
                 "train_steps": 900,
+                "max_minutes": 10.0,
                 "warmup_steps": 100,
                 "checkpoint_every": 225,
                 "log_every": 50,

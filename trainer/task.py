@@ -39,6 +39,7 @@ from contracts.progress import Progress
 from contracts.training import TrainMetrics, parse_metrics
 from trainer import cluster, data, export, flops, model, precision, run_plan, train_step
 from trainer import config as config_lib
+from trainer.budget import UNPLANNED_STEPS, TimeBudget
 from trainer.callbacks import Measured, PeriodicCheckpoint, TrainMonitor
 from trainer.config import Config, ConfigError
 from trainer.faults import FAULT_SIGNALS, Fault, InjectFault
@@ -116,7 +117,8 @@ def train(
         check_every=cfg.train.preemption_check_every,
     )
     fault_cb = InjectFault(fault, cluster.task_index(tf_config)) if fault else None
-    callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb)
+    budget = _budget(cfg, plan, work_dir, is_chief, agree, workers, schedule, monitor)
+    callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb, budget)
     try:
         _fit(trainee, cfg, plan, datasets, callbacks)
     except Preempted:
@@ -189,7 +191,7 @@ def _monitor(
         peak_flops=peak * replicas if peak else None,
     )
     return TrainMonitor(
-        plan.steps,
+        plan.steps or UNPLANNED_STEPS,
         cfg.train.log_every,
         plan.global_batch_tokens,
         schedule,
@@ -250,6 +252,30 @@ def compiled_model(
     return Compiled(gpt, trainee, optimizer, schedule)
 
 
+def _budget(
+    cfg: Config,
+    plan: run_plan.RunPlan,
+    work_dir: str,
+    is_chief: bool,
+    agree: Agreement,
+    workers: int,
+    schedule: WarmupCosine,
+    monitor: TrainMonitor,
+) -> TimeBudget | None:
+    """The time budget's planner (train.max_minutes), or None without one."""
+    if not cfg.train.max_minutes:
+        return None
+
+    def set_length(steps: int) -> None:
+        schedule.set_total_steps(steps)
+        monitor.train_steps = steps
+
+    minutes = cfg.train.max_minutes
+    return TimeBudget(
+        minutes * 60, plan.steps, plan.warmup_steps, set_length, agree, workers, work_dir, is_chief
+    )
+
+
 def _callbacks(
     cfg: Config,
     work_dir: str,
@@ -257,16 +283,19 @@ def _callbacks(
     monitor: TrainMonitor,
     backup: PreemptibleBackup,
     fault_cb: InjectFault | None,
+    budget: TimeBudget | None = None,
 ) -> list[keras.callbacks.Callback]:
     """The callbacks in the order they must run.
 
     `backup` restores in on_train_begin; the callbacks read the restored step at their first
-    batch. The monitor runs before the saves, so that their time at an epoch's end stays out
-    of its throughput. It writes TensorBoard's logs itself (trainer/telemetry.py).
+    batch. The time budget plans before the monitor checks for the last step. The monitor runs
+    before the saves, so that their time at an epoch's end stays out of its throughput. It
+    writes TensorBoard's logs itself (trainer/telemetry.py).
     """
     t = cfg.train
     return [
         *([fault_cb] if fault_cb else []),  # first: the backup sees its signal in the same step
+        *([budget] if budget else []),
         monitor,
         backup,
         PeriodicCheckpoint(posixpath.join(work_dir, CHECKPOINT_DIR), t.checkpoint_every, is_chief),
@@ -281,12 +310,13 @@ def _fit(
     callbacks: list[keras.callbacks.Callback],
 ) -> None:
     """Run fit in epochs of checkpoint_every steps so that validation happens that often."""
-    steps_per_epoch = min(cfg.train.checkpoint_every, plan.steps)
+    steps = plan.steps or UNPLANNED_STEPS  # a time budget alone stops it (trainer/budget.py)
+    steps_per_epoch = min(cfg.train.checkpoint_every, steps)
     gpt.fit(
         datasets.train,
         validation_data=datasets.eval,
         validation_steps=datasets.eval_steps or None,
-        epochs=math.ceil(plan.steps / steps_per_epoch),
+        epochs=math.ceil(steps / steps_per_epoch),
         steps_per_epoch=steps_per_epoch,
         callbacks=callbacks,
         verbose=0,
