@@ -185,8 +185,13 @@ def _parse_str(key: str, text: str, kind: type) -> Any:
             if lowered in ("false", "0", "no"):
                 return False
             raise ValueError(text)
+        if kind is int and "e" in text.lower():  # 30e9 tokens: an integer in float notation
+            value = float(text)
+            if not value.is_integer():
+                raise ValueError(text)
+            return int(value)
         return kind(text)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise ConfigError(
             f"config: {key}={text!r} is not a valid {kind.__name__}; give {_A_VALUE[kind]}"
         ) from None

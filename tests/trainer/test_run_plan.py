@@ -120,3 +120,9 @@ def test_a_yaml_layer_in_steps_clears_its_presets_tokens(tmp_path):
     path.write_text("base: gpt2-small\ntrain:\n  train_steps: 100\n  warmup_steps: 10\n")
     t = resolve_config(str(path)).train
     assert (t.train_steps, t.train_tokens, t.warmup_steps, t.warmup_tokens) == (100, 0, 10, 0)
+
+
+def test_token_counts_may_be_written_in_float_notation():
+    assert resolve_config("gpt2-xl", ["train.train_tokens=30e9"]).train.train_tokens == 30 * 10**9
+    with pytest.raises(ConfigError, match="train.train_tokens='1.5e0' is not a valid int"):
+        resolve_config("tiny", ["train.train_tokens=1.5e0"])
