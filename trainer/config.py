@@ -398,7 +398,7 @@ def _length_errors(t: TrainConfig) -> list[str]:
         errors.append(
             "the run has no length: set train.train_steps, train.train_tokens or train.max_minutes"
         )
-    if t.train_steps and t.warmup_steps > t.train_steps:
+    if t.train_steps > 0 and t.warmup_steps > t.train_steps:
         errors.append(
             f"train.warmup_steps={t.warmup_steps} must be in [0, train.train_steps="
             f"{t.train_steps}]; lower warmup_steps or raise train_steps"

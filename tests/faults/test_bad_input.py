@@ -365,7 +365,7 @@ def run_local(tmp_path: Path, capsys) -> Callable[..., str]:
         ),
         pytest.param(
             "train.train_steps=0",
-            "train.train_steps must be positive, got 0",
+            "the run has no length: set train.train_steps, train.train_tokens or train.max_minutes",
             marks=pytest.mark.bad_input("--set train.train_steps=0"),
             id="zero-steps",
         ),
@@ -441,7 +441,7 @@ def test_bad_set_fails_before_any_step(run_local, override, expected):
         ),
         pytest.param(
             "train:\n  train_steps: -1\n  warmup_steps: 0\n",
-            "train.train_steps must be positive, got -1",
+            "train.train_steps must be >= 0, got -1",
             marks=pytest.mark.bad_input("a YAML config with negative steps"),
             id="negative-steps",
         ),
