@@ -103,9 +103,7 @@ class InstrumentedGPT(keras.Model):
             with tf.GradientTape() as tape:
                 logits = self(inputs, training=True)  # (B, T, V)
                 loss = self.compute_loss(inputs, targets, logits)
-            grads_and_vars = self.optimizer.compute_gradients(
-                loss, self.trainable_variables, tape
-            )
+            grads_and_vars = self.optimizer.compute_gradients(loss, self.trainable_variables, tape)
             self._update(grads_and_vars)
             return self.compute_metrics(inputs, targets, logits, None)
         # The loop has updated the metrics micro-batch by micro-batch (Mean metrics weigh
