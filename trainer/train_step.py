@@ -84,7 +84,8 @@ class InstrumentedGPT(keras.Model):
 
     Built from a model of `trainer.model.build_gpt` (`InstrumentedGPT(gpt.inputs, gpt.outputs)`),
     it shares its layers and weights, so a checkpoint of either restores into the other.
-    `timed`: whether it records timestamps (`times_steps`).
+    `timed`: whether it records timestamps (`times_steps`); `accumulation`: the micro-batches
+    each step's batch holds (RunPlan.accumulation), whose gradients it sums before the update.
     """
 
     def __init__(
@@ -129,8 +130,9 @@ class InstrumentedGPT(keras.Model):
         self.optimizer.apply_gradients(grads_and_vars, skip_gradients_aggregation=True)
 
     def _accumulated_gradients(self, inputs: tf.Tensor, targets: tf.Tensor) -> list[tuple]:
-        """This replica's gradients of the mean loss over its (k x b, T) batch, summed over its
-        k micro-batches one after the other (the module's docstring), with no collective.
+        """This replica's gradients of the mean loss over its (k x b, T) batch: the mean of its
+        k micro-batches' gradients, added up one after the other (the module's docstring),
+        with no collective.
 
         Under a LossScaleOptimizer each micro-batch's loss is scaled and the sums unscaled once,
         as its `compute_gradients` does for one batch: a non-finite gradient in any micro-batch
@@ -145,6 +147,8 @@ class InstrumentedGPT(keras.Model):
             with tf.GradientTape() as tape:
                 logits = self(x, training=True)  # (b, T, V)
                 loss = self._scaled(self.compute_loss(x, y, logits))
+            # compute_loss updated the loss metric; the compiled ones are updated here, per
+            # micro-batch, as compute_metrics would for the whole batch.
             self.compiled_metrics.update_state(y, logits, None)
             grads = tape.gradient(loss, variables)
             unused.update(j for j, g in enumerate(grads) if g is None)
