@@ -296,6 +296,46 @@ def test_restarted_job_resumes_from_backup(tmp_path, examples, monkeypatch):
     assert shards_read == []  # the shards the first attempt checked were not read again
 
 
+def _checkpoint(work_dir, step):
+    """The numbers in the periodic checkpoint at `step`: weights, optimizer slots, step; not
+    the count of the attempt's saves."""
+    reader = tf.train.load_checkpoint(str(work_dir / "checkpoints" / f"ckpt-{step}"))
+    dtypes = reader.get_variable_to_dtype_map()  # a string: the object graph
+    names = [n for n, t in dtypes.items() if t != tf.string and not n.startswith("save_counter")]
+    return {name: reader.get_tensor(name) for name in names}
+
+
+@pytest.mark.slow
+def test_a_run_accumulating_gradients_resumes_at_an_optimizer_step(tmp_path, examples, monkeypatch):
+    """A step is all its micro-batches, so a backup is never taken mid-accumulation: a run
+    that crashes after step 15 and resumes from its backup at step 10 ends where an
+    uninterrupted one does."""
+    overrides = ("train_steps=20", "checkpoint_every=10", "batch_size=4")
+    cfg = resolve_config("tiny", TINY_OVERRIDES + overrides + ("global_batch_tokens=128",))
+    assert plan_run(cfg, 1).accumulation == 2
+    whole = train(str(examples), str(tmp_path / "m1"), str(tmp_path / "w1"), cfg)
+    original = TrainMonitor.on_train_batch_end
+
+    def crash_after_step_15(self, batch, logs=None):
+        if crash and int(self.model.optimizer.iterations.numpy()) == 15:
+            raise RuntimeError("worker preempted")
+        original(self, batch, logs)
+
+    monkeypatch.setattr(TrainMonitor, "on_train_batch_end", crash_after_step_15)
+    args = (str(examples), str(tmp_path / "m2"), str(tmp_path / "w2"), cfg)
+    crash = True
+    with pytest.raises(RuntimeError, match="preempted"):
+        train(*args)
+    assert backed_up_step(str(tmp_path / "w2" / BACKUP_DIR)) == 10
+    crash = False
+    resumed = train(*args)
+    assert resumed.final_loss == pytest.approx(whole.final_loss, rel=1e-6)
+    expected, found = _checkpoint(tmp_path / "w1", 20), _checkpoint(tmp_path / "w2", 20)
+    assert found.keys() == expected.keys()
+    for name, value in expected.items():
+        np.testing.assert_allclose(found[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 class _OneWorkerTwoReplicas:
     """The part of tf.distribute.MirroredStrategy over 2 devices that distributed_datasets uses:
     it calls the dataset function once for the worker's one input pipeline with 2 replicas in
@@ -309,12 +349,14 @@ class _OneWorkerTwoReplicas:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("replicas", [1, 2])
-def test_resumed_input_skips_the_batches_trained_before(examples, replicas):
+@pytest.mark.parametrize(("replicas", "accumulation"), [(1, 1), (2, 1), (2, 2)])
+def test_resumed_input_skips_the_batches_trained_before(examples, replicas, accumulation):
     """distributed_datasets(skip_steps=K) starts at the batch an uninterrupted run's step K+1
-    reads, with one batch per replica per step: the same data in the same order (the seed fixes
-    it), not the first batch again."""
-    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    reads, with one batch per replica per step (all its micro-batches): the same data in the
+    same order (the seed fixes it), not the first batch again."""
+    tokens = replicas * accumulation * 8 * 16  # replicas x micro-batches x batch_size x seq_len
+    cfg = resolve_config("tiny", TINY_OVERRIDES + (f"train.global_batch_tokens={tokens}",))
+    assert plan_run(cfg, replicas).accumulation == accumulation
     manifest = data.read_manifest(str(examples))
     strategy = tf.distribute.get_strategy() if replicas == 1 else _OneWorkerTwoReplicas()
 
@@ -328,6 +370,7 @@ def test_resumed_input_skips_the_batches_trained_before(examples, replicas):
     for a, b in zip(resumed, uninterrupted[5 * replicas :], strict=True):
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(resumed[0], uninterrupted[0])
+    assert resumed[0].shape == (accumulation * 8, 16)  # a replica's whole step
 
 
 def _free_ports(n):
