@@ -73,15 +73,16 @@ def describe(plan: Any) -> str:
         f"{r.replicas} x {plan.gpu.label()}, {plan.policy}",
         r.describe(),
         f"micro-batch {r.micro_batch} is the largest that fits: set train.batch_size="
-        f"{r.micro_batch}" if plan.largest_micro_batch == r.micro_batch else
-        f"largest micro-batch that fits: {plan.largest_micro_batch or 'none'}",
+        f"{r.micro_batch}"
+        if plan.largest_micro_batch == r.micro_batch
+        else f"largest micro-batch that fits: {plan.largest_micro_batch or 'none'}",
         "memory per GPU:",
         f"  weights (float32)           {gib(m.weights)}",
         f"  gradients (float32)         {gib(m.gradients)}",
         f"  optimizer state (AdamW m,v) {gib(m.optimizer_state)}",
         f"  weight copies (compute)     {gib(m.weight_copies)}",
         f"  activations                 {gib(m.activations)} without recomputation",
-        f"                              {gib(m.activations_recomputed)} with train.recompute=blocks",
+        f"{'':30}{gib(m.activations_recomputed)} with train.recompute=blocks",
         f"  peak, {act}: {m.total / GIB:.1f} GiB of {plan.usable_bytes / GIB:.1f} GiB usable "
         f"({'fits' if plan.fits else 'does not fit'}; without: {m.total_with(False) / GIB:.1f}, "
         f"with: {m.total_with(True) / GIB:.1f})",

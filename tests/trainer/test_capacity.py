@@ -47,7 +47,7 @@ def test_a_micro_batch_that_does_not_fit_is_refused_naming_the_fix():
 
 def test_a_model_whose_state_alone_overflows_is_refused_whatever_the_batch():
     plan = capacity.plan_capacity(capacity.with_micro_batch(XL, 5), 100, gpus.gpu("t4"))
-    with pytest.raises(PlanRefused, match="AdamW state alone .* more GPUs do not help") as err:
+    with pytest.raises(PlanRefused, match="AdamW state alone .*more GPUs do not help") as err:
         capacity.check_fits(plan)
     assert "\n" not in str(err.value)
 
@@ -56,10 +56,10 @@ def test_recomputation_is_named_when_it_would_fit():
     plan = capacity.plan_capacity(capacity.with_micro_batch(XL, 5), 100, gpus.gpu("v100-32gb"))
     assert (plan.largest_micro_batch, plan.policy) == (0, "mixed_float16")
     assert plan.recompute_micro_batch > 0
-    with pytest.raises(PlanRefused, match="set train.recompute=blocks with train.batch_size="):
+    with pytest.raises(PlanRefused, match="set train.recompute=blocks, or use GPUs"):
         capacity.check_fits(plan)
     blocks = dataclasses.replace(XL, train=dataclasses.replace(XL.train, recompute="blocks"))
-    fixed = capacity.with_micro_batch(blocks, plan.recompute_micro_batch)
+    fixed = capacity.with_micro_batch(blocks, 5)
     capacity.check_fits(capacity.plan_capacity(fixed, 100, gpus.gpu("v100-32gb")))
 
 
