@@ -99,6 +99,7 @@ def execute(
     cfg = config_from_dict(config)  # a hand-edited config fails here, on the record
     job = TrainJob.from_dict(train_job)
     step.rec.parameters["config_hash"] = config_hash(cfg)
+    check_plan(cfg, job)  # before any worker, or TFJob, exists
     check_cache_inputs(examples_uri, dataset_version)
     step.check_shared(artifact_root, "artifact_root")
     step.check_shared(model.uri, "the pipeline root")
@@ -124,6 +125,23 @@ def execute(
     step.rec.set(**result.execution_properties)
     step.rec.output("model", lineage.MODEL_TYPE, model.uri, properties)
     step.rec.dataset_version = dataset_version
+
+
+def check_plan(cfg: Config, job: TrainJob) -> None:
+    """Refuse, in one line, a run the workers would fail on at their first step: a global batch
+    that does not split into the job's replicas (trainer/run_plan.py), or, where the job's
+    node selector names the GPU type (GKE's accelerator label or GPU Feature Discovery's
+    product label: trainer/gpus.py), a micro-batch that does not fit its memory
+    (trainer/capacity.py). Without such a label the memory is not known here and not checked."""
+    from trainer import capacity, gpus
+    from trainer.run_plan import plan_run
+
+    replicas = job.workers * max(1, job.gpus_per_worker)
+    gpu = gpus.gpu_of_nodes(job.node_selector) if job.gpus_per_worker else None
+    if gpu is None:
+        plan_run(cfg, replicas)
+        return
+    capacity.check_fits(capacity.plan_capacity(cfg, replicas, gpu))
 
 
 def job_spec(

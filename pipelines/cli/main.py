@@ -16,6 +16,7 @@ from pipelines.cli import (
     kfp,
     lineage,
     model,
+    plan,
     report,
     rollback,
     run,
@@ -59,6 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         report,  # report
         tensorboard,  # tensorboard
         gpu_bench,  # gpu-bench
+        plan,  # plan
     ):
         verb.add_parser(sub)
     return parser

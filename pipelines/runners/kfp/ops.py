@@ -21,7 +21,7 @@ from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
 from contracts import records
 from contracts.errors import UserError
-from contracts.params import STEP_PARAMS, field_value, override, params_class
+from contracts.params import STEP_PARAMS, TrainJob, field_value, override, params_class
 from pipelines.compiler import check_pipeline_root
 from pipelines.pipeline import PIPELINE_NAME
 from pipelines.runners.kfp.client import Api, KfpError
@@ -270,7 +270,26 @@ def check_params(source: RunSource, params: Mapping[str, Any]) -> dict[str, Any]
         if kinds and (not isinstance(value, kinds) or isinstance(value, bool) != (bool in kinds)):
             raise UserError(f"--param {name}={json.dumps(value)}: {name} takes {wanted}")
     check_values(typed)
+    check_train_plan(typed, declared)
     return typed
+
+
+def check_train_plan(params: Mapping[str, Any], declared: Mapping[str, Any]) -> None:
+    """The train step's own check of the run's plan (`executor.check_plan`: the global batch
+    on the replicas, the micro-batch in the GPUs' memory), with the config and train job the
+    run will have (given, else compiled in), so that a run it would refuse is not started."""
+    from components.train.executor import check_plan
+
+    def value(name: str) -> Any:
+        return params.get(name, declared.get(name, {}).get("defaultValue"))
+
+    config, train_job = value("config"), value("train_job")
+    if not isinstance(config, dict):
+        return
+    try:
+        check_plan(config_from_dict(config), TrainJob.from_dict(train_job or {}))
+    except UserError as err:
+        raise UserError(f"the train step would refuse this run: {err}") from None
 
 
 def fold_fields(params: Mapping[str, Any], declared: Mapping[str, Any]) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from components.jobs.naming import job_name
 from components.train import component, executor
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, TRAIN_METRICS
 from contracts.errors import UserError
+from contracts.params import TrainJob
 from tests.doubles.kubernetes.apiserver import FakeKube
 from tests.tiny import TINY_OVERRIDES
 from trainer.config import config_from_dict, config_hash, resolve_config
@@ -148,3 +149,50 @@ def test_a_pipeline_compiled_with_allow_unpinned_may_start_workers_from_its_tags
     )
     pod = manifest.build_manifest(spec)["spec"]["tfReplicaSpecs"]["Worker"]["template"]
     assert pod["spec"]["containers"][0]["image"] == unpinned.trainer
+
+
+class _Artifact:
+    """What KFP passes for an output artifact: a URI and metadata."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri, self.metadata = uri, {}
+
+
+@pytest.mark.bad_input("gpt2-xl asked for on 16 GB GPUs (T4) without recomputation")
+def test_a_run_that_cannot_fit_its_gpus_is_refused_before_any_tfjob(tmp_path, monkeypatch):
+    from components import lineage, provenance, step
+    from tests.doubles.cluster import write_kubeconfig
+    from trainer.config import config_to_dict
+
+    store = str(tmp_path / "metadata.sqlite")
+    monkeypatch.setenv("KFP_RUN_ID", "run-1")
+    t4 = {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
+    inputs = {
+        "examples_uri": str(tmp_path / "examples"),
+        "dataset_version": "d" * 64,
+        "config": config_to_dict(resolve_config("gpt2-xl")),
+        "train_job": {"workers": 8, "gpus_per_worker": 1, "node_selector": t4},
+        "trainer_image": PINNED,
+        "artifact_root": str(tmp_path / "root"),
+        "model": _Artifact(str(tmp_path / "model")),
+        "metadata": store,
+        "pipeline_name": "gptpipe",
+        "image": provenance.LOCAL_IMAGE,
+    }
+    with FakeKube() as cluster:
+        monkeypatch.setenv("KUBECONFIG", str(write_kubeconfig(tmp_path / "kc", cluster.host)))
+        with pytest.raises(SystemExit) as exited:
+            step.run("train", executor.execute, inputs)
+        assert not cluster.cluster.tfjobs and not cluster.calls("POST")
+    assert exited.value.code == 2
+    error = lineage.failure_of(store, "run-1")[1]
+    assert "T4" in error and "more GPUs do not help" in error and "\n" not in error
+
+
+def test_the_plan_check_needs_a_gpu_label_for_memory_and_checks_the_batch_always():
+    xl = resolve_config("gpt2-xl")
+    executor.check_plan(xl, TrainJob(workers=8, gpus_per_worker=1))  # no label: not known
+    with pytest.raises(UserError, match="nearest"):
+        executor.check_plan(xl, TrainJob(workers=100, gpus_per_worker=1))
+    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    executor.check_plan(xl, TrainJob(workers=8, gpus_per_worker=1, node_selector=h100))

@@ -648,3 +648,18 @@ def test_a_403_names_the_credential_and_is_not_retried(double, token, capsys):
     assert f"refused the token from --token-file ({token}): HTTP 403" in err
     assert "--namespace" in err
     assert double.statuses("GET", "/apis/v2beta1/runs") == [403]
+
+
+@pytest.mark.bad_input("a kfp run or schedule of gpt2-xl on T4 nodes")
+def test_a_run_the_train_step_would_refuse_for_memory_is_not_started():
+    from trainer.config import config_to_dict, resolve_config
+
+    t4 = {"cloud.google.com/gke-accelerator": "nvidia-tesla-t4"}
+    params = {
+        "config": config_to_dict(resolve_config("gpt2-xl")),
+        "train_job": {"workers": 8, "node_selector": t4},
+    }
+    with pytest.raises(UserError, match="train step would refuse this run: .* T4"):
+        ops.check_train_plan(params, {})
+    compiled = {"config": {"defaultValue": params["config"]}, "train_job": {"defaultValue": {}}}
+    ops.check_train_plan({}, compiled)  # no GPU label: the batch splits, memory unknown

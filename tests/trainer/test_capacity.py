@@ -1,0 +1,70 @@
+"""trainer/capacity.py: the micro-batch that fits, the refusals, the plan's figures."""
+
+import dataclasses
+
+import pytest
+
+from trainer import capacity, gpus, memory
+from trainer.capacity import PlanRefused
+from trainer.config import ConfigError, resolve_config
+
+XL = resolve_config("gpt2-xl", ["train.global_batch_tokens=1024000"])
+
+
+def test_the_largest_micro_batch_fits_and_the_next_divisor_does_not():
+    h100 = gpus.gpu("h100")
+    plan = capacity.plan_capacity(XL, 100, h100, choose_micro=True)
+    share = 10  # 1,024,000 tokens / (1024 x 100)
+    micro = plan.largest_micro_batch
+    assert 0 < micro < share and share % micro == 0
+    bigger = min(d for d in range(micro + 1, share + 1) if share % d == 0)
+    assert memory.estimate(XL.model, micro, plan.policy).total <= plan.usable_bytes
+    assert memory.estimate(XL.model, bigger, plan.policy).total > plan.usable_bytes
+    assert plan.run.micro_batch * plan.run.accumulation == share and plan.fits
+
+
+def test_the_plan_has_the_runs_learning_rate_steps_and_time():
+    plan = capacity.plan_capacity(XL, 100, gpus.gpu("h200"), mfu=0.5, choose_micro=True)
+    assert plan.policy == "mixed_bfloat16"
+    assert plan.run.peak_learning_rate == pytest.approx(2e-4 * 1000 / 1024)  # capped scaling
+    assert plan.run.steps == -(-30_000_000_000 // 1_024_000)
+    hours = plan.gpu_hours
+    assert hours is not None and plan.tokens_per_second is not None
+    assert plan.tokens_per_second == pytest.approx(0.5 * 989e12 * 100 / 9.6e9, rel=0.1)
+    data = plan.to_dict()
+    for key in ("peak_learning_rate", "micro_batch", "accumulation_steps", "memory_per_gpu_bytes"):
+        assert key in data
+    assert data["memory_per_gpu_bytes"] == plan.memory.total
+
+
+def test_a_micro_batch_that_does_not_fit_is_refused_naming_the_fix():
+    cfg = resolve_config("gpt2-small", ["train.batch_size=32"])
+    plan = capacity.plan_capacity(cfg, 8, gpus.gpu("l4"))
+    assert not plan.fits
+    with pytest.raises(PlanRefused, match=r"micro-batch 32 needs .* L4 .*train.batch_size="):
+        capacity.check_fits(plan)
+
+
+def test_a_model_whose_state_alone_overflows_is_refused_whatever_the_batch():
+    plan = capacity.plan_capacity(capacity.with_micro_batch(XL, 5), 100, gpus.gpu("t4"))
+    with pytest.raises(PlanRefused, match="AdamW state alone .*more GPUs do not help") as err:
+        capacity.check_fits(plan)
+    assert "\n" not in str(err.value)
+
+
+def test_recomputation_is_named_when_it_would_fit():
+    plan = capacity.plan_capacity(capacity.with_micro_batch(XL, 5), 100, gpus.gpu("v100-32gb"))
+    assert (plan.largest_micro_batch, plan.policy) == (0, "mixed_float16")
+    assert plan.recompute_micro_batch > 0
+    with pytest.raises(PlanRefused, match="set train.recompute=blocks, or use GPUs"):
+        capacity.check_fits(plan)
+    blocks = dataclasses.replace(XL, train=dataclasses.replace(XL.train, recompute="blocks"))
+    fixed = capacity.with_micro_batch(blocks, 5)
+    capacity.check_fits(capacity.plan_capacity(fixed, 100, gpus.gpu("v100-32gb")))
+
+
+def test_replicas_that_do_not_divide_the_global_batch_are_refused_with_the_nearest():
+    with pytest.raises(ConfigError, match="nearest: 1,024,000 or 1,126,400"):
+        capacity.plan_capacity(resolve_config("gpt2-xl"), 100, gpus.gpu("h200"))
+    with pytest.raises(Exception, match="--mfu"):
+        capacity.plan_capacity(XL, 100, gpus.gpu("h200"), mfu=0)
