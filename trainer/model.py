@@ -28,6 +28,7 @@ from typing import Any
 import tensorflow as tf
 import tf_keras as keras
 
+from trainer import recompute
 from trainer.config import ModelConfig
 
 
@@ -203,6 +204,18 @@ def rotate(x: tf.Tensor, base: float = 10000.0) -> tf.Tensor:
     return tf.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
+def seeded_dropout(
+    layer: keras.layers.Dropout, x: tf.Tensor, training: bool | None, seed: Any
+) -> tf.Tensor:
+    """`layer(x)`, or given a seed ((2,) int32), stateless dropout at the layer's rate: the same
+    seed drops the same units, which a recomputed block needs (trainer/recompute.py)."""
+    if seed is None:
+        return layer(x, training=training)
+    if layer.rate == 0:
+        return x
+    return tf.nn.experimental.stateless_dropout(x, layer.rate, seed)
+
+
 class CausalSelfAttention(keras.layers.Layer):
     """Multi-head self-attention where position t attends to positions <= t only; `rotary`:
     queries and keys rotated by their positions first (`rotate`)."""
@@ -229,7 +242,8 @@ class CausalSelfAttention(keras.layers.Layer):
         self.attn_drop = keras.layers.Dropout(dropout)
         self.resid_drop = keras.layers.Dropout(dropout)
 
-    def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
+    def call(self, x: tf.Tensor, training: bool | None = None, seeds: Any = None) -> tf.Tensor:
+        """`seeds`: None, or (2, 2) int32 for stateless dropout (`seeded_dropout`) when training."""
         b, t = tf.shape(x)[0], tf.shape(x)[1]
         hd = self.d_model // self.n_head
         qkv = self.qkv(tf.reshape(x, (-1, self.d_model)))  # (B*T, 3C)
@@ -254,11 +268,11 @@ class CausalSelfAttention(keras.layers.Layer):
         att = tf.matmul(q, k, transpose_b=True)  # (B, H, T, T)
         causal = tf.linalg.band_part(tf.ones((t, t), att.dtype), -1, 0)  # 1 on, below diagonal
         att += (1.0 - causal) * tf.cast(-0.7 * att.dtype.max, att.dtype)
-        att = self.attn_drop(tf.nn.softmax(att, axis=-1), training=training)
+        att = seeded_dropout(self.attn_drop, tf.nn.softmax(att, axis=-1), training, _seed(seeds, 0))
         y = tf.matmul(att, v)  # (B, H, T, hd)
         y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (-1, self.d_model))  # (B*T, C)
         y = tf.reshape(self.proj(y), (b, t, self.d_model))  # (B, T, C)
-        return self.resid_drop(y, training=training)
+        return seeded_dropout(self.resid_drop, y, training, _seed(seeds, 1))
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -272,8 +286,18 @@ class CausalSelfAttention(keras.layers.Layer):
         }
 
 
+def _seed(seeds: Any, i: int) -> Any:
+    return None if seeds is None else seeds[i]
+
+
 class Block(keras.layers.Layer):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
+
+    `recompute`: in training, the block's activations are not kept for the backward pass but
+    recomputed there (trainer/recompute.py), and its dropout is stateless, from seeds drawn per
+    step outside the recomputation, so that it drops the same units both times. The weights,
+    their names and the inference graph are the same either way.
+    """
 
     def __init__(
         self,
@@ -286,6 +310,7 @@ class Block(keras.layers.Layer):
         proj_std: float = 0.02,
         use_xla_gelu: bool = False,
         rotary: bool = False,
+        recompute: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -298,6 +323,7 @@ class Block(keras.layers.Layer):
         self.init_std = init_std
         self.proj_std = proj_std
         self.rotary = rotary
+        self.recompute = recompute
         self.ln_1 = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, name="ln_1")
         self.attn = CausalSelfAttention(
             d_model, n_head, dropout, init_std, proj_std, rotary, name="attn"
@@ -310,14 +336,33 @@ class Block(keras.layers.Layer):
         self.mlp_drop = keras.layers.Dropout(dropout)
 
     def call(self, x: tf.Tensor, training: bool | None = None) -> tf.Tensor:
-        x = x + self.attn(self.ln_1(x), training=training)  # (B, T, C)
+        # As for xla_gelu below: fit's training=True, a Python bool, recomputes; no other call.
+        if not (self.recompute and training is True):
+            return self._forward(x, training)
+        if not self.fc_proj.built:
+            raise ValueError(f"{self.name}: build the block (call it once) before recomputing")
+        seeds = self._dropout_seeds()
+        return recompute.recomputed(lambda h: self._forward(h, True, seeds), x)
+
+    def _dropout_seeds(self) -> tf.Tensor | None:
+        """(3, 2) int32 seeds for the block's three dropouts, drawn from the global random
+        state once per step (outside the recomputation); None without dropout."""
+        if self.dropout == 0:
+            return None
+        low, high = tf.int32.min, tf.int32.max
+        return tf.random.uniform((3, 2), low, high, dtype=tf.int32)
+
+    def _forward(self, x: tf.Tensor, training: bool | None, seeds: Any = None) -> tf.Tensor:
+        """The block; `seeds` (`_dropout_seeds`), if given, make its dropout stateless."""
+        attn_seeds = None if seeds is None else seeds[:2]
+        x = x + self.attn(self.ln_1(x), training=training, seeds=attn_seeds)  # (B, T, C)
         h = self.fc(tf.reshape(self.ln_2(x), (-1, self.d_model)))  # (B*T, d_ff)
         # The XLA-fused GELU only in training: evaluation and serving graphs stay plain ops.
         # Keras' fit passes training=True as a Python bool (train_step.InstrumentedGPT), build
         # and evaluate None or False; anything else (a tensor) takes the plain path, slower only.
         h = xla_gelu(h) if self.use_xla_gelu and training is True else gelu(h)
         y = tf.reshape(self.fc_proj(h), tf.shape(x))  # (B, T, C)
-        return x + self.mlp_drop(y, training=training)
+        return x + seeded_dropout(self.mlp_drop, y, training, _seed(seeds, 2))
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -331,14 +376,17 @@ class Block(keras.layers.Layer):
             "proj_std": self.proj_std,
             "use_xla_gelu": self.use_xla_gelu,
             "rotary": self.rotary,
+            "recompute": self.recompute,
         }
 
 
-def build_gpt(cfg: ModelConfig, xla_kernels: bool = False) -> keras.Model:
+def build_gpt(cfg: ModelConfig, xla_kernels: bool = False, recompute: bool = False) -> keras.Model:
     """Functional GPT: int32 ids (B, T<=seq_len) -> float32 logits (B, T, vocab_size).
 
-    `xla_kernels`: when training, GELU runs as `xla_gelu` (config.use_xla_kernels); the math,
-    the weights and the inference graph are the same either way.
+    `xla_kernels`: when training, GELU runs as `xla_gelu` (config.use_xla_kernels).
+    `recompute`: when training, each block recomputes its activations in the backward pass
+    (train.recompute=blocks; `Block`). The math, the weights and the inference graph are the
+    same either way.
     """
     # GPT-2 scales the init of residual projections by 1/sqrt(2 * n_layer).
     proj_std = cfg.init_std / math.sqrt(2 * cfg.n_layer)
@@ -361,6 +409,7 @@ def build_gpt(cfg: ModelConfig, xla_kernels: bool = False) -> keras.Model:
             proj_std,
             use_xla_gelu=xla_kernels,
             rotary=cfg.position == "rotary",
+            recompute=recompute,
             name=f"h_{i}",
         )(x)
     x = keras.layers.LayerNormalization(epsilon=cfg.layer_norm_epsilon, name="ln_f")(x)

@@ -233,10 +233,14 @@ def compiled_model(
     strategy: tf.distribute.Strategy, cfg: Config, plan: run_plan.RunPlan, policy: str, jit: bool
 ) -> Compiled:
     """The model as the trainer trains it, built under the strategy's scope; its `trainee`,
-    which shares the `gpt`'s weights, is compiled for `fit` (also bench/gpu_bench.py's)."""
+    which shares the `gpt`'s weights, is compiled for `fit` (also bench/gpu_bench.py's).
+    train.recompute=blocks recomputes its blocks in training only: the export builds a fresh
+    model (export.serving_model), the weights and checkpoints are the same either way."""
     with strategy.scope():
         gpt = model.build_gpt(
-            cfg.model, xla_kernels=config_lib.use_xla_kernels(cfg.train.jit_compile)
+            cfg.model,
+            xla_kernels=config_lib.use_xla_kernels(cfg.train.jit_compile),
+            recompute=cfg.train.recompute == "blocks",
         )
         timed = train_step.times_steps(jit, precision.device_kind()[0])
         trainee = train_step.instrumented(gpt, timed=timed, accumulation=plan.accumulation)

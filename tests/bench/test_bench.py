@@ -20,6 +20,7 @@ from bench import (
     peer_gpt2,
     quality_bench,
     quality_tune,
+    recompute_bench,
     workloads,
 )
 from bench.results import (
@@ -342,6 +343,32 @@ def test_the_peer_refuses_positions_gpt2_does_not_have(monkeypatch):
     cfg = config_to_dict(resolve_config("tiny", ["model.position=rotary"]))
     with pytest.raises(SystemExit, match="not model.position=rotary"):
         peer_gpt2.build(cfg, total_steps=10, dropout=None)  # before keras_hub is imported
+
+
+def test_recompute_compares_fresh_processes_peaks_and_each_sides_best_step(monkeypatch):
+    peaks = {"none": 1000, "blocks": 550}
+    monkeypatch.setattr(
+        recompute_bench,
+        "measure_memory",
+        lambda setting: {"setting": setting, "policy": "float32", "peak_above_KiB": peaks[setting]},
+    )
+    steps = {"none": [10.0, 20.0, 10.5], "blocks": [12.0, 40.0, 13.0]}  # round 2 disturbed
+    cpu = {"none": [20.0, 20.0, 20.0], "blocks": [25.0, 25.0, 26.0]}
+    monkeypatch.setattr(recompute_bench, "measure_time", lambda: {"step_s": steps, "cpu_s": cpu})
+    memory, time = recompute_bench.figures(full=False)
+    assert memory.value == pytest.approx(550 / 1000) and memory.met
+    assert time.value == pytest.approx(12.0 / 10.0) and time.met  # each side's best step
+    assert time.details["cpu_ratio"] == pytest.approx(76 / 60)
+    assert (memory.target.value, time.target.value) == (0.60, 1.35)
+
+
+def test_recompute_reads_and_resets_the_peak_rss():
+    held = bytearray(64 << 20)  # 64 MiB touched, then dropped: the peak stays above the RSS
+    held[::4096] = b"x" * len(held[::4096])
+    del held
+    assert recompute_bench._status_kib("VmHWM") >= recompute_bench._status_kib("VmRSS") + 60_000
+    recompute_bench._reset_peak()
+    assert recompute_bench._status_kib("VmHWM") < recompute_bench._status_kib("VmRSS") + 60_000
 
 
 def test_alternating_runs_go_a_b_b_a():

@@ -30,7 +30,7 @@ from trainer.model import build_gpt
 from trainer.optimization import FusedAdamW, WarmupCosine
 from trainer.preemption import backed_up_step
 from trainer.run_plan import learning_rate_at, plan_run
-from trainer.task import _export_barrier, main, parse_args, train
+from trainer.task import _export_barrier, compiled_model, main, parse_args, train
 
 REPO = Path(__file__).resolve().parents[2]
 METRIC_KEYS = {
@@ -371,6 +371,28 @@ def test_resumed_input_skips_the_batches_trained_before(examples, replicas, accu
         np.testing.assert_array_equal(a, b)
     assert not np.array_equal(resumed[0], uninterrupted[0])
     assert resumed[0].shape == (accumulation * 8, 16)  # a replica's whole step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("setting", ["none", "blocks"])
+def test_compiled_model_recomputes_blocks_in_training_only_when_configured(setting):
+    """train.recompute=blocks reaches the blocks of the model fit trains, which trains through
+    them with the trainer's own step; the model the export writes never recomputes."""
+    cfg = resolve_config("tiny", TINY_OVERRIDES + (f"train.recompute={setting}",))
+    plan = plan_run(cfg, 1)
+    built = compiled_model(tf.distribute.get_strategy(), cfg, plan, "float32", jit=False)
+    blocks = [layer for layer in built.gpt.layers if layer.name.startswith("h_")]
+    assert blocks and all(b.recompute is (setting == "blocks") for b in blocks)
+    ids = np.arange(2 * cfg.model.seq_len, dtype=np.int32).reshape(2, -1) % cfg.model.vocab_size
+    before = [w.numpy() for w in built.gpt.trainable_weights]
+    loss = built.trainee.train_on_batch(ids, np.roll(ids, -1, axis=1))
+    assert np.isfinite(loss)
+    assert all(  # every weight trained: none went without a gradient
+        not np.array_equal(b, w.numpy())
+        for b, w in zip(before, built.gpt.trainable_weights, strict=True)
+    )
+    serving = export.serving_model(built.gpt, cfg)
+    assert not any(layer.get_config().get("recompute") for layer in serving.layers)
 
 
 def _free_ports(n):
