@@ -48,9 +48,13 @@ def initial_weights() -> list[np.ndarray]:
 
 
 def _trainee(
-    weights: list[np.ndarray], accumulation: int, optimizer: keras.optimizers.Optimizer
+    weights: list[np.ndarray],
+    accumulation: int,
+    optimizer: keras.optimizers.Optimizer,
+    recompute: bool = False,
 ) -> InstrumentedGPT:
-    trainee = instrumented(build_gpt(CFG.model), timed=True, accumulation=accumulation)
+    gpt = build_gpt(CFG.model, recompute=recompute)
+    trainee = instrumented(gpt, timed=True, accumulation=accumulation)
     trainee.set_weights(weights)
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     trainee.compile(optimizer=optimizer, loss=loss)
@@ -58,11 +62,12 @@ def _trainee(
 
 
 def _sgd_step(
-    weights: list[np.ndarray], accumulation: int, optimizer: Any = None
+    weights: list[np.ndarray], accumulation: int, optimizer: Any = None, recompute: bool = False
 ) -> tuple[list[np.ndarray], float, InstrumentedGPT]:
     """One step of SGD at learning rate 1 on `_batch(4 * MICRO)`: the weights' change is
     minus the gradient. Returns the gradients, the logged loss and the trainee."""
-    trainee = _trainee(weights, accumulation, optimizer or keras.optimizers.SGD(1.0))
+    optimizer = optimizer or keras.optimizers.SGD(1.0)
+    trainee = _trainee(weights, accumulation, optimizer, recompute)
     logs = trainee.train_on_batch(*_batch(4 * MICRO), return_dict=True)
     grads = [w0 - w1 for w0, w1 in zip(weights, trainee.get_weights(), strict=True)]
     return grads, float(logs["loss"]), trainee
@@ -79,6 +84,17 @@ def test_four_micro_batches_give_the_gradients_and_loss_of_one_batch_of_four(ini
     norms = [t.step_stats.read()["grad_norm"] for t in (one, four)]
     assert norms[1] == pytest.approx(norms[0], rel=1e-5) and norms[0] > 0
     assert four.optimizer.iterations.numpy() == 1  # one optimizer step for four micro-batches
+
+
+@pytest.mark.slow
+def test_recomputed_blocks_inside_the_accumulation_loop_give_the_same_gradients(
+    initial_weights,
+):
+    whole, whole_loss, _ = _sgd_step(initial_weights, accumulation=1)
+    summed, summed_loss, _ = _sgd_step(initial_weights, accumulation=4, recompute=True)
+    assert summed_loss == pytest.approx(whole_loss, rel=1e-6)
+    for g1, g4 in zip(whole, summed, strict=True):
+        np.testing.assert_allclose(g4, g1, rtol=1e-4, atol=1e-7)
 
 
 def test_accumulation_must_be_positive():
