@@ -15,7 +15,8 @@ State, for N parameters (`parameter_count`):
   `clip_by_global_norm` (and, across replicas, the all-reduce) writes a new copy of each;
 - weight copies: every matmul's gradient (dx = dy Wᵀ) keeps the weight as the forward pass read
   it until the backward pass reaches it (`matmul_weights`: the kernels and the tied embedding).
-  Under a mixed policy that is its compute-dtype cast, a bytes each, and nothing more. In
+  Under a mixed policy that is its compute-dtype cast, a bytes each, and nothing more (the
+  decay may copy a weight the cast has not read yet, but the old buffer goes with the cast). In
   float32 a read is the variable's own buffer, with two exceptions that each cost a float32
   copy (`float32_weight_copies`; measured: the allocations below, alive through the backward):
   the tied embedding, whose float32 `tf.gather` reads it sparsely (ResourceGather), which puts
