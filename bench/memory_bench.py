@@ -1,16 +1,21 @@
-"""The memory rule against the CPU train step: peak RSS of a few steps against trainer/memory.py.
+"""The memory rule against the CPU train step: its peak bytes in use against trainer/memory.py.
 
-    python -m bench.memory_bench                       # the three shapes, one process each
+    python -m bench.memory_bench                 # the three shapes, one process each
+    python -m bench.memory_bench --rss           # the same, as the process's peak RSS
     python -m bench.memory_bench --probe '{"batch": 8, "overrides": [...]}'   # one shape
 
 Each shape runs in a fresh process (float32, CPU, one replica): the trainer's model, optimizer
 and train step as trainer/task.py's `compiled_model` builds them, fed a repeated batch of random
-tokens by `fit`. It resets the process's peak RSS (Linux: `5` to /proc/self/clear_refs) just
-before the first step, runs STEPS steps, and reads the peak (VmHWM): the increase is what the
-steps allocated on top of the weights (tracing and optimizing the step's graph included). The
-estimate it is compared with is trainer/memory.py's peak less the weights, which exist before
-the first step; there is no headroom on CPU (no CUDA context, no GPU allocator). The figures go
-to docs/training.md ("Memory per GPU"); tests/trainer/test_memory_measured.py asserts them.
+tokens by `fit`, STEPS steps. What it measures is the peak of the bytes TensorFlow's allocator
+has handed out, less those in use before the first step (the weights): the process runs with
+TF_CPU_ALLOCATOR_USE_BFC=true, so the CPU allocator is the BFC allocator GPUs use, which counts
+them (tf.config.experimental.get_memory_info). That is what the estimate models, tensors. The
+process's peak RSS (`--rss`: VmHWM, after `5` to /proc/self/clear_refs, under glibc's malloc as
+a plain run has it) is larger: glibc keeps freed blocks in per-thread arenas rather than return
+them, and oneDNN and XLA's CPU runtime allocate outside TensorFlow's allocator; neither exists
+on a GPU. The estimate it is compared with is trainer/memory.py's peak less the weights; there
+is no headroom on CPU (no CUDA context). The figures go to docs/training.md ("Memory per GPU");
+tests/trainer/test_memory_measured.py asserts them.
 """
 
 from __future__ import annotations
@@ -73,8 +78,9 @@ def _rss_kib(key: str) -> int:
     raise RuntimeError(f"no {key} in /proc/self/status")
 
 
-def probe(batch: int, overrides: list[str]) -> dict[str, Any]:
-    """Train STEPS steps of the shape in this process; the peak RSS increase and the estimate."""
+def probe(batch: int, overrides: list[str], rss: bool = False) -> dict[str, Any]:
+    """Train STEPS steps of the shape in this process; the peak increase and the estimate: of
+    the allocator's bytes in use, or with `rss` of the process's resident set."""
     os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import gc
@@ -93,12 +99,21 @@ def probe(batch: int, overrides: list[str]) -> dict[str, Any]:
     ids = np.random.default_rng(0).integers(0, cfg.model.vocab_size, (batch, cfg.model.seq_len))
     data = tf.data.Dataset.from_tensors((ids.astype("int32"), ids.astype("int32"))).repeat()
     gc.collect()
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")  # resets VmHWM to the current RSS
-    before = _rss_kib("VmRSS")
+    if rss:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+        before = _rss_kib("VmRSS")
+    else:
+        before = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        tf.config.experimental.reset_memory_stats("CPU:0")
     compiled.trainee.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0)
-    measured = (_rss_kib("VmHWM") - before) * 1024
-    est = memory.estimate(cfg.model, batch, policy, recompute=False)
+    if rss:
+        measured = (_rss_kib("VmHWM") - before) * 1024
+    else:
+        measured = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
+    est = memory.estimate(
+        cfg.model, batch, policy, weight_decay=cfg.train.weight_decay > 0, recompute=False
+    )
     return {
         "policy": policy,
         "measured_bytes": measured,
@@ -107,24 +122,28 @@ def probe(batch: int, overrides: list[str]) -> dict[str, Any]:
     }
 
 
-def measure(name: str, batch: int | None = None) -> dict[str, Any]:
+def measure(name: str, batch: int | None = None, rss: bool = False) -> dict[str, Any]:
     """SHAPES[name] (at `batch`, if given) measured in a fresh process (the policy and the
-    allocator are global)."""
-    shape = {**SHAPES[name], **({"batch": batch} if batch else {})}
+    allocator are global): the allocator's peak, or with `rss` the resident set's."""
+    shape = {**SHAPES[name], **({"batch": batch} if batch else {}), "rss": rss}
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+    if not rss:
+        env["TF_CPU_ALLOCATOR_USE_BFC"] = "true"  # read once, when TensorFlow starts
     done = subprocess.run(
         [sys.executable, "-m", "bench.memory_bench", "--probe", json.dumps(shape)],
         capture_output=True,
         text=True,
         check=True,
+        env=env,
     )
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def compare(name: str) -> tuple[int, int]:
+def compare(name: str, rss: bool = False) -> tuple[int, int]:
     """(measured, estimated) bytes that SHAPES[name]'s batch adds over one sequence: the step
-    graph's own memory, the optimizer's slots and the gradients are the same at both and
+    graph's own memory, the optimizer's slots and the weights' copies are the same at both and
     cancel, leaving the activations of the extra sequences."""
-    full, one = measure(name), measure(name, batch=1)
+    full, one = measure(name, rss=rss), measure(name, batch=1, rss=rss)
     return (
         full["measured_bytes"] - one["measured_bytes"],
         full["estimated_bytes"] - one["estimated_bytes"],
@@ -134,16 +153,19 @@ def compare(name: str) -> tuple[int, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--probe", default=None, help="one shape as JSON: batch and overrides")
+    parser.add_argument("--rss", action="store_true", help="measure the peak RSS instead")
     args = parser.parse_args()
     if args.probe is not None:
         shape = json.loads(args.probe)
-        print(json.dumps(probe(shape["batch"], shape["overrides"])))
+        print(json.dumps(probe(shape["batch"], shape["overrides"], shape.get("rss", False))))
         return
+    what = "peak RSS" if args.rss else "allocator peak"
     for name in SHAPES:
-        measured, estimated = compare(name)
+        measured, estimated = compare(name, args.rss)
         print(
-            f"{name}: batch {SHAPES[name]['batch']} over 1: measured {measured / 2**20:.0f} MiB, "
-            f"estimated {estimated / 2**20:.0f} MiB (x{estimated / measured:.2f})"
+            f"{name}: batch {SHAPES[name]['batch']} over 1, {what}: measured "
+            f"{measured / 2**20:.0f} MiB, estimated {estimated / 2**20:.0f} MiB "
+            f"(x{estimated / measured:.2f})"
         )
 
 

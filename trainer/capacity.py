@@ -101,12 +101,24 @@ def plan_capacity(
         run=run,
         gpu=gpu,
         policy=policy,
-        memory=memory.estimate(cfg.model, run.micro_batch, policy, recompute),
+        memory=estimate(cfg, run, policy, recompute),
         usable_bytes=usable,
         largest_micro_batch=largest,
         recompute_micro_batch=largest_micro_batch(cfg, replicas, policy, True, usable),
         mfu=mfu,
         tokens_per_second=mfu * peak * replicas / flops_per_token(cfg.model) if peak else None,
+    )
+
+
+def estimate(cfg: Config, run: RunPlan, policy: str, recompute: bool) -> memory.MemoryEstimate:
+    """The memory of `cfg` at `run`'s micro-batch and accumulation (its gradient sums)."""
+    return memory.estimate(
+        cfg.model,
+        run.micro_batch,
+        policy,
+        recompute,
+        accumulation=run.accumulation,
+        weight_decay=cfg.train.weight_decay > 0,
     )
 
 
@@ -129,10 +141,12 @@ def largest_micro_batch(
     cfg: Config, replicas: int, policy: str, recompute: bool, usable: int
 ) -> int:
     """The largest micro-batch that fits `usable` bytes and divides the replica's share of the
-    global batch (so that accumulation is whole); 0 when not even one sequence fits."""
+    global batch (so that accumulation is whole), its gradient sums counted where it
+    accumulates; 0 when not even one sequence fits."""
     share = replica_share(cfg, replicas)
     for micro in sorted((d for d in range(1, share + 1) if share % d == 0), reverse=True):
-        if memory.estimate(cfg.model, micro, policy, recompute).total <= usable:
+        at = with_micro_batch(cfg, micro)
+        if estimate(at, plan_run(at, replicas), policy, recompute).total <= usable:
             return micro
     return 0
 

@@ -80,7 +80,8 @@ def describe(plan: Any) -> str:
         f"  weights (float32)           {gib(m.weights)}",
         f"  gradients (float32)         {gib(m.gradients)}",
         f"  optimizer state (AdamW m,v) {gib(m.optimizer_state)}",
-        f"  weight copies (compute)     {gib(m.weight_copies)}",
+        f"  weight copies (as read)     {gib(m.weight_copies)}",
+        f"  gradient sums (float32)     {gib(m.gradient_sums)}",
         f"  activations                 {gib(m.activations)} without recomputation",
         f"{'':30}{gib(m.activations_recomputed)} with train.recompute=blocks",
         f"  peak, {act}: {m.total / GIB:.1f} GiB of {plan.usable_bytes / GIB:.1f} GiB usable "

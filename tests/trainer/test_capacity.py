@@ -7,6 +7,7 @@ import pytest
 from trainer import capacity, gpus, memory
 from trainer.capacity import PlanRefused
 from trainer.config import ConfigError, resolve_config
+from trainer.run_plan import plan_run
 
 XL = resolve_config("gpt2-xl", ["train.global_batch_tokens=1024000"])
 
@@ -18,9 +19,22 @@ def test_the_largest_micro_batch_fits_and_the_next_divisor_does_not():
     micro = plan.largest_micro_batch
     assert 0 < micro < share and share % micro == 0
     bigger = min(d for d in range(micro + 1, share + 1) if share % d == 0)
-    assert memory.estimate(XL.model, micro, plan.policy).total <= plan.usable_bytes
-    assert memory.estimate(XL.model, bigger, plan.policy).total > plan.usable_bytes
+    assert _total(micro, plan.policy) <= plan.usable_bytes < _total(bigger, plan.policy)
     assert plan.run.micro_batch * plan.run.accumulation == share and plan.fits
+
+
+def _total(micro: int, policy: str) -> int:
+    at = capacity.with_micro_batch(XL, micro)
+    return capacity.estimate(at, plan_run(at, 100), policy, False).total
+
+
+def test_a_plan_that_accumulates_counts_the_gradient_sums():
+    plan = capacity.plan_capacity(capacity.with_micro_batch(XL, 2), 100, gpus.gpu("h200"))
+    assert plan.run.accumulation == 5
+    n = memory.parameter_count(XL.model)
+    assert plan.memory.gradient_sums == 4 * n
+    whole = capacity.plan_capacity(capacity.with_micro_batch(XL, 10), 100, gpus.gpu("h200"))
+    assert whole.run.accumulation == 1 and whole.memory.gradient_sums == 0
 
 
 def test_the_plan_has_the_runs_learning_rate_steps_and_time():
@@ -53,14 +67,16 @@ def test_a_model_whose_state_alone_overflows_is_refused_whatever_the_batch():
 
 
 def test_recomputation_is_named_when_it_would_fit():
-    plan = capacity.plan_capacity(capacity.with_micro_batch(XL, 5), 100, gpus.gpu("v100-32gb"))
-    assert (plan.largest_micro_batch, plan.policy) == (0, "mixed_float16")
+    # Micro-batches of 5 accumulate twice: with their gradient sums nothing fits, but
+    # recomputing the blocks fits 10, which needs no sums.
+    plan = capacity.plan_capacity(capacity.with_micro_batch(XL, 5), 100, gpus.gpu("a100-40gb"))
+    assert (plan.largest_micro_batch, plan.policy) == (0, "mixed_bfloat16")
     assert plan.recompute_micro_batch > 0
     with pytest.raises(PlanRefused, match="set train.recompute=blocks, or use GPUs"):
         capacity.check_fits(plan)
     blocks = dataclasses.replace(XL, train=dataclasses.replace(XL.train, recompute="blocks"))
     fixed = capacity.with_micro_batch(blocks, 5)
-    capacity.check_fits(capacity.plan_capacity(fixed, 100, gpus.gpu("v100-32gb")))
+    capacity.check_fits(capacity.plan_capacity(fixed, 100, gpus.gpu("a100-40gb")))
 
 
 def test_replicas_that_do_not_divide_the_global_batch_are_refused_with_the_nearest():

@@ -25,8 +25,37 @@ def test_state_is_float32_weights_gradients_and_adamw_slots_under_any_policy():
     for policy in ("float32", "mixed_bfloat16", "mixed_float16"):
         est = memory.estimate(SMALL, 4, policy)
         assert (est.weights, est.gradients, est.optimizer_state) == (4 * n, 4 * n, 8 * n)
-    assert memory.estimate(SMALL, 4, "float32").weight_copies == 0
-    assert memory.estimate(SMALL, 4, "mixed_bfloat16").weight_copies == 2 * matmul_params(SMALL)
+
+
+def test_the_backward_holds_the_matmuls_weights_as_read():
+    c, f, v, layers = SMALL.d_model, SMALL.d_ff, SMALL.vocab_size, SMALL.n_layer
+    kernels = layers * (3 * c * c + c * c + c * f + f * c)
+    assert memory.matmul_weights(SMALL) == v * c + kernels < matmul_params(SMALL)
+    # mixed: the compute-dtype casts, decayed or not
+    for decay in (True, False):
+        est = memory.estimate(SMALL, 4, "mixed_bfloat16", weight_decay=decay)
+        assert est.weight_copies == 2 * (v * c + kernels)
+    # float32: the embedding's copy-on-read, and the kernels' copies the weight decay makes
+    assert memory.estimate(SMALL, 4, "float32").weight_copies == 4 * (v * c + kernels)
+    assert memory.estimate(SMALL, 4, "float32", weight_decay=False).weight_copies == 4 * v * c
+
+
+def test_accumulating_adds_float32_gradient_sums_while_the_micro_batches_run():
+    n = memory.parameter_count(SMALL)
+    one, more = memory.estimate(SMALL, 4), memory.estimate(SMALL, 4, accumulation=3)
+    assert (one.gradient_sums, more.gradient_sums) == (0, 4 * n)
+    assert more.total - one.total == 4 * n  # the micro-batches' pass is the peak here
+    assert more.total_with(True) - one.total_with(True) == 4 * n
+    assert more.to_dict()["gradient_sums"] == 4 * n
+
+
+def test_the_head_holds_the_first_gradients_of_the_backward_pass():
+    b, t, c, v = 3, SMALL.seq_len, SMALL.d_model, SMALL.vocab_size
+    nc, nv = b * t * c, b * t * v
+    # final LayerNorm (input, inv, output), logits, dx of the output projection and three
+    # float32 gradients of the LayerNorm's backward pass
+    assert memory.head_bytes(SMALL, b, 4) == 4 * (3 * nc + nv + nc + 3 * nc)
+    assert memory.head_bytes(SMALL, b, 2) == 8 * nc + 2 * nc + 4 * nv + 2 * nv + 2 * nc + 12 * nc
 
 
 def test_a_block_keeps_what_the_models_ops_read_in_their_gradients():
