@@ -244,6 +244,10 @@ def test_gpu_summary():
         "bf16": {"tokens_per_s": 200.0, "flops_per_token": 10**9},
         "fp32": {"tokens_per_s": 100.0, "flops_per_token": 10**9},
         "mirrored": {"tokens_per_s": 360.0, "flops_per_token": 10**9},
+        "mirrored_xla": {"tokens_per_s": 720.0, "flops_per_token": 10**9},
+        "xl_recompute": {"tokens_per_s": 30.0, "flops_per_token": 2 * 10**10},
+        "xl": {"tokens_per_s": 40.0, "flops_per_token": 2 * 10**10},
+        "accum4": {"tokens_per_s": 380.0, "flops_per_token": 10**9, "jit_compile": True},
         "bf16_xla_host_syncs": {"error": "not run: out of time"},
     }
     s = gpu_bench.summarize(runs, peak_tflops=1.0, gpus=2)
@@ -251,7 +255,14 @@ def test_gpu_summary():
     assert s["mixed_precision_speedup"] == pytest.approx(2.0)
     assert s["xla_speedup"] == pytest.approx(2.0)
     assert s["mirrored_scaling"] == pytest.approx(0.9)
+    assert s["mirrored_xla_scaling"] == pytest.approx(0.9)
     assert s["host_syncs_speed_ratio"] is None
+    # gpt2-xl's MFU with its own FLOPs per token, not gpt2-small's
+    assert s["xl_mfu_recompute"] == pytest.approx(0.6) and s["xl_mfu"] == pytest.approx(0.8)
+    assert s["recompute_speed_ratio"] == pytest.approx(0.75)
+    assert s["accumulation_speed_ratio"] == pytest.approx(0.95)  # over bf16_xla: both XLA
+    without_xla = {**runs, "accum4": {**runs["accum4"], "jit_compile": False}}
+    assert gpu_bench.summarize(without_xla, 1.0, 2)["accumulation_speed_ratio"] == 1.9  # / bf16
     one_gpu = gpu_bench.summarize(runs, peak_tflops=None, gpus=1)
     # On one GPU: MirroredStrategy's overhead over the plain bf16 step.
     assert one_gpu["mfu"] is None and one_gpu["mirrored_scaling"] == pytest.approx(1.8)
@@ -274,13 +285,40 @@ def test_gpu_runs_without_xla_where_it_does_not_compile_and_each_run_is_capped(m
     monkeypatch.setattr(gpu_bench, "_child", child)
     out = gpu_bench.run_all("gpt2-small", 8, allow_cpu=False)
     errors = {name: run["error"] for name, run in out["runs"].items() if "error" in run}
-    assert set(errors) == {"bf16_xla", "bf16_xla_host_syncs"}
+    assert set(errors) == {"bf16_xla", "mirrored_xla", "bf16_xla_host_syncs"}
     assert all(no_ptxas in e for e in errors.values())
     ran = {args[1]: (args, timeout) for args, timeout in calls[1:]}
-    assert set(ran) == {"bf16", "fp32", "mirrored"}  # mirrored too, on one GPU
+    # mirrored too, on one GPU; gpt2-xl's and accumulation's without XLA
+    assert set(ran) == {"bf16", "fp32", "mirrored", "xl_recompute", "xl", "accum4"}
     assert all("--no-xla-kernels" in args for args, _ in ran.values())
     assert all(timeout <= gpu_bench.RUN_CAP_S for _, timeout in ran.values())
     assert out["mfu"] == pytest.approx(100.0 * 10**9 / 989e12)
+
+
+def test_gpu_runs_plan_their_batch_as_the_trainer_does():
+    from trainer import run_plan
+    from trainer.config import resolve_config
+
+    def plan(name, replicas=1, jit=True):
+        run = gpu_bench.RUNS[name]
+        shape = gpu_bench.LARGE["gpt2-small"] if run.large else "gpt2-small"
+        preset, overrides = gpu_bench.run_config(run, shape, 8, replicas, jit, True)
+        cfg = resolve_config(preset, overrides)
+        return cfg, run_plan.plan_run(cfg, replicas)
+
+    # one micro-batch a step: the presets' global_batch_tokens does not make it 64
+    cfg, small = plan("bf16_xla")
+    assert (small.micro_batch, small.accumulation, small.global_batch) == (8, 1, 8)
+    assert (cfg.model.n_layer, cfg.model.vocab_size, cfg.train.jit_compile) == (12, 50257, "on")
+    assert plan("bf16", jit=False)[0].train.jit_compile == "auto"  # the XLA-fused GELU inside
+    cfg, accum = plan("accum4", replicas=2)
+    assert (accum.micro_batch, accum.accumulation, accum.global_batch) == (8, 4, 64)
+    cfg, xl = plan("xl_recompute")
+    assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.seq_len) == (48, 1600, 1024)
+    assert cfg.train.recompute == "blocks" and xl.accumulation == 1
+    assert plan("xl")[0].train.recompute == "none"
+    cfg, mirrored = plan("mirrored_xla", replicas=8)
+    assert cfg.train.jit_compile == "on" and mirrored.global_batch == 64
 
 
 def test_a_gpu_runs_result_is_its_last_json_line_and_a_failure_tells_its_stderr():
