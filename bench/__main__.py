@@ -30,6 +30,7 @@ RESULTS = BENCH / "results.json"
 # The table's order; modules not named here follow, sorted.
 ORDER = (
     "peer",
+    "torch",
     "mfu",
     "input",
     "tokenize",

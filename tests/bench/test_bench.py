@@ -232,6 +232,48 @@ def test_peer_plans_its_schedule_again_at_the_end_of_warmup_from_all_its_steps()
     assert peer_gpt2.planned(100, seconds=33.0, left_s=-5.0, safety=0.9, cap=900) == 100
 
 
+def test_a_torch_venv_pip_cannot_make_is_one_clear_line_in_the_table(tmp_path, monkeypatch):
+    import subprocess as sp
+
+    from bench import torch_env
+
+    def pip(command, **kwargs):
+        if "venv" in command:  # `python -m venv`: a folder with an interpreter in it
+            (tmp_path / "v" / "bin").mkdir(parents=True)
+            return sp.CompletedProcess(command, 0)
+        err = "ERROR: No matching distribution found for torch==2.13.0\n"
+        return sp.CompletedProcess(command, 1, "", "Looking in indexes: ...\n" + err)
+
+    monkeypatch.setattr(torch_env, "VENV", tmp_path / "v")
+    monkeypatch.setattr(peer_env.subprocess, "run", pip)
+    with pytest.raises(RuntimeError) as err:
+        torch_env.run(["matmul"], 10, threads=2)
+    line = str(err.value)
+    assert "\n" not in line and "torch==2.13.0" in line and "pip exited 1" in line
+    assert "No matching distribution" in line
+    monkeypatch.setattr("bench.torch_bench.figures", lambda full: torch_env.run([], 1, 2))
+    (row,) = runner.run_module("torch_bench", full=False)
+    assert row.failed and row.value is None and "No matching distribution" in row.note
+
+
+def test_the_torch_peer_must_have_the_trainers_parameters():
+    from bench import torch_bench
+    from trainer.config import resolve_config
+
+    m = resolve_config("tiny", workloads.peer_shape(512)).model
+    torch_bench.check_params(13_790_208, m)  # nanoGPT's count at issue 13's shape
+    with pytest.raises(RuntimeError, match="13,790,209 parameters"):
+        torch_bench.check_params(13_790_209, m)
+
+
+def test_onednn_reads_the_cpus_flags():
+    from bench import onednn_bench
+
+    info = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 sse\n"
+    assert onednn_bench.cpu_flags(info) == ["avx2", "avx512f", "avx512_bf16"]
+    assert onednn_bench.cpu_flags("") == []
+
+
 def test_peer_venv_is_keyed_by_its_pin_set(tmp_path):
     assert peer_env.pins_key(("a==1", "b==2")) == peer_env.pins_key(("b==2", "a==1"))
     assert peer_env.pins_key(("a==1",)) != peer_env.pins_key(("a==2",))
