@@ -16,7 +16,7 @@ Beside the model ratio, a kernel ratio: the best GFLOP/s of a bare 2048 x 2048 f
 in TensorFlow (bench/mfu_bench.py's reference, in a fresh process) over PyTorch's, same
 threads, alternating too: how much of the model ratio is the matmul library's.
 
-    python -m bench torch          # this module's figures in bench's table, about 4 minutes
+    python -m bench torch   # its figures in bench's table: about 5 minutes on 2 quiet cores
 """
 
 from __future__ import annotations
