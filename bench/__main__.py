@@ -1,6 +1,6 @@
 """Run the benchmark modules `bench/*_bench.py`, write bench/results.json, print the table.
 
-    python -m bench                  # the quick tier: about 10 minutes on 2 CPU cores
+    python -m bench                  # the quick tier: about 15 minutes on 2 CPU cores
     python -m bench --full           # adds the long ones (quality per minute: 2 x 10 min)
     python -m bench peer mfu         # only modules whose name contains "peer" or "mfu"
     python -m bench gpu              # the GPU benchmark (bench/gpu.sh runs it on its own)
@@ -30,6 +30,7 @@ RESULTS = BENCH / "results.json"
 # The table's order; modules not named here follow, sorted.
 ORDER = (
     "peer",
+    "torch",
     "mfu",
     "input",
     "tokenize",

@@ -1,18 +1,29 @@
-"""GPU benchmark: the trainer's model at gpt2-small's shape; one JSON line (bench/gpu.sh).
+"""GPU benchmark: the trainer's model at gpt2-small's and gpt2-xl's shapes; one JSON line.
 
-    bash bench/gpu.sh                      # on a GPU machine: about 5 minutes, at most 8
+    bash bench/gpu.sh                      # on a GPU machine: about 6 minutes, at most 8
     python -m bench.gpu_bench --batch 16   # the same, 16 sequences per GPU
     python -m bench gpu                    # the same figures in bench's table and results.json
     python -m bench.gpu_bench --allow-cpu --shape tiny   # a dry run of the harness on CPU
 
 The model is trainer/model.py's GPT at gpt2-small's shape (12 layers, 12 heads, d_model 768,
-d_ff 3072, vocabulary 50257, seq_len 1024), with trainer/optimization.py's AdamW, built and
-compiled by trainer/task.py's `compiled_model`, so with the trainer's own train step, and
-trained by `fit` on random tokens (nothing is downloaded). Each configuration runs in a fresh
-process (the precision policy is global):
+d_ff 3072, vocabulary 50257, seq_len 1024) and at gpt2-xl's (48 layers, 25 heads, d_model
+1600), with trainer/optimization.py's AdamW, built and compiled by trainer/task.py's
+`compiled_model`, so with the trainer's own train step, and trained by `fit` on random tokens
+(nothing is downloaded). The run's shape comes from trainer/run_plan.py's `plan_run`, as the
+trainer's does: `--batch` sequences per GPU per micro-batch, one micro-batch per step (the
+presets' global_batch_tokens cleared) unless a run asks for accumulation. Each configuration
+runs in a fresh process (the precision policy is global):
 
 - `bf16_xla`: mixed_bfloat16 with XLA, one GPU: what `auto` picks on one Ampere+ GPU;
+- `xl_recompute`: gpt2-xl at seq_len 1024, mixed_bfloat16, XLA, `train.recompute=blocks`
+  (each block's activations recomputed in the backward pass), one GPU;
 - `bf16`: mixed_bfloat16 without XLA, one GPU;
+- `accum4`: `bf16_xla` with `train.global_batch_tokens` set so that each step sums the
+  gradients of 4 micro-batches of the same size: accumulation's cost per token;
+- `mirrored_xla`: MirroredStrategy over every visible GPU, mixed_bfloat16, XLA on
+  (`train.jit_compile=on`, which `auto` leaves off for several replicas), the same batch per GPU;
+- `xl`: `xl_recompute` without recomputation (what recomputation costs, or whether the batch
+  fits at all without it);
 - `fp32`: float32 without XLA, one GPU (TensorFlow uses TF32 tensor cores for it on Ampere+);
 - `mirrored`: MirroredStrategy over every visible GPU, mixed_bfloat16, XLA off (the trainer's
   `auto` turns it off for several replicas), the same batch per GPU; on one GPU its figure is
@@ -20,22 +31,28 @@ process (the precision policy is global):
 - `bf16_xla_host_syncs`: `bf16_xla` plus a callback that reads the loss and the step counter
   back to the host after every step, as the trainer's callbacks did when issue 13 was filed.
 
-tokens/s is timed from a synchronised start after WARMUP_STEPS (compiling, autotuning) to the
-end of TIMED_STEPS more, read back. MFU is model FLOPs (6 N + 6 L T d per token, as
-trainer/flops.py counts them for the trainer's own telemetry) over the chip's dense bf16 peak,
-looked up from the device name (H100 SXM and H200: 989 TFLOP/s, H100 PCIe: 756, A100: 312;
-other chips: null). The JSON line has tokens/s per configuration, MFU, the mixed-precision
-speed-up (bf16 / fp32), the XLA speed-up (bf16_xla / bf16), the host-sync cost and the
-MirroredStrategy scaling (mirrored / (GPUs x bf16)). Without a GPU it prints
-{"skipped": true, ...} and exits 0. Configurations that would not finish before DEADLINE_S are
-reported as not run, so the script always ends, in time, with its line; none may take more than
-RUN_CAP_S, so that one stalled configuration (XLA autotuning, the driver compiling TensorFlow's
-kernels from PTX on a chip newer than the wheel's machine code) leaves time for the others, and
-a run that fails or times out reports the last lines of its stderr. The probe compiles one small
-XLA function on the GPU: where XLA cannot compile there (no ptxas or libdevice), the XLA
-configurations report why and the others run with `train.jit_compile=off`, without the
-XLA-fused GELU, rather than all failing. The children get a CUDA compile cache of 4 GiB
-(CUDA_CACHE_MAXSIZE, unless set), so kernels compiled from PTX once are reused by the next.
+They run in that order, the two MFU targets' first, so that the deadline leaves out the least
+important. tokens/s is timed from a synchronised start after the warm-up steps (compiling,
+autotuning: 8, gpt2-xl's 4) to the end of the timed ones (40, gpt2-xl's 16), read back. MFU is
+model FLOPs (6 N + 6 L T d per token, as trainer/flops.py counts them for the trainer's own
+telemetry; recomputation's extra forward pass is not model FLOPs) over the chip's dense bf16
+peak, looked up from the device name (H100 SXM and H200: 989 TFLOP/s, H100 PCIe: 756, A100:
+312; other chips: null). The JSON line has tokens/s per configuration, MFU (gpt2-small's best
+single-GPU bf16 run; gpt2-xl's with and without recomputation), the mixed-precision speed-up
+(bf16 / fp32), the XLA speed-up (bf16_xla / bf16), the host-sync cost, the MirroredStrategy
+scaling with and without XLA (mirrored / (GPUs x bf16), mirrored_xla / (GPUs x bf16_xla)),
+recomputation's speed ratio (xl_recompute / xl) and accumulation's (accum4 over the
+one-micro-batch run with the same XLA setting). Without a GPU it prints {"skipped": true, ...}
+and exits 0. Configurations that would not finish before DEADLINE_S are reported as not run,
+so the script always ends, in time, with its line; none may take more than RUN_CAP_S, so that
+one stalled configuration (XLA autotuning, the driver compiling TensorFlow's kernels from PTX
+on a chip newer than the wheel's machine code) leaves time for the others, and a run that fails
+or times out reports the last lines of its stderr. The probe compiles one small XLA function on
+the GPU: where XLA cannot compile there (no ptxas or libdevice), the configurations that are
+about XLA (`bf16_xla`, `mirrored_xla`, the host-sync one) report why, and the others run with
+`train.jit_compile=off`, without the XLA-fused GELU, rather than all failing. The children get
+a CUDA compile cache of 4 GiB (CUDA_CACHE_MAXSIZE, unless set), so kernels compiled from PTX
+once are reused by the next.
 """
 
 from __future__ import annotations
@@ -47,6 +64,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,39 +72,58 @@ from bench.results import Figure, Target
 from trainer import flops
 
 TIER = "gpu"  # only when named: `python -m bench gpu`, or bench/gpu.sh
-TARGET = Target(">=", 0.45)
+TARGET = Target(">=", 0.45)  # gpt2-small's MFU, bf16, best single-GPU run
+XL_TARGET = Target(">=", 0.50)  # gpt2-xl's MFU with recomputation (`xl_recompute`)
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE_S = 440.0  # all runs end by then; gpu.sh's hard limit is 480
 RUN_CAP_S = 180.0  # the longest one configuration may take
 CUDA_CACHE_BYTES = str(4 << 30)  # the driver's cache of kernels compiled from PTX
 WARMUP_STEPS = 8
 TIMED_STEPS = 40
-# Runs in order of importance: MFU first; each is (precision policy, XLA, all GPUs, host syncs).
-# XLA False is the step uncompiled with train.jit_compile=auto's XLA-fused GELU inside, as the
-# trainer runs on several GPUs (config.use_xla_kernels); so the XLA speed-up is over that.
+ACCUMULATION = 4  # micro-batches per step of `accum4`
+
+
+@dataclass(frozen=True)
+class Run:
+    """One configuration: how it trains and at which shape."""
+
+    policy: str  # Keras precision policy
+    xla: str  # "on": XLA, not run where XLA does not compile; "off"; "best": XLA where it can
+    all_gpus: bool = False  # MirroredStrategy over every visible GPU (else one GPU)
+    host_syncs: bool = False  # read the loss and step back to the host after every step
+    large: bool = False  # at LARGE[shape] (gpt2-xl) instead of the shape asked for
+    overrides: tuple[str, ...] = ()  # config overrides of this run
+    accumulation: int = 1  # micro-batches per optimizer step (train.global_batch_tokens)
+    warmup_steps: int = WARMUP_STEPS  # optimizer steps before the clock starts
+    timed_steps: int = TIMED_STEPS  # optimizer steps timed
+
+
+_XL = {"large": True, "warmup_steps": 4, "timed_steps": 16}
+# Runs in order of importance, as the deadline may leave the last ones out: the two MFU
+# targets first. XLA "off" is the step uncompiled with train.jit_compile=auto's XLA-fused GELU
+# inside, as the trainer runs on several GPUs (config.use_xla_kernels); so the XLA speed-up is
+# over that.
 RUNS = {
-    "bf16_xla": ("mixed_bfloat16", True, False, False),
-    "bf16": ("mixed_bfloat16", False, False, False),
-    "fp32": ("float32", False, False, False),
-    "mirrored": ("mixed_bfloat16", False, True, False),
-    "bf16_xla_host_syncs": ("mixed_bfloat16", True, False, True),
+    "bf16_xla": Run("mixed_bfloat16", "on"),
+    "xl_recompute": Run("mixed_bfloat16", "best", overrides=("train.recompute=blocks",), **_XL),
+    "bf16": Run("mixed_bfloat16", "off"),
+    "accum4": Run("mixed_bfloat16", "best", accumulation=ACCUMULATION),
+    "mirrored_xla": Run("mixed_bfloat16", "on", all_gpus=True),
+    "xl": Run("mixed_bfloat16", "best", **_XL),
+    "fp32": Run("float32", "off"),
+    "mirrored": Run("mixed_bfloat16", "off", all_gpus=True),
+    "bf16_xla_host_syncs": Run("mixed_bfloat16", "on", host_syncs=True),
 }
-# Shapes: (preset, overrides). gpt2-small's own vocabulary is GPT-2's 50257, not the preset's.
+# Shapes: (preset, overrides). GPT-2's own vocabulary is 50257, not the presets' 32000; the
+# presets' global_batch_tokens is cleared, so that a step is one micro-batch per GPU unless a
+# run asks for accumulation.
+_GPT2 = ("model.vocab_size=50257", "model.seq_len=1024", "model.dropout=0.0")
 SHAPES = {
-    "gpt2-small": (
-        "gpt2-small",
-        (
-            "model.vocab_size=50257",
-            "model.seq_len=1024",
-            "model.n_layer=12",
-            "model.n_head=12",
-            "model.d_model=768",
-            "model.d_ff=3072",
-            "model.dropout=0.0",
-        ),
-    ),
+    "gpt2-small": ("gpt2-small", (*_GPT2, "train.global_batch_tokens=0")),
+    "gpt2-xl": ("gpt2-xl", (*_GPT2, "train.global_batch_tokens=0")),
     "tiny": ("tiny", ()),  # for a dry run of the harness on CPU only
 }
+LARGE = {"gpt2-small": "gpt2-xl", "gpt2-xl": "gpt2-xl", "tiny": "tiny"}  # the `large` runs'
 
 
 def summarize(runs: dict[str, dict[str, Any]], peak_tflops: float | None, gpus: int) -> dict:
@@ -96,25 +133,37 @@ def summarize(runs: dict[str, dict[str, Any]], peak_tflops: float | None, gpus: 
     def ratio(a: str, b: str, scale: float = 1.0) -> float | None:
         return rate[a] / (scale * rate[b]) if a in rate and b in rate else None
 
-    per_token = next((v["flops_per_token"] for v in runs.values() if "flops_per_token" in v), 0)
     # MFU is against the bf16 peak, so only of the runs in bf16: float32 (TF32 on the tensor
     # cores) has its own, lower peak, and a failed bf16 run must not leave it as the headline.
+    # Each run counts its own model's FLOPs (6 N + 6 L T d: recomputation's extra forward is
+    # not model FLOPs).
     mfu_by_run = {
-        k: flops.mfu(r, per_token, peak_tflops * 1e12 * (gpus if k == "mirrored" else 1))
+        k: flops.mfu(r, runs[k]["flops_per_token"], peak_tflops * 1e12 * _replicas(k, gpus))
         for k, r in rate.items()
-        if peak_tflops and k in ("bf16_xla", "bf16", "mirrored")
+        if peak_tflops and RUNS[k].policy == "mixed_bfloat16" and not RUNS[k].host_syncs
     }
     single = [k for k in ("bf16_xla", "bf16") if k in mfu_by_run]
+    # accumulation's reference: one micro-batch per step, with XLA as accum4 ran
+    one_step = "bf16_xla" if runs.get("accum4", {}).get("jit_compile") else "bf16"
     return {
         "tokens_per_s": rate,
         "mfu": max((mfu_by_run[k] for k in single), default=None),
+        "xl_mfu_recompute": mfu_by_run.get("xl_recompute"),
+        "xl_mfu": mfu_by_run.get("xl"),
         "mfu_by_run": mfu_by_run,
         "mixed_precision_speedup": ratio("bf16", "fp32"),
         "xla_speedup": ratio("bf16_xla", "bf16"),
         "host_syncs_speed_ratio": ratio("bf16_xla_host_syncs", "bf16_xla"),
         # On one GPU: MirroredStrategy's overhead, what scaling over several starts from.
         "mirrored_scaling": ratio("mirrored", "bf16", float(gpus)) if gpus else None,
+        "mirrored_xla_scaling": ratio("mirrored_xla", "bf16_xla", float(gpus)) if gpus else None,
+        "recompute_speed_ratio": ratio("xl_recompute", "xl"),
+        "accumulation_speed_ratio": ratio("accum4", one_step),
     }
+
+
+def _replicas(name: str, gpus: int) -> int:
+    return gpus if RUNS[name].all_gpus else 1
 
 
 def _python_env() -> dict[str, str]:
@@ -189,39 +238,62 @@ def measure_one(name: str, shape: str, batch: int, xla_kernels: bool = True) -> 
     from trainer import config as config_lib
     from trainer import run_plan
 
-    policy, jit, all_gpus, host_syncs = RUNS[name]
+    run = RUNS[name]
+    jit = run.xla == "on" or (run.xla == "best" and xla_kernels)
     gpus = tf.config.list_physical_devices("GPU")
-    if gpus and not all_gpus:
+    if gpus and not run.all_gpus:
         tf.config.set_visible_devices(gpus[:1], "GPU")
-    strategy = tf.distribute.MirroredStrategy() if all_gpus else tf.distribute.get_strategy()
-    steps = WARMUP_STEPS + TIMED_STEPS
-    preset, shape_overrides = SHAPES[shape]
-    overrides = [*shape_overrides, f"train.batch_size={batch}", f"train.train_steps={steps}"]
-    overrides += ["train.warmup_steps=2", f"train.precision={policy}"]
-    overrides += [] if xla_kernels else ["train.jit_compile=off"]
-    cfg = config_lib.resolve_config(preset, overrides)
-    keras.mixed_precision.set_global_policy(policy)
+    strategy = tf.distribute.MirroredStrategy() if run.all_gpus else tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
+    shape = LARGE[shape] if run.large else shape
+    cfg = config_lib.resolve_config(*run_config(run, shape, batch, replicas, jit, xla_kernels))
+    keras.mixed_precision.set_global_policy(run.policy)
     plan = run_plan.plan_run(cfg, replicas)
     global_batch = plan.global_batch
-    gpt = _trainee(strategy, cfg, plan, policy, jit)
+    gpt = _trainee(strategy, cfg, plan, run.policy, jit)
     m = cfg.model
     rng = tf.random.Generator.from_seed(cfg.train.seed)
     ids = rng.uniform((global_batch, m.seq_len + 1), 0, m.vocab_size, dtype=tf.int32)
     data = tf.data.Dataset.from_tensors((ids[:, :-1], ids[:, 1:])).repeat()
-    timer = _timer(WARMUP_STEPS, host_syncs)
+    timer = _timer(run.warmup_steps, run.host_syncs)
+    steps = run.warmup_steps + run.timed_steps
     gpt.fit(data, steps_per_epoch=steps, epochs=1, callbacks=[timer], verbose=0)
-    params = gpt.count_params()
     return {
-        "tokens_per_s": TIMED_STEPS * global_batch * m.seq_len / timer.seconds,
+        "tokens_per_s": run.timed_steps * global_batch * m.seq_len / timer.seconds,
         "xla_kernels": xla_kernels,
         "flops_per_token": flops.flops_per_token(m),
-        "params": params,
+        "params": gpt.count_params(),
+        "shape": shape,
         "replicas": replicas,
+        "micro_batch": plan.micro_batch,
+        "accumulation": plan.accumulation,
         "global_batch": global_batch,
-        "policy": policy,
+        "recompute": cfg.train.recompute,
+        "policy": run.policy,
         "jit_compile": jit,
     }
+
+
+def run_config(
+    run: Run, shape: str, batch: int, replicas: int, jit: bool, xla_kernels: bool
+) -> tuple[str, list[str]]:
+    """(preset, overrides) of `run` at `shape` with `batch` sequences per GPU per micro-batch:
+    with accumulation, train.global_batch_tokens makes each step `run.accumulation`
+    micro-batches per replica (trainer/run_plan.py derives the split)."""
+    preset, overrides = SHAPES[shape]
+    steps = run.warmup_steps + run.timed_steps
+    found = [*overrides, f"train.batch_size={batch}", f"train.train_steps={steps}"]
+    found += ["train.warmup_steps=2", f"train.precision={run.policy}", *run.overrides]
+    if run.accumulation > 1:
+        from trainer import config as config_lib
+
+        seq_len = config_lib.resolve_config(preset, found).model.seq_len
+        found.append(f"train.global_batch_tokens={run.accumulation * batch * seq_len * replicas}")
+    if jit:
+        found.append("train.jit_compile=on")
+    elif not xla_kernels:
+        found.append("train.jit_compile=off")
+    return preset, found
 
 
 def _trainee(strategy: Any, cfg: Any, plan: Any, policy: str, jit: bool) -> Any:
@@ -290,10 +362,10 @@ def run_all(
         return {**base, "skipped": True, "reason": reason, **found}
     runs: dict[str, dict[str, Any]] = {}
     xla_error = found.get("xla_error")
-    for name, (_policy, jit, all_gpus, _syncs) in RUNS.items():
-        if (only and name not in only) or (all_gpus and found["gpus"] < 1):
+    for name, run in RUNS.items():
+        if (only and name not in only) or (run.all_gpus and found["gpus"] < 1):
             continue
-        if jit and xla_error:
+        if run.xla == "on" and xla_error:
             runs[name] = {"error": f"not run: XLA does not compile here: {xla_error}"}
             continue
         left = deadline_s - (time.perf_counter() - started)
@@ -332,6 +404,8 @@ def figures(full: bool) -> list[Figure]:
     inputs = {k: out.get(k) for k in ("device", "gpus", "shape", "batch_per_gpu", "tensorflow")}
     rows = [
         ("GPU MFU (bf16, best single-GPU run), gpt2-small", out["mfu"], "%", TARGET),
+        ("GPU MFU, gpt2-xl T1024, bf16, recompute=blocks", out["xl_mfu_recompute"], "%", XL_TARGET),
+        ("GPU MFU, gpt2-xl T1024, bf16, no recomputation", out["xl_mfu"], "%", None),
         (
             "GPU tokens/s, bf16 + XLA, gpt2-small",
             out["tokens_per_s"].get("bf16_xla"),
@@ -342,6 +416,13 @@ def figures(full: bool) -> list[Figure]:
         ("GPU XLA speed-up (bf16 + XLA / bf16)", out["xla_speedup"], "x", None),
         ("GPU speed with per-step host syncs / without", out["host_syncs_speed_ratio"], "x", None),
         ("GPU MirroredStrategy scaling efficiency", out["mirrored_scaling"], "x", None),
+        ("GPU MirroredStrategy + XLA scaling efficiency", out["mirrored_xla_scaling"], "x", None),
+        (
+            f"GPU tokens/s, accumulation {ACCUMULATION} / 1, same micro-batch",
+            out["accumulation_speed_ratio"],
+            "x",
+            None,
+        ),
     ]
     return [
         Figure(name=n, value=v, unit=u, target=t, inputs=inputs, details=out) for n, v, u, t in rows

@@ -40,10 +40,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from bench import trainer_run, workloads
@@ -57,21 +58,32 @@ D_MODELS = (128, 256, 512)
 ATTEMPTS = {512: 2}  # trainer runs per point, the best counts: at 512, peer_bench's two
 
 
-def _child(args: list[str]) -> dict:
-    """Run this module with `args` in a fresh process; its last stdout line, as JSON."""
+def _child(args: list[str], env: Mapping[str, str] | None = None) -> dict:
+    """Run this module with `args` in a fresh process, `env` set over this one's environment;
+    its last stdout line, as JSON."""
     command = [sys.executable, "-m", "bench.mfu_bench", *args]
     done = subprocess.run(
-        command, capture_output=True, text=True, check=True, timeout=300, cwd=trainer_run.REPO
+        command,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+        cwd=trainer_run.REPO,
+        env={**os.environ, **env} if env else None,
     )
     result: dict = json.loads(done.stdout.strip().splitlines()[-1])
     return result
 
 
 def matmul_reference(
-    n: int = MATMUL_N, threads: int = workloads.THREADS, dtype: str = "float32"
+    n: int = MATMUL_N,
+    threads: int = workloads.THREADS,
+    dtype: str = "float32",
+    env: Mapping[str, str] | None = None,
 ) -> float:
-    """FLOP/s of an n x n matmul in `dtype` in a fresh process with `threads` threads."""
-    done = _child(["--matmul", str(n), "--threads", str(threads), "--dtype", dtype])
+    """FLOP/s of an n x n matmul in `dtype` in a fresh process with `threads` threads (and
+    `env` over this process's environment: TF_ENABLE_ONEDNN_OPTS, say)."""
+    done = _child(["--matmul", str(n), "--threads", str(threads), "--dtype", dtype], env)
     return float(done["flops_per_second"])
 
 

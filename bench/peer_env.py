@@ -49,10 +49,11 @@ def _is_current(venv: Path, pins: tuple[str, ...]) -> bool:
 
 
 def ensure(venv: Path = VENV, pins: tuple[str, ...] = PINS, say=print) -> Path:
-    """The peer venv's python, making the venv first when it is missing or has other pins."""
+    """The venv's python, making the venv first when it is missing or has other pins (the
+    KerasHub peer's by default; bench/torch_env.py passes the PyTorch peer's)."""
     if _is_current(venv, pins):
         return python(venv)
-    say(f"making the peer venv {venv} with {' '.join(pins)} (once; a few minutes)")
+    say(f"making the venv {venv} with {' '.join(pins)} (once; a few minutes)")
     shutil.rmtree(venv, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
@@ -65,7 +66,10 @@ def ensure(venv: Path = VENV, pins: tuple[str, ...] = PINS, say=print) -> Path:
     )
     if done.returncode != 0:
         tail = " | ".join(done.stderr.strip().splitlines()[-3:])
-        raise RuntimeError(f"could not make the peer venv (pip exited {done.returncode}): {tail}")
+        raise RuntimeError(
+            f"could not make {venv.name} with {' '.join(pins)} (pip exited {done.returncode}): "
+            f"{tail}"
+        )
     (venv / STAMP).write_text(json.dumps({"key": pins_key(pins), "pins": sorted(pins)}) + "\n")
     return python(venv)
 

@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,23 +80,32 @@ def run_trainer(
     threads: int = 2,
     eval_fraction: float = 0.1,
     attempt: int = 0,
+    env: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """train_metrics.json of one trainer job, plus `wall_s`; cached by the resolved config (so
     two benchmarks asking for the same configuration share one run) and the other arguments.
 
     `threads` is the total the job gets: each worker runs with threads // workers intra-op and
-    inter-op threads. A different `attempt` trains again. Raises LaunchError when the job fails.
+    inter-op threads. A different `attempt` trains again. `env` is set in the workers'
+    environment over the train step's (components/train/executor.py's WORKER_ENV). Raises
+    LaunchError when the job fails.
     """
     from trainer.config import config_to_dict
 
     cfg = config(preset, overrides)
     key = json.dumps(config_to_dict(cfg), sort_keys=True)
-    return dict(_run_cached(key, workers, threads, eval_fraction, attempt))
+    extra = tuple(sorted((env or {}).items()))
+    return dict(_run_cached(key, workers, threads, eval_fraction, attempt, extra))
 
 
 @functools.cache
 def _run_cached(
-    config_json: str, workers: int, threads: int, eval_fraction: float, attempt: int
+    config_json: str,
+    workers: int,
+    threads: int,
+    eval_fraction: float,
+    attempt: int,
+    env: tuple[tuple[str, str], ...],
 ) -> dict[str, Any]:
     from trainer.config import config_from_dict
 
@@ -104,7 +113,7 @@ def _run_cached(
     folder = examples(cfg.model.vocab_size, cfg.model.seq_len, eval_fraction)
     job = new_job_dir()
     started = time.perf_counter()
-    launch(cfg, folder, job, workers, threads)
+    launch(cfg, folder, job, workers, threads, dict(env))
     wall = time.perf_counter() - started
     metrics = read_metrics(job / "model")
     return {**metrics, "wall_s": wall, "job": str(job)}
@@ -117,11 +126,19 @@ def new_job_dir(prefix: str = "job") -> Path:
     return job
 
 
-def launch(cfg: Any, examples_dir: Path, job: Path, workers: int, threads: int) -> None:
-    """Run the trainer on `examples_dir` into `job/model` and `job/work` (the local launcher)."""
+def launch(
+    cfg: Any,
+    examples_dir: Path,
+    job: Path,
+    workers: int,
+    threads: int,
+    env: Mapping[str, str] | None = None,
+) -> None:
+    """Run the trainer on `examples_dir` into `job/model` and `job/work` (the local launcher),
+    its workers in the train step's environment (WORKER_ENV) with `env` over it."""
     from components.jobs.local import LocalLauncher
     from components.jobs.spec import JobSpec
-    from components.train.executor import trainer_command
+    from components.train.executor import WORKER_ENV, trainer_command
 
     per_worker = str(max(1, threads // workers))
     command = trainer_command(
@@ -134,7 +151,7 @@ def launch(cfg: Any, examples_dir: Path, job: Path, workers: int, threads: int) 
         workers=workers,
         backoff_limit=0,
         active_deadline_seconds=DEADLINE_S,
-        env={"TF_CPP_MIN_LOG_LEVEL": "2"},
+        env={**WORKER_ENV, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
     )
     LocalLauncher(log_dir=job / "logs", out=io.StringIO()).run(spec)
 

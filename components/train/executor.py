@@ -38,6 +38,12 @@ if TYPE_CHECKING:
     from components.step import Step
 
 CONTAINER_PYTHON = "python"  # the interpreter on the trainer image's PATH
+# The trainer's process environment, set where its workers start (every train job's spec, so
+# local workers and TFJob pods alike; the trainer image's ENV says the same) and never inside
+# the trainer, which reads no such variable. TF_ENABLE_ONEDNN_OPTS=1: TensorFlow's oneDNN CPU
+# kernels on every x86 CPU; TensorFlow 2.19 turns them on by itself only where the CPU has
+# AVX512-VNNI, AVX512-BF16, AVX-VNNI or AMX (docs/training.md, "CPU: oneDNN").
+WORKER_ENV = {"TF_ENABLE_ONEDNN_OPTS": "1"}
 
 
 @dataclass(frozen=True)
@@ -159,8 +165,8 @@ def job_spec(
     `options` are `JobSpec` fields under their own names (workers, gpus_per_worker, cpu, memory,
     image, backoff_limit, active_deadline_seconds, node_selector, tolerations, namespace, owner,
     service_account, image_pull_secrets, ...; `cluster_placement`, components/jobs/placement.py,
-    gives the last four);
-    the name, command and run label are derived here. `work_dir` holds checkpoints and the
+    gives the last four); the name, command, run label and the workers' environment (WORKER_ENV,
+    under any `env` given) are derived here. `work_dir` holds checkpoints and the
     BackupAndRestore state; it is derived from the run, so a restarted job (or a retried step)
     resumes instead of starting over. A TFJob's chief serves Prometheus metrics on
     `METRICS_PORT`; local workers serve none (docs/monitoring.md).
@@ -169,6 +175,7 @@ def job_spec(
     python = sys.executable if local else CONTAINER_PYTHON
     port = 0 if local else METRICS_PORT
     fields: dict[str, Any] = {"allow_unpinned": local, **options}
+    fields["env"] = {**WORKER_ENV, **fields.get("env", {})}
     return JobSpec(
         name=job_name(run_id, "train"),  # one train task per run: a retry re-attaches
         command=trainer_command(python, examples_uri, model_uri, work_dir, cfg, port),

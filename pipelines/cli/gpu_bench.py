@@ -39,8 +39,19 @@ from pipelines.cli.options import image_pull_secret_option
 BENCH_ROOT = "/opt/gptpipe"  # images/Dockerfile's WORKDIR for the sources, bench/ included
 # bench/gpu_bench.py's configurations (its RUNS; tests/pipelines/cli/test_gpu_bench.py holds them
 # equal): named here too, so that a typo fails before a GPU node is taken and a large image pulled.
-RUNS = ("bf16_xla", "bf16", "fp32", "mirrored", "bf16_xla_host_syncs")
-SHAPES = ("gpt2-small", "tiny")  # its SHAPES: tiny only for a dry run on CPU
+RUNS = (
+    "bf16_xla",
+    "xl_recompute",
+    "bf16",
+    "accum4",
+    "mirrored_xla",
+    "xl",
+    "fp32",
+    "mirrored",
+    "bf16_xla_host_syncs",
+)
+MIRRORED = ("mirrored", "mirrored_xla")  # its runs over every GPU of the worker
+SHAPES = ("gpt2-small", "gpt2-xl", "tiny")  # its SHAPES: tiny only for a dry run on CPU
 # bench/gpu_bench.py ends its runs by 440 s once it starts; the job's deadline also covers the
 # wait for a GPU node (a node pool scaling from zero, its driver install) and the image pull.
 DEADLINE_S = 1800
@@ -99,8 +110,9 @@ def _check(gpus: int, runs: Sequence[str], allow_cpu: bool) -> None:
     unknown = [r for r in runs if r not in RUNS]
     if unknown:
         raise UserError(f"--runs {','.join(unknown)} is unknown: use some of {', '.join(RUNS)}")
-    if "mirrored" in runs and gpus < 2:
-        raise UserError(f"--runs mirrored needs --gpus 2 or more, not {gpus}")
+    for name in MIRRORED:
+        if name in runs and gpus < 2:
+            raise UserError(f"--runs {name} needs --gpus 2 or more, not {gpus}")
 
 
 def result_of(log_lines: Iterable[str]) -> dict[str, Any]:

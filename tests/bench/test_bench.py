@@ -233,6 +233,48 @@ def test_peer_plans_its_schedule_again_at_the_end_of_warmup_from_all_its_steps()
     assert peer_gpt2.planned(100, seconds=33.0, left_s=-5.0, safety=0.9, cap=900) == 100
 
 
+def test_a_torch_venv_pip_cannot_make_is_one_clear_line_in_the_table(tmp_path, monkeypatch):
+    import subprocess as sp
+
+    from bench import torch_env
+
+    def pip(command, **kwargs):
+        if "venv" in command:  # `python -m venv`: a folder with an interpreter in it
+            (tmp_path / "v" / "bin").mkdir(parents=True)
+            return sp.CompletedProcess(command, 0)
+        err = "ERROR: No matching distribution found for torch==2.13.0\n"
+        return sp.CompletedProcess(command, 1, "", "Looking in indexes: ...\n" + err)
+
+    monkeypatch.setattr(torch_env, "VENV", tmp_path / "v")
+    monkeypatch.setattr(peer_env.subprocess, "run", pip)
+    with pytest.raises(RuntimeError) as err:
+        torch_env.run(["matmul"], 10, threads=2)
+    line = str(err.value)
+    assert "\n" not in line and "torch==2.13.0" in line and "pip exited 1" in line
+    assert "No matching distribution" in line
+    monkeypatch.setattr("bench.torch_bench.figures", lambda full: torch_env.run([], 1, 2))
+    (row,) = runner.run_module("torch_bench", full=False)
+    assert row.failed and row.value is None and "No matching distribution" in row.note
+
+
+def test_the_torch_peer_must_have_the_trainers_parameters():
+    from bench import torch_bench
+    from trainer.config import resolve_config
+
+    m = resolve_config("tiny", workloads.peer_shape(512)).model
+    torch_bench.check_params(13_790_208, m)  # nanoGPT's count at issue 13's shape
+    with pytest.raises(RuntimeError, match="13,790,209 parameters"):
+        torch_bench.check_params(13_790_209, m)
+
+
+def test_onednn_reads_the_cpus_flags():
+    from bench import onednn_bench
+
+    info = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 sse\n"
+    assert onednn_bench.cpu_flags(info) == ["avx2", "avx512f", "avx512_bf16"]
+    assert onednn_bench.cpu_flags("") == []
+
+
 def test_peer_venv_is_keyed_by_its_pin_set(tmp_path):
     assert peer_env.pins_key(("a==1", "b==2")) == peer_env.pins_key(("b==2", "a==1"))
     assert peer_env.pins_key(("a==1",)) != peer_env.pins_key(("a==2",))
@@ -245,6 +287,10 @@ def test_gpu_summary():
         "bf16": {"tokens_per_s": 200.0, "flops_per_token": 10**9},
         "fp32": {"tokens_per_s": 100.0, "flops_per_token": 10**9},
         "mirrored": {"tokens_per_s": 360.0, "flops_per_token": 10**9},
+        "mirrored_xla": {"tokens_per_s": 720.0, "flops_per_token": 10**9},
+        "xl_recompute": {"tokens_per_s": 30.0, "flops_per_token": 2 * 10**10},
+        "xl": {"tokens_per_s": 40.0, "flops_per_token": 2 * 10**10},
+        "accum4": {"tokens_per_s": 380.0, "flops_per_token": 10**9, "jit_compile": True},
         "bf16_xla_host_syncs": {"error": "not run: out of time"},
     }
     s = gpu_bench.summarize(runs, peak_tflops=1.0, gpus=2)
@@ -252,7 +298,14 @@ def test_gpu_summary():
     assert s["mixed_precision_speedup"] == pytest.approx(2.0)
     assert s["xla_speedup"] == pytest.approx(2.0)
     assert s["mirrored_scaling"] == pytest.approx(0.9)
+    assert s["mirrored_xla_scaling"] == pytest.approx(0.9)
     assert s["host_syncs_speed_ratio"] is None
+    # gpt2-xl's MFU with its own FLOPs per token, not gpt2-small's
+    assert s["xl_mfu_recompute"] == pytest.approx(0.6) and s["xl_mfu"] == pytest.approx(0.8)
+    assert s["recompute_speed_ratio"] == pytest.approx(0.75)
+    assert s["accumulation_speed_ratio"] == pytest.approx(0.95)  # over bf16_xla: both XLA
+    without_xla = {**runs, "accum4": {**runs["accum4"], "jit_compile": False}}
+    assert gpu_bench.summarize(without_xla, 1.0, 2)["accumulation_speed_ratio"] == 1.9  # / bf16
     one_gpu = gpu_bench.summarize(runs, peak_tflops=None, gpus=1)
     # On one GPU: MirroredStrategy's overhead over the plain bf16 step.
     assert one_gpu["mfu"] is None and one_gpu["mirrored_scaling"] == pytest.approx(1.8)
@@ -275,13 +328,40 @@ def test_gpu_runs_without_xla_where_it_does_not_compile_and_each_run_is_capped(m
     monkeypatch.setattr(gpu_bench, "_child", child)
     out = gpu_bench.run_all("gpt2-small", 8, allow_cpu=False)
     errors = {name: run["error"] for name, run in out["runs"].items() if "error" in run}
-    assert set(errors) == {"bf16_xla", "bf16_xla_host_syncs"}
+    assert set(errors) == {"bf16_xla", "mirrored_xla", "bf16_xla_host_syncs"}
     assert all(no_ptxas in e for e in errors.values())
     ran = {args[1]: (args, timeout) for args, timeout in calls[1:]}
-    assert set(ran) == {"bf16", "fp32", "mirrored"}  # mirrored too, on one GPU
+    # mirrored too, on one GPU; gpt2-xl's and accumulation's without XLA
+    assert set(ran) == {"bf16", "fp32", "mirrored", "xl_recompute", "xl", "accum4"}
     assert all("--no-xla-kernels" in args for args, _ in ran.values())
     assert all(timeout <= gpu_bench.RUN_CAP_S for _, timeout in ran.values())
     assert out["mfu"] == pytest.approx(100.0 * 10**9 / 989e12)
+
+
+def test_gpu_runs_plan_their_batch_as_the_trainer_does():
+    from trainer import run_plan
+    from trainer.config import resolve_config
+
+    def plan(name, replicas=1, jit=True):
+        run = gpu_bench.RUNS[name]
+        shape = gpu_bench.LARGE["gpt2-small"] if run.large else "gpt2-small"
+        preset, overrides = gpu_bench.run_config(run, shape, 8, replicas, jit, True)
+        cfg = resolve_config(preset, overrides)
+        return cfg, run_plan.plan_run(cfg, replicas)
+
+    # one micro-batch a step: the presets' global_batch_tokens does not make it 64
+    cfg, small = plan("bf16_xla")
+    assert (small.micro_batch, small.accumulation, small.global_batch) == (8, 1, 8)
+    assert (cfg.model.n_layer, cfg.model.vocab_size, cfg.train.jit_compile) == (12, 50257, "on")
+    assert plan("bf16", jit=False)[0].train.jit_compile == "auto"  # the XLA-fused GELU inside
+    cfg, accum = plan("accum4", replicas=2)
+    assert (accum.micro_batch, accum.accumulation, accum.global_batch) == (8, 4, 64)
+    cfg, xl = plan("xl_recompute")
+    assert (cfg.model.n_layer, cfg.model.d_model, cfg.model.seq_len) == (48, 1600, 1024)
+    assert cfg.train.recompute == "blocks" and xl.accumulation == 1
+    assert plan("xl")[0].train.recompute == "none"
+    cfg, mirrored = plan("mirrored_xla", replicas=8)
+    assert cfg.train.jit_compile == "on" and mirrored.global_batch == 64
 
 
 def test_a_gpu_runs_result_is_its_last_json_line_and_a_failure_tells_its_stderr():

@@ -70,6 +70,7 @@ TRAINER_ENV = {
     "PYTHONPATH": str(REPO),
     "PYTHONUNBUFFERED": "1",
     "TF_USE_LEGACY_KERAS": "1",
+    "TF_ENABLE_ONEDNN_OPTS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 

@@ -45,6 +45,7 @@ IMAGE_ENV = {
     "PYTHONPATH": str(REPO),
     "PYTHONUNBUFFERED": "1",
     "TF_USE_LEGACY_KERAS": "1",
+    "TF_ENABLE_ONEDNN_OPTS": "1",
     "TF_CPP_MIN_LOG_LEVEL": "2",
 }
 

@@ -92,6 +92,20 @@ def test_lock_from_buildx_metadata(tmp_path):
     assert compiler.load_images(lock).pipeline == ref
 
 
+def test_the_image_sets_the_trainer_workers_environment():
+    # What every train job's spec sets for its workers, the image sets too: a worker started
+    # from the image by other means (`gptpipe gpu-bench`, a debugging shell) runs the same.
+    from components.train.executor import WORKER_ENV
+
+    env = " ".join(
+        rest
+        for keyword, rest in build.instructions(build.DOCKERFILE.read_text())
+        if keyword == "ENV"
+    )
+    for name, value in WORKER_ENV.items():
+        assert re.search(rf"(^|\s){name}={value}(\s|$)", env), f"{name}={value} not in ENV"
+
+
 def test_dockerignore_keeps_the_build_context_small():
     ignored = (REPO / ".dockerignore").read_text().split()
     assert {".git", ".venv", "runs", "tests"} <= set(ignored)
@@ -122,3 +136,4 @@ def test_the_image_holds_bench_where_gpu_bench_looks_for_it():
     for path in ("bench/__init__.py", "bench/gpu_bench.py", "bench/results.py"):
         assert not excluded(path), path
     assert excluded("bench/.peer-venv/bin/python")
+    assert excluded("bench/.torch-venv/bin/python")

@@ -1,11 +1,15 @@
 """Train's run(), its job spec and cluster placement, and its KFP component's parameters."""
 
+import dataclasses
 import inspect
+import io
 import json
+import sys
 
 import pytest
 
 from components.jobs import kube
+from components.jobs.local import LocalLauncher
 from components.jobs.naming import job_name
 from components.train import component, executor
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, TRAIN_METRICS
@@ -53,6 +57,33 @@ def test_workers_get_the_resolved_config_as_canonical_json():
     sent = command[command.index("--config-json") + 1]
     assert config_from_dict(json.loads(sent)) == cfg
     assert sent == json.dumps(json.loads(sent), sort_keys=True, separators=(",", ":"))
+
+
+def test_local_workers_start_with_the_trainers_environment(tmp_path, monkeypatch):
+    # The train job's spec sets WORKER_ENV (oneDNN on) and the local launcher starts each worker
+    # with it, over the parent's environment: a worker sees it before it imports TensorFlow.
+    monkeypatch.setenv("TF_ENABLE_ONEDNN_OPTS", "0")  # the parent's own setting does not leak
+    cfg = resolve_config("tiny")
+    spec = executor.job_spec(
+        "ex", "model", "work", cfg, launcher="local", run_id="run-1", workers=2, backoff_limit=0
+    )
+    assert dict(spec.env)["TF_ENABLE_ONEDNN_OPTS"] == "1"
+    seen = tmp_path / "seen"
+    script = (
+        "import json, os, sys; i = json.loads(os.environ.get('TF_CONFIG') or "
+        "'{\"task\": {\"index\": 0}}')['task']['index']; "
+        "open(sys.argv[1] + str(i), 'w').write(os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset'))"
+    )
+    worker = dataclasses.replace(spec, command=[sys.executable, "-c", script, str(seen)])
+    LocalLauncher(log_dir=tmp_path / "logs", out=io.StringIO()).run(worker)
+    assert [(tmp_path / f"seen{i}").read_text() for i in range(2)] == ["1", "1"]
+
+
+def test_a_jobs_own_env_is_set_over_the_workers_environment():
+    spec = executor.job_spec(
+        "ex", "m", "w", resolve_config("tiny"), launcher="local", run_id="r", env={"A": "b"}
+    )
+    assert dict(spec.env) == {**executor.WORKER_ENV, "A": "b"}
 
 
 def test_job_options_keep_jobspec_names_and_the_derived_fields():
