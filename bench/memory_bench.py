@@ -27,7 +27,11 @@ import subprocess
 import sys
 from typing import Any
 
+from bench.results import Figure, Target
+
+TIER = "quick"
 STEPS = 3
+WITHIN = Target("<=", 0.15)  # the plan's activations within 15% of the measured
 # Three shapes whose steps take a few seconds on 2 cores and allocate hundreds of MB, so that
 # the step graph's own memory (tens of MB) is a small part: attention-heavy, MLP-heavy, and
 # logits-heavy (a large vocabulary), the last with rotary positions and dropout.
@@ -148,6 +152,23 @@ def compare(name: str, rss: bool = False) -> tuple[int, int]:
         full["measured_bytes"] - one["measured_bytes"],
         full["estimated_bytes"] - one["estimated_bytes"],
     )
+
+
+def figures(full: bool) -> list[Figure]:
+    """For each shape, how far trainer/memory.py's activations are from the allocator's."""
+    found = []
+    for name in SHAPES:
+        measured, estimated = compare(name)
+        found.append(
+            Figure(
+                name=f"memory plan: |estimate / measured - 1| of activations, {name} shape "
+                f"(batch {SHAPES[name]['batch']} over 1, CPU allocator peak)",
+                value=abs(estimated / measured - 1),
+                target=WITHIN,
+                inputs={"shape": SHAPES[name], "measured": measured, "estimated": estimated},
+            )
+        )
+    return found
 
 
 def main() -> None:

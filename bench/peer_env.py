@@ -74,15 +74,20 @@ def ensure(venv: Path = VENV, pins: tuple[str, ...] = PINS, say=print) -> Path:
     return python(venv)
 
 
-def run_peer(args: list[str], timeout_s: float, threads: int | None = None) -> dict:
+def run_peer(
+    args: list[str],
+    timeout_s: float,
+    threads: int | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> dict:
     """Run bench/peer_gpt2.py in the peer venv with `args`; return the JSON it prints last.
 
     The environment is this one's minus anything that would make the peer pick tf-keras or the
-    project's packages: it must see only its own site-packages.
+    project's packages (it must see only its own site-packages), with `extra_env` over it.
     """
     exe = ensure()
     env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "PYTHONPATH")}
-    env.update({"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    env.update({"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2", **(extra_env or {})})
     command = [str(exe), str(PEER_SCRIPT), *args]
     if threads:
         command += ["--threads", str(threads)]

@@ -46,7 +46,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import peer_env, trainer_run, workloads
 from bench.results import Figure, Target
@@ -97,6 +97,32 @@ def preset() -> tuple[str, str]:
     except ConfigError:
         print("quality_bench: the `quality` preset is missing; using `tiny`", file=sys.stderr)
         return "tiny", "no `quality` preset yet: `tiny` used"
+
+
+class Host(NamedTuple):
+    """How each side runs to stand for a kind of CPU."""
+
+    label: str  # in the figures' names
+    trainer_overrides: tuple[str, ...]  # config overrides of the trainer
+    trainer_env: dict[str, str]  # its workers' environment, over the train step's WORKER_ENV
+    peer_env: dict[str, str]  # the peer's environment
+
+
+# native: this CPU as it is, each side as `auto` and TensorFlow's defaults have it. avx2: an
+# AVX2-only x86 host, emulated on this one: no native bfloat16 (the trainer in float32, what its
+# `auto` picks there), oneDNN held to AVX2 (ONEDNN_MAX_CPU_ISA), and the peer, a user's plain
+# TensorFlow, on Eigen, as TensorFlow 2.19 leaves it without AVX-512 VNNI/BF16 or AMX
+# (docs/training.md, "CPU: oneDNN"); the trainer keeps its workers' TF_ENABLE_ONEDNN_OPTS=1.
+# TensorFlow's wheel compiles Eigen for AVX, not AVX2 or AVX-512, so Eigen runs here as there.
+HOSTS = {
+    "native": Host("", (), {}, {}),
+    "avx2": Host(
+        " (as on an AVX2 host)",
+        ("train.precision=float32",),
+        {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+        {"TF_ENABLE_ONEDNN_OPTS": "0", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    ),
+}
 
 
 # The benchmark plans the trainer's steps itself, by the rule it plans the peer's, so the
@@ -170,7 +196,9 @@ def _score_checkpoint(cfg, prefix: Path, tokenizer: Path, held_out: str, out: Pa
     return {"nats_per_char": scores.nats_per_char, "nats_per_token": scores.nats_per_token}
 
 
-def _watched_run(cfg, examples: Path) -> tuple[Path, Path, dict[int, float]]:
+def _watched_run(
+    cfg, examples: Path, env: dict[str, str] | None = None
+) -> tuple[Path, Path, dict[int, float]]:
     """Run the trainer (1 worker, 2 threads), copying each checkpoint as it appears; returns
     (job folder, copies folder, {step: seconds from the launch to its checkpoint})."""
     from contracts.artifacts import CHECKPOINT_DIR
@@ -182,19 +210,20 @@ def _watched_run(cfg, examples: Path) -> tuple[Path, Path, dict[int, float]]:
     started = time.time()
     copier.start()
     try:
-        trainer_run.launch(cfg, examples, job, 1, workloads.THREADS)
+        trainer_run.launch(cfg, examples, job, 1, workloads.THREADS, env)
     finally:
         copier.done.set()
         copier.join()
     return job, points, {step: seen - started for step, seen in copier.seen.items()}
 
 
-def _plan(name: str, budget_s: float) -> tuple[int, dict[str, float]]:
+def _plan(name: str, budget_s: float, host: Host) -> tuple[int, dict[str, float]]:
     """Steps for the budget, from a calibration run: its steady steps/s and its start-up (the
     time to its last checkpoint less the time its steps took)."""
-    cfg = trainer_run.config(name, (*workloads.steady_state(CALIBRATION_STEPS), NO_BUDGET))
+    overrides = (*workloads.steady_state(CALIBRATION_STEPS), NO_BUDGET, *host.trainer_overrides)
+    cfg = trainer_run.config(name, overrides)
     examples = trainer_run.examples(cfg.model.vocab_size, cfg.model.seq_len)
-    job, _points, seen = _watched_run(cfg, examples)
+    job, _points, seen = _watched_run(cfg, examples, host.trainer_env)
     tokens_per_s = float(trainer_run.read_metrics(job / "model")["tokens_per_second"])
     steps_per_s = tokens_per_s / (cfg.train.batch_size * cfg.model.seq_len)
     startup = seen[CALIBRATION_STEPS] - CALIBRATION_STEPS / steps_per_s
@@ -204,21 +233,22 @@ def _plan(name: str, budget_s: float) -> tuple[int, dict[str, float]]:
     return steps, {"tokens_per_s": tokens_per_s, "startup_s": startup}
 
 
-def train_trainer(name: str, budget_s: float, held_out: str) -> dict[str, Any]:
+def train_trainer(name: str, budget_s: float, held_out: str, host: Host) -> dict[str, Any]:
     """The trainer's curve: [{minutes, step, nats_per_char}], and what it ran with."""
     from trainer.config import config_to_dict
 
-    steps, calibration = _plan(name, budget_s)
+    steps, calibration = _plan(name, budget_s, host)
     base = trainer_run.config(name, ())
     overrides = (
         NO_BUDGET,
+        *host.trainer_overrides,
         f"train.train_steps={steps}",
         checkpoint_at_points(steps),
         f"train.warmup_steps={min(base.train.warmup_steps, steps // 5)}",
     )
     cfg = trainer_run.config(name, overrides)
     examples = trainer_run.examples(cfg.model.vocab_size, cfg.model.seq_len)
-    job, curve = scored_run(cfg, examples, held_out)
+    job, curve = scored_run(cfg, examples, held_out, host.trainer_env)
     return {
         "curve": curve,
         "config": config_to_dict(cfg),
@@ -234,7 +264,9 @@ def checkpoint_at_points(steps: int) -> str:
     return f"train.checkpoint_every={steps // POINTS}"
 
 
-def scored_run(cfg, examples: Path, held_out: str) -> tuple[Path, list[dict[str, float]]]:
+def scored_run(
+    cfg, examples: Path, held_out: str, env: dict[str, str] | None = None
+) -> tuple[Path, list[dict[str, float]]]:
     """Train `cfg` on `examples` and score each of its checkpoints on `held_out`: (job folder,
     [{minutes, step, nats_per_char, nats_per_token}]); the last point is the exported Model."""
     import tensorflow as tf
@@ -242,7 +274,7 @@ def scored_run(cfg, examples: Path, held_out: str) -> tuple[Path, list[dict[str,
     from components.evaluate.scoring import score_text
     from contracts.artifacts import SERVING_DIR, TOKENIZER_FILE
 
-    job, points, seen = _watched_run(cfg, examples)
+    job, points, seen = _watched_run(cfg, examples, env)
     curve = []
     for step, seconds in sorted(seen.items()):
         if step == cfg.train.train_steps:  # the last point: the exported Model itself
@@ -262,7 +294,7 @@ def peer_config() -> Any:
     return trainer_run.config(preset()[0], PEER_SHAPE)
 
 
-def train_peer(budget_s: float, chunks_file: Path) -> dict[str, Any]:
+def train_peer(budget_s: float, chunks_file: Path, host: Host) -> dict[str, Any]:
     """The peer's curve from bench/peer_gpt2.py, and what it ran with."""
     from contracts.artifacts import TOKENIZER_FILE
     from trainer.config import config_to_dict
@@ -286,12 +318,16 @@ def train_peer(budget_s: float, chunks_file: Path) -> dict[str, Any]:
         "--safety",
         str(SAFETY),
     ]
-    result = peer_env.run_peer(args, budget_s + 900, threads=workloads.THREADS)
+    result = peer_env.run_peer(
+        args, budget_s + 900, threads=workloads.THREADS, extra_env=host.peer_env
+    )
     return {**result, "config": config_to_dict(cfg)}
 
 
-def measure(budget_s: float) -> list[Figure]:
-    """Train both sides for `budget_s`, score their curves, fit the floor; the figures."""
+def measure(budget_s: float, host_name: str = "native") -> list[Figure]:
+    """Train both sides for `budget_s` as on `host_name` (HOSTS), score their curves, fit the
+    floor; the figures."""
+    host = HOSTS[host_name]
     from components.evaluate.scoring import CHUNK_CHARS, chunk_text
 
     name, note = preset()
@@ -300,12 +336,13 @@ def measure(budget_s: float) -> list[Figure]:
     train_text, held_out = train_split(examples)
     chunks_file = trainer_run.scratch() / "eval-chunks.json"
     chunks_file.write_text(json.dumps(chunk_text(held_out, CHUNK_CHARS)), encoding="utf-8")
-    ours = train_trainer(name, budget_s, held_out)
-    theirs = train_peer(budget_s, chunks_file)
+    ours = train_trainer(name, budget_s, held_out, host)
+    theirs = train_peer(budget_s, chunks_file, host)
     floor = bigram_nats_per_char(train_text, held_out)
     ours_final = ours["curve"][-1]["nats_per_char"]
     theirs_final = theirs["curve"][-1]["nats_per_char"]
     inputs = {
+        "host": host_name,
         "budget_s": budget_s,
         "threads": workloads.THREADS,
         "eval_chars": len(held_out),
@@ -323,8 +360,8 @@ def measure(budget_s: float) -> list[Figure]:
     per_char = "nats/char"
     return [
         Figure(
-            name=f"quality per minute: nats/char trainer ({ours['precision_policy']}) / peer "
-            f"(float32) after {budget_s / 60:.0f} min",
+            name=f"quality per minute{host.label}: nats/char trainer "
+            f"({ours['precision_policy']}) / peer (float32) after {budget_s / 60:.0f} min",
             value=ours_final / theirs_final,
             target=TARGET,
             inputs=inputs,
@@ -335,9 +372,9 @@ def measure(budget_s: float) -> list[Figure]:
             },
             note=note,
         ),
-        Figure(name=f"trainer ({name}) nats/char", value=ours_final, unit=per_char),
+        Figure(name=f"trainer ({name}){host.label} nats/char", value=ours_final, unit=per_char),
         Figure(
-            name="peer (KerasHub GPT2 4L d256 T128 V2048) nats/char",
+            name=f"peer (KerasHub GPT2 4L d256 T128 V2048){host.label} nats/char",
             value=theirs_final,
             unit=per_char,
         ),
@@ -346,7 +383,7 @@ def measure(budget_s: float) -> list[Figure]:
 
 
 def figures(full: bool) -> list[Figure]:
-    return measure(BUDGET_S)
+    return [*measure(BUDGET_S), *measure(BUDGET_S, "avx2")[:3]]
 
 
 def main(argv: list[str]) -> None:
@@ -354,7 +391,9 @@ def main(argv: list[str]) -> None:
 
     p = argparse.ArgumentParser(prog="python -m bench.quality_bench")
     p.add_argument("--budget-s", type=float, default=BUDGET_S, help="wall seconds per side")
-    found = measure(p.parse_args(argv).budget_s)
+    p.add_argument("--host", choices=sorted(HOSTS), default="native", help="as on which CPU")
+    args = p.parse_args(argv)
+    found = measure(args.budget_s, args.host)
     print(markdown_table(found))
     print(json.dumps(found[0].details["curves"], indent=1))
 
