@@ -27,6 +27,7 @@ import subprocess
 import sys
 from typing import Any
 
+from bench.proc_memory import reset_peak, status_kib
 from bench.results import Figure, Target
 
 TIER = "quick"
@@ -74,14 +75,6 @@ SHAPES: dict[str, dict[str, Any]] = {
 }
 
 
-def _rss_kib(key: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {key} in /proc/self/status")
-
-
 def probe(batch: int, overrides: list[str], rss: bool = False) -> dict[str, Any]:
     """Train STEPS steps of the shape in this process; the peak increase and the estimate: of
     the allocator's bytes in use, or with `rss` of the process's resident set."""
@@ -104,15 +97,14 @@ def probe(batch: int, overrides: list[str], rss: bool = False) -> dict[str, Any]
     data = tf.data.Dataset.from_tensors((ids.astype("int32"), ids.astype("int32"))).repeat()
     gc.collect()
     if rss:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-            f.write("5")  # resets VmHWM to the current RSS
-        before = _rss_kib("VmRSS")
+        reset_peak()  # VmHWM from the current RSS
+        before = status_kib("VmRSS")
     else:
         before = tf.config.experimental.get_memory_info("CPU:0")["current"]
         tf.config.experimental.reset_memory_stats("CPU:0")
     compiled.trainee.fit(data, steps_per_epoch=STEPS, epochs=1, verbose=0)
     if rss:
-        measured = (_rss_kib("VmHWM") - before) * 1024
+        measured = (status_kib("VmHWM") - before) * 1024
     else:
         measured = tf.config.experimental.get_memory_info("CPU:0")["peak"] - before
     est = memory.estimate(

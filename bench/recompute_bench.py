@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import alternate, workloads
+from bench.proc_memory import reset_peak, status_kib
 from bench.results import Figure, Target
 
 TIER = "quick"
@@ -49,21 +50,6 @@ SHAPE = (
     "train.batch_size=8",
     "train.warmup_steps=1",
 )
-
-
-def _status_kib(field: str) -> int:
-    """A `kB` field of /proc/self/status (VmRSS, VmHWM)."""
-    with open("/proc/self/status", encoding="ascii") as f:
-        for line in f:
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
-def _reset_peak() -> None:
-    """Start VmHWM again from the current RSS (Linux 4.0+)."""
-    with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
-        f.write("5")
 
 
 class Trainee:
@@ -107,16 +93,16 @@ def memory_child(setting: str) -> dict[str, Any]:
     """The peak memory of one train step with train.recompute=`setting` (module docstring)."""
     _threads()
     trainee = Trainee(setting)
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     first_s, _ = trainee.step()
-    first_peak = _status_kib("VmHWM")
-    _reset_peak()
+    first_peak = status_kib("VmHWM")
+    reset_peak()
     step_s, _ = trainee.step()
     return {
         "setting": setting,
         "policy": trainee.policy,
         "rss_before_first_step_KiB": before,
-        "peak_above_KiB": _status_kib("VmHWM") - before,
+        "peak_above_KiB": status_kib("VmHWM") - before,
         "first_step_peak_above_KiB": first_peak - before,
         "first_step_s": round(first_s, 2),
         "step_s": round(step_s, 2),

@@ -1,8 +1,9 @@
 """Helpers for tests that start real processes: is a pid still running, signalling a process
-group only while it is surely ours, and racing processes released at one moment."""
+group only while it is surely ours, racing processes released at one moment, free ports."""
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -109,3 +110,14 @@ def run_together(
             out, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1.0))
             results.append(subprocess.CompletedProcess(script, proc.returncode, out, err))
         return results
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` local ports free now (bound and released at once), for worker processes."""
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports

@@ -12,9 +12,10 @@ tokenize step uses, so the in-graph tensorflow_text tokenizer matches the python
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
@@ -263,3 +264,15 @@ PIPELINE_SMALL = (
     "train.eval_batches=2",
     "train.shuffle_buffer=64",
 )
+
+
+@contextlib.contextmanager
+def keras_policy(policy: str) -> Iterator[None]:
+    """Layers made inside take Keras' `policy`; the other tests' float32 is back afterwards."""
+    import tf_keras as keras
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        yield
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

@@ -18,6 +18,7 @@ from bench import (
     orchestration_bench,
     peer_env,
     peer_gpt2,
+    proc_memory,
     quality_bench,
     quality_tune,
     recompute_bench,
@@ -446,9 +447,9 @@ def test_recompute_reads_and_resets_the_peak_rss():
     held = bytearray(64 << 20)  # 64 MiB touched, then dropped: the peak stays above the RSS
     held[::4096] = b"x" * len(held[::4096])
     del held
-    assert recompute_bench._status_kib("VmHWM") >= recompute_bench._status_kib("VmRSS") + 60_000
-    recompute_bench._reset_peak()
-    assert recompute_bench._status_kib("VmHWM") < recompute_bench._status_kib("VmRSS") + 60_000
+    assert proc_memory.status_kib("VmHWM") >= proc_memory.status_kib("VmRSS") + 60_000
+    proc_memory.reset_peak()
+    assert proc_memory.status_kib("VmHWM") < proc_memory.status_kib("VmRSS") + 60_000
 
 
 def test_alternating_runs_go_a_b_b_a():

@@ -1,14 +1,13 @@
 """trainer.model: shapes, causality, window limit, layer configs, GELU, mixed precision."""
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tests.tiny import keras_policy
 from trainer import precision
 from trainer.config import ModelConfig
 from trainer.model import (
@@ -132,18 +131,8 @@ def test_rotate_keeps_norms_and_makes_scores_depend_on_the_offset_only():
     assert abs(float(tf.tensordot(at(q, 10), at(k, 3), 1)) - score[0]) > 1e-3  # offset 7
 
 
-@contextlib.contextmanager
-def _global_policy(policy: str) -> Iterator[None]:
-    """Layers made inside take `policy`; the other tests' float32 is back afterwards."""
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
-
-
 def test_mixed_precision_logits_are_float32():
-    with _global_policy("mixed_bfloat16"):
+    with keras_policy("mixed_bfloat16"):
         logits = build_gpt(TINY)(tf.zeros((1, 4), tf.int32))
     assert logits.dtype == tf.float32
 
@@ -235,7 +224,7 @@ def _attention(
     policy: str, weights: list[np.ndarray] | None = None, rotary: bool = False
 ) -> CausalSelfAttention:
     """A (d_model 16, 2 heads) attention layer built under `policy`, with `weights` if given."""
-    with _global_policy(policy):
+    with keras_policy(policy):
         layer = CausalSelfAttention(16, 2, rotary=rotary)
         layer(tf.zeros((1, 4, 16)))
     if weights is not None:

@@ -2,32 +2,21 @@
 plain autodiff (float32, mixed precision, XLA, dropout), the same checkpoints, and a backward
 pass that really recomputes each block instead of reading its kept activations."""
 
-import contextlib
 import dataclasses
 import re
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tests.tiny import keras_policy
 from trainer import recompute
 from trainer.config import ModelConfig
 from trainer.model import Block, build_gpt
 
 TINY = ModelConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, d_model=16, d_ff=32)
 IDS = tf.random.stateless_uniform((2, 8), (3, 4), 0, TINY.vocab_size, tf.int32)  # (B, T)
-
-
-@contextlib.contextmanager
-def _global_policy(policy: str) -> Iterator[None]:
-    """Layers made inside take `policy`; the other tests' float32 is back afterwards."""
-    keras.mixed_precision.set_global_policy(policy)
-    try:
-        yield
-    finally:
-        keras.mixed_precision.set_global_policy("float32")
 
 
 def _pair(cfg: ModelConfig = TINY) -> tuple[keras.Model, keras.Model]:
@@ -109,7 +98,7 @@ def test_after_is_x_but_depends_on_dy():
 def test_gradients_with_recompute_equal_those_without(policy, jit_compile, rtol):
     """Same weights, same batch: the same loss and gradients for every weight (the float32
     variables' gradients, also under a mixed-precision policy); under XLA too."""
-    with _global_policy(policy):
+    with keras_policy(policy):
         plain, recomputing = _pair()
     want_loss, want = _train_step(plain, jit_compile)(IDS)
     loss, got = _train_step(recomputing, jit_compile)(IDS)

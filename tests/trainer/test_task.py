@@ -6,7 +6,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ from contracts import records, termination
 from contracts.artifacts import BACKUP_DIR, CHECKED_SHARDS_DIR
 from contracts.errors import UserError
 from contracts.training import TrainMetrics
+from tests.processes import free_ports
 from tests.tiny import TINY_OVERRIDES, read_eval_documents
 from trainer import data, export, shard_check
 from trainer.callbacks import TrainMonitor
@@ -395,19 +395,9 @@ def test_compiled_model_recomputes_blocks_in_training_only_when_configured(setti
     assert not any(layer.get_config().get("recompute") for layer in serving.layers)
 
 
-def _free_ports(n):
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 @pytest.mark.slow
 def test_multi_worker_training_with_real_worker_processes(tmp_path, examples):
-    workers = [f"localhost:{p}" for p in _free_ports(2)]
+    workers = [f"localhost:{p}" for p in free_ports(2)]
     flags = ["--examples", str(examples), "--model-dir", str(tmp_path / "model")]
     flags += ["--work-dir", str(tmp_path / "work")]
     cfg = resolve_config("tiny", TINY_OVERRIDES + ("train_steps=20", "checkpoint_every=10"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from components.jobs.local import LocalLauncher
 from components.jobs.spec import JobSpec
 from components.train.executor import trainer_command
 from contracts.artifacts import SERVING_DIR, TRAIN_HISTORY, TRAIN_METRICS
+from tests.processes import free_ports
 from tests.tiny import SEQ_LEN, TINY_OVERRIDES, VOCAB_SIZE
 from trainer.config import resolve_config
 from trainer.model import build_gpt
@@ -232,20 +232,10 @@ with open(os.path.join(args["out"], f"worker-{index}.json"), "w") as f:
 """
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def _run_workers(out: Path, workers: int, args: dict) -> None:
     """Run WORKER as `workers` processes (MultiWorkerMirrored when more than one) to the end."""
     out.mkdir()
-    hosts = [f"localhost:{p}" for p in _free_ports(workers)]
+    hosts = [f"localhost:{p}" for p in free_ports(workers)]
     procs = []
     for index in range(workers):
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
