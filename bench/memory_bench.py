@@ -15,7 +15,7 @@ a plain run has it) is larger: glibc keeps freed blocks in per-thread arenas rat
 them, and oneDNN and XLA's CPU runtime allocate outside TensorFlow's allocator; neither exists
 on a GPU. The estimate it is compared with is trainer/memory.py's peak less the weights; there
 is no headroom on CPU (no CUDA context). The figures go to docs/training.md ("Memory per GPU");
-tests/trainer/test_memory_measured.py asserts them.
+`figures` holds the three shapes to 15%, tests/trainer/test_memory_measured.py one of them.
 """
 
 from __future__ import annotations

@@ -69,9 +69,9 @@ rebuilt in the backward pass: L n C a + the head + one block + the transient.
 Gradients are counted whole through the backward pass, an upper bound: at its start, where the
 activations peak, only the head's exist; they accumulate as the blocks' activations are freed.
 
-The measurement: tests/trainer/test_memory_measured.py compares this with the peak bytes in use
-of TensorFlow's allocator in the CPU train step (bench/memory_bench.py; docs/training.md,
-"Memory per GPU").
+The measurement: bench/memory_bench.py (and tests/trainer/test_memory_measured.py) compares
+this with the peak bytes in use of TensorFlow's allocator in the CPU train step
+(docs/training.md, "Memory per GPU").
 """
 
 from __future__ import annotations

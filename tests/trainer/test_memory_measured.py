@@ -12,7 +12,9 @@ from bench import memory_bench
 
 
 @pytest.mark.slow
-def test_the_activation_estimate_is_within_15_percent_of_the_measured_at_three_shapes():
-    found = {shape: memory_bench.compare(shape) for shape in memory_bench.SHAPES}
-    off = {s: e / m - 1 for s, (m, e) in found.items() if abs(e / m - 1) > 0.15}
-    assert not off, f"estimate / measured - 1 beyond 15%: {off}"
+def test_the_activation_estimate_is_within_15_percent_of_the_measured():
+    # One shape here, the one with the most terms (rotary positions, dropout, a large
+    # vocabulary's logits): each takes two fresh TensorFlow processes, and `make bench`
+    # (bench/memory_bench.py) holds all three shapes to the same 15%.
+    measured, estimated = memory_bench.compare("logits")
+    assert abs(estimated / measured - 1) <= 0.15, (measured, estimated)
