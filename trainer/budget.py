@@ -5,14 +5,15 @@ Planned as bench/peer_gpt2.py plans the peer benchmark's run: MEASURE_STEPS step
 attempt's first (its tracing and compilation left out) it measures the steps per second and
 sets the length to what fits SAFETY of the budget left, at most the config's own steps; once
 warmup ends it plans again from every step since, and that plan is final. Every worker must stop
-at the same step, so the length is agreed through the workers' all-reduce (the mean of their
-plans: the same number everywhere). The chief keeps the plan in the work folder, and an
+at the same step, so the length is agreed through the all-reduce (the mean of their plans: the
+same number everywhere). The chief keeps the plan in the work folder, and an
 attempt that resumes takes a final one as it stands: the schedule does not move under a
 restarted run. One preempted before it planned starts the budget again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import posixpath
@@ -24,6 +25,7 @@ import tensorflow as tf
 
 from contracts.artifacts import TIME_BUDGET_PLAN
 from trainer.callbacks import StepCallback
+from trainer.run_plan import RunPlan
 
 log = logging.getLogger("trainer")
 
@@ -37,6 +39,23 @@ def planned_steps(step: int, steps_per_s: float, left_s: float, cap: int) -> int
     more, at most `cap` (the config's length; 0: none), and never before `step`."""
     fit = step + int(max(0.0, left_s) * SAFETY * steps_per_s)
     return max(step, min(fit, cap) if cap else fit)
+
+
+def agreed_copies(workers: int, replicas: int) -> int:
+    """How many times trainer.preemption's agreement counts each worker's value: once per
+    replica in sync across several workers (its all-reduce runs on every local replica), and
+    once for a single worker, whose agreement is the value itself."""
+    return replicas if workers > 1 else 1
+
+
+def with_kept_plan(plan: RunPlan, work_dir: str) -> RunPlan:
+    """`plan` with the steps of a final plan an earlier attempt kept, so that a restart's
+    schedule, monitor and fit have the run's length from the start (and one restored at
+    the last step trains nothing)."""
+    kept = read_plan(work_dir)
+    if kept is None or not kept[1]:
+        return plan
+    return dataclasses.replace(plan, steps=kept[0])
 
 
 def read_plan(work_dir: str) -> tuple[int, bool] | None:
@@ -53,7 +72,8 @@ class TimeBudget(StepCallback):
     """Plans the run's length from `budget_s` and the measured step time (the module's docstring).
 
     `set_length(steps)` applies a plan (the schedule's decay, the monitor's last step);
-    `agree(value)` sums a float over all workers.
+    `agree(value)` sums a float over all workers, each counted `copies` times (the preemption
+    agreement's all-reduce adds each worker's value once per local replica: `agreed_copies`).
     """
 
     def __init__(
@@ -63,7 +83,7 @@ class TimeBudget(StepCallback):
         warmup_steps: int,
         set_length: Callable[[int], None],
         agree: Callable[[float], float],
-        workers: int,
+        copies: int,
         work_dir: str,
         is_chief: bool,
         clock: Callable[[], float] | None = None,
@@ -74,7 +94,7 @@ class TimeBudget(StepCallback):
         self.warmup_steps = warmup_steps
         self.set_length = set_length
         self.agree = agree
-        self.workers = workers
+        self.copies = copies
         self.work_dir = work_dir
         self.is_chief = is_chief
         self.clock = clock or time.perf_counter  # seconds
@@ -112,7 +132,7 @@ class TimeBudget(StepCallback):
         mine = planned_steps(
             self.step, steps_per_s, self.budget_s - (now - self._began), self.cap_steps
         )
-        steps = round(self.agree(float(mine)) / self.workers)
+        steps = round(self.agree(float(mine)) / self.copies)
         self.steps, self.final = steps, final
         self.set_length(steps)
         log.info(

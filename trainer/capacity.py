@@ -14,7 +14,7 @@ from typing import Any
 
 from contracts.errors import UserError
 from trainer import memory
-from trainer.config import Config, precision_policy
+from trainer.config import Config, ConfigError, precision_policy
 from trainer.flops import flops_per_token, peak_flops
 from trainer.gpus import GIB, Gpu
 from trainer.run_plan import RunPlan, plan_run
@@ -89,6 +89,8 @@ def plan_capacity(
     when the global batch does not split into the replicas (run_plan.split_global_batch)."""
     if not 0 < mfu <= 1:
         raise UserError(f"--mfu {mfu}: give a utilisation in (0, 1], e.g. 0.4")
+    if not choose_micro:
+        plan_run(cfg, replicas)  # a batch that does not split, named with its own micro-batch
     policy = precision_policy(cfg.train.precision, "gpu", gpu.capability)
     recompute = cfg.train.recompute == "blocks"
     usable = int(gpu.memory_bytes * (1 - memory.HEADROOM))
@@ -133,8 +135,16 @@ def replica_share(cfg: Config, replicas: int) -> int:
     global batch, so it is the share."""
     if not cfg.train.global_batch_tokens:
         return cfg.train.batch_size
-    one = plan_run(with_micro_batch(cfg, 1), replicas)  # refuses a share that is not whole
-    return one.accumulation
+    step = cfg.model.seq_len * replicas
+    tokens = cfg.train.global_batch_tokens
+    if tokens % step:
+        below = tokens // step * step
+        nearest = " or ".join(f"{n:,}" for n in (below, below + step) if n > 0)
+        raise ConfigError(
+            f"train.global_batch_tokens={tokens:,} does not split into {replicas} replicas of "
+            f"{cfg.model.seq_len}-token sequences: give a multiple of {step:,}, e.g. {nearest}"
+        )
+    return tokens // step
 
 
 def largest_micro_batch(

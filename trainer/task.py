@@ -37,7 +37,7 @@ from contracts.errors import UserError
 from contracts.process import exit_without_final_gc
 from contracts.progress import Progress
 from contracts.training import TrainMetrics, parse_metrics
-from trainer import cluster, data, export, flops, model, precision, run_plan, train_step
+from trainer import budget, cluster, data, export, flops, model, precision, run_plan, train_step
 from trainer import config as config_lib
 from trainer.budget import UNPLANNED_STEPS, TimeBudget
 from trainer.callbacks import Measured, PeriodicCheckpoint, TrainMonitor
@@ -91,6 +91,8 @@ def train(
     agree = preemption_agreement(strategy, workers)
     policy, jit = precision.set_precision_and_choose_xla(cfg, workers, replicas, agree)
     plan = run_plan.plan_run(cfg, replicas)
+    if cfg.train.max_minutes:  # a restart runs to the length its first attempt planned
+        plan = budget.with_kept_plan(plan, work_dir)
     global_batch = plan.global_batch
     resume_step = backed_up_step(_backup_dir(work_dir))
     checked = posixpath.join(work_dir, CHECKED_SHARDS_DIR)
@@ -117,8 +119,8 @@ def train(
         check_every=cfg.train.preemption_check_every,
     )
     fault_cb = InjectFault(fault, cluster.task_index(tf_config)) if fault else None
-    budget = _budget(cfg, plan, work_dir, is_chief, agree, workers, schedule, monitor)
-    callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb, budget)
+    planner = _budget(cfg, plan, work_dir, is_chief, agree, workers, schedule, monitor)
+    callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb, planner)
     try:
         _fit(trainee, cfg, plan, datasets, callbacks)
     except Preempted:
@@ -274,9 +276,15 @@ def _budget(
         schedule.set_total_steps(steps)
         monitor.train_steps = steps
 
-    minutes = cfg.train.max_minutes
     return TimeBudget(
-        minutes * 60, plan.steps, plan.warmup_steps, set_length, agree, workers, work_dir, is_chief
+        cfg.train.max_minutes * 60,
+        plan.steps,
+        plan.warmup_steps,
+        set_length,
+        agree,
+        budget.agreed_copies(workers, plan.replicas),
+        work_dir,
+        is_chief,
     )
 
 
@@ -287,7 +295,7 @@ def _callbacks(
     monitor: TrainMonitor,
     backup: PreemptibleBackup,
     fault_cb: InjectFault | None,
-    budget: TimeBudget | None = None,
+    planner: TimeBudget | None = None,
 ) -> list[keras.callbacks.Callback]:
     """The callbacks in the order they must run.
 
@@ -299,7 +307,7 @@ def _callbacks(
     t = cfg.train
     return [
         *([fault_cb] if fault_cb else []),  # first: the backup sees its signal in the same step
-        *([budget] if budget else []),
+        *([planner] if planner else []),
         monitor,
         backup,
         PeriodicCheckpoint(posixpath.join(work_dir, CHECKPOINT_DIR), t.checkpoint_every, is_chief),

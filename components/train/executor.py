@@ -142,6 +142,9 @@ def check_plan(cfg: Config, job: TrainJob) -> None:
     from trainer import capacity, gpus
     from trainer.run_plan import plan_run
 
+    if job.launcher == "local":  # one replica a worker process (CPU, or its host's GPUs)
+        plan_run(cfg, job.workers)
+        return
     replicas = job.workers * max(1, job.gpus_per_worker)
     gpu = gpus.gpu_of_nodes(job.node_selector) if job.gpus_per_worker else None
     if gpu is None:

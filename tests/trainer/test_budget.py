@@ -7,8 +7,9 @@ import pytest
 from contracts.artifacts import TIME_BUDGET_PLAN, TRAIN_HISTORY
 from tests.tiny import TINY_OVERRIDES
 from trainer import task
-from trainer.budget import SAFETY, TimeBudget, planned_steps
+from trainer.budget import SAFETY, TimeBudget, agreed_copies, planned_steps, with_kept_plan
 from trainer.config import resolve_config
+from trainer.run_plan import plan_run
 
 
 def test_planned_steps_fill_the_budget_left_up_to_the_cap():
@@ -33,9 +34,9 @@ class _Fit:
         return self.cb.step
 
 
-def _budget(tmp_path, agree=lambda x: x, workers=1, warmup=4, cap=0, lengths=None):
+def _budget(tmp_path, agree=lambda x: x, copies=1, warmup=4, cap=0, lengths=None):
     lengths = [] if lengths is None else lengths
-    return TimeBudget(60.0, cap, warmup, lengths.append, agree, workers, str(tmp_path), True)
+    return TimeBudget(60.0, cap, warmup, lengths.append, agree, copies, str(tmp_path), True)
 
 
 def test_the_plan_is_made_after_measuring_and_stops_there(tmp_path):
@@ -60,10 +61,32 @@ def test_a_long_warmup_plans_again_when_it_ends(tmp_path):
 def test_workers_agree_on_the_mean_of_their_plans(tmp_path):
     lengths: list[int] = []
     other = 100  # the other worker's plan
-    cb = _budget(tmp_path, agree=lambda mine: mine + other, workers=2, lengths=lengths)
+    cb = _budget(tmp_path, agree=lambda mine: mine + other, copies=2, lengths=lengths)
     _Fit(cb, seconds_per_step=0.5).run(10_000)
     mine = 21 + int((60 - 10.5) * SAFETY * 2)
     assert lengths == [round((mine + other) / 2)]
+
+
+def test_two_workers_of_two_replicas_agree_on_the_mean_too(tmp_path):
+    # trainer.preemption's agreement runs its all-reduce on every local replica, so with 2
+    # workers of 2 GPUs it adds each worker's plan twice.
+    lengths: list[int] = []
+    other = 100
+    copies = agreed_copies(workers=2, replicas=4)
+    cb = _budget(tmp_path, agree=lambda mine: 2 * mine + 2 * other, copies=copies, lengths=lengths)
+    _Fit(cb, seconds_per_step=0.5).run(10_000)
+    mine = 21 + int((60 - 10.5) * SAFETY * 2)
+    assert copies == 4 and lengths == [round((mine + other) / 2)]
+    assert agreed_copies(workers=1, replicas=8) == 1  # one worker's agreement is its value
+
+
+def test_a_restart_runs_to_the_kept_final_plan_from_the_start(tmp_path):
+    plan = plan_run(resolve_config("tiny", ["train.train_steps=0", "train.max_minutes=1"]), 1)
+    assert with_kept_plan(plan, str(tmp_path)) == plan  # nothing kept
+    (tmp_path / TIME_BUDGET_PLAN).write_text(json.dumps({"steps": 33, "final": False}))
+    assert with_kept_plan(plan, str(tmp_path)) == plan  # not final: planned again
+    (tmp_path / TIME_BUDGET_PLAN).write_text(json.dumps({"steps": 33, "final": True}))
+    assert with_kept_plan(plan, str(tmp_path)).steps == 33
 
 
 def test_a_restart_takes_the_final_plan_as_it_stands(tmp_path):

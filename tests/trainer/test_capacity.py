@@ -80,7 +80,11 @@ def test_recomputation_is_named_when_it_would_fit():
 
 
 def test_replicas_that_do_not_divide_the_global_batch_are_refused_with_the_nearest():
-    with pytest.raises(ConfigError, match="nearest: 1,024,000 or 1,126,400"):
+    # At the config's own micro-batch (the train step's check), named as the trainer would.
+    with pytest.raises(ConfigError, match="micro-batch 4 .* nearest: 819,200 or 1,228,800"):
         capacity.plan_capacity(resolve_config("gpt2-xl"), 100, gpus.gpu("h200"))
+    # Choosing the micro-batch (`gptpipe plan`): the batch must split into the replicas.
+    with pytest.raises(ConfigError, match="multiple of 102,400, e.g. 1,024,000 or 1,126,400"):
+        capacity.plan_capacity(resolve_config("gpt2-xl"), 100, gpus.gpu("h200"), choose_micro=True)
     with pytest.raises(Exception, match="--mfu"):
         capacity.plan_capacity(XL, 100, gpus.gpu("h200"), mfu=0)

@@ -227,3 +227,8 @@ def test_the_plan_check_needs_a_gpu_label_for_memory_and_checks_the_batch_always
         executor.check_plan(xl, TrainJob(workers=100, gpus_per_worker=1))
     h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     executor.check_plan(xl, TrainJob(workers=8, gpus_per_worker=1, node_selector=h100))
+    # Locally a worker is one replica, whatever gpus_per_worker says (the local launcher
+    # ignores it): 3 workers do not split gpt2-xl's batch, 3 x 2 "GPUs" would not be asked.
+    with pytest.raises(UserError, match="seq_len 1024 x 3 replicas"):
+        executor.check_plan(xl, TrainJob(launcher="local", workers=3, gpus_per_worker=2))
+    executor.check_plan(xl, TrainJob(launcher="local", workers=2, gpus_per_worker=3))
