@@ -199,9 +199,12 @@ def _parse_str(key: str, text: str, kind: type) -> Any:
 
 def _check_type(key: str, value: Any, kind: type, source: str) -> Any:
     """Accept `value` from YAML/JSON if it has the field's type (ints are valid floats) and,
-    for a float, is finite (YAML's .nan and .inf are floats)."""
+    for a float, is finite (YAML's .nan and .inf are floats). An int may be written in float
+    notation (`train_tokens: 30e9`, which YAML reads as a string) if it is whole."""
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
+    if kind is int and isinstance(value, str) and "e" in value.lower():
+        value = _parse_str(key, value, int)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(
             f"config: {source}: {key} must be {kind.__name__}, got {type(value).__name__} {value!r}"

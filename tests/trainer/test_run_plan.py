@@ -122,7 +122,10 @@ def test_a_yaml_layer_in_steps_clears_its_presets_tokens(tmp_path):
     assert (t.train_steps, t.train_tokens, t.warmup_steps, t.warmup_tokens) == (100, 0, 10, 0)
 
 
-def test_token_counts_may_be_written_in_float_notation():
+def test_token_counts_may_be_written_in_float_notation(tmp_path):
     assert resolve_config("gpt2-xl", ["train.train_tokens=30e9"]).train.train_tokens == 30 * 10**9
+    path = tmp_path / "run.yaml"
+    path.write_text("base: gpt2-xl\ntrain:\n  train_tokens: 30e9\n")  # a string to YAML
+    assert resolve_config(str(path)).train.train_tokens == 30 * 10**9
     with pytest.raises(ConfigError, match="train.train_tokens='1.5e0' is not a valid int"):
         resolve_config("tiny", ["train.train_tokens=1.5e0"])
