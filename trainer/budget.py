@@ -59,13 +59,18 @@ def with_kept_plan(plan: RunPlan, work_dir: str) -> RunPlan:
 
 
 def read_plan(work_dir: str) -> tuple[int, bool] | None:
-    """(steps, final) of the plan an earlier attempt kept, or None."""
+    """(steps, final) of the plan an earlier attempt kept, or None; None too for a file a
+    chief killed while writing it left unreadable (the budget is then planned again)."""
     path = posixpath.join(work_dir, TIME_BUDGET_PLAN)
     if not tf.io.gfile.exists(path):
         return None
-    with tf.io.gfile.GFile(path, "r") as f:
-        kept = json.load(f)
-    return int(kept["steps"]), bool(kept["final"])
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            kept = json.load(f)
+        return int(kept["steps"]), bool(kept["final"])
+    except (ValueError, KeyError, TypeError):
+        log.warning("time budget: %s is unreadable; planning again", path)
+        return None
 
 
 class TimeBudget(StepCallback):

@@ -87,6 +87,8 @@ def test_a_restart_runs_to_the_kept_final_plan_from_the_start(tmp_path):
     assert with_kept_plan(plan, str(tmp_path)) == plan  # not final: planned again
     (tmp_path / TIME_BUDGET_PLAN).write_text(json.dumps({"steps": 33, "final": True}))
     assert with_kept_plan(plan, str(tmp_path)).steps == 33
+    (tmp_path / TIME_BUDGET_PLAN).write_text('{"steps": 3')  # its writer killed midway
+    assert with_kept_plan(plan, str(tmp_path)) == plan
 
 
 def test_a_restart_takes_the_final_plan_as_it_stands(tmp_path):
