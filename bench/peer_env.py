@@ -79,8 +79,10 @@ def run_peer(
     timeout_s: float,
     threads: int | None = None,
     extra_env: dict[str, str] | None = None,
+    script: Path = PEER_SCRIPT,
 ) -> dict:
-    """Run bench/peer_gpt2.py in the peer venv with `args`; return the JSON it prints last.
+    """Run `script` (bench/peer_gpt2.py) in the peer venv with `args`; return the JSON it
+    prints last.
 
     The environment is this one's minus anything that would make the peer pick tf-keras or the
     project's packages (it must see only its own site-packages), with `extra_env` over it.
@@ -88,7 +90,7 @@ def run_peer(
     exe = ensure()
     env = {k: v for k, v in os.environ.items() if k not in ("TF_USE_LEGACY_KERAS", "PYTHONPATH")}
     env.update({"KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "2", **(extra_env or {})})
-    command = [str(exe), str(PEER_SCRIPT), *args]
+    command = [str(exe), str(script), *args]
     if threads:
         command += ["--threads", str(threads)]
     done = subprocess.run(

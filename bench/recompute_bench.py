@@ -23,15 +23,12 @@ random batch; its first step (tracing) is never measured.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from bench import alternate, workloads
+from bench import alternate, child, workloads
 from bench.proc_memory import reset_peak, status_kib
 from bench.results import Figure, Target
 
@@ -126,19 +123,7 @@ def time_child() -> dict[str, Any]:
 
 def _run_child(*args: str) -> dict[str, Any]:
     """The JSON a fresh `python -m bench.recompute_bench ARGS` prints last."""
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
-        "TF_USE_LEGACY_KERAS": "1",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    cmd = [sys.executable, "-m", "bench.recompute_bench", *args]
-    done = subprocess.run(
-        cmd, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, check=False
-    )
-    if done.returncode:
-        raise RuntimeError(f"{' '.join(args)}: the child failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return child.run("recompute_bench", *args, timeout_s=CHILD_TIMEOUT_S)
 
 
 def measure_memory(setting: str) -> dict[str, Any]:

@@ -35,21 +35,11 @@ from contracts.artifacts import (
 )
 from contracts.training import TrainMetrics, metrics_json
 from trainer import config as config_lib
-from trainer import model
+from trainer import decode, model
 from trainer.config import Config
 from trainer.history import TrainHistory
 
 SCORE_CHUNK = 8  # windows per forward pass in score(), bounding its memory
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How `generate` samples: its inputs besides the prompts (scalar tensors)."""
-
-    max_new_tokens: tf.Tensor  # int32: the most tokens to add to each prompt
-    temperature: tf.Tensor  # float32: <= 0 is greedy
-    seed: tf.Tensor | None  # int64: stateless sampling from it; None: the module's random state
-    stop_at_eos: tf.Tensor  # bool: a row ends at the first EOS it samples
 
 
 class GPTServing(tf.Module):
@@ -65,6 +55,7 @@ class GPTServing(tf.Module):
         self.tokenizer = tf_text.SentencepieceTokenizer(model=proto)
         # Tokenize ends every document with it; -1 (a tokenizer without one) never stops.
         self.eos_id = spm.SentencePieceProcessor(model_proto=proto).eos_id()
+        self.decoder = decode.Decoder(model, seq_len)
 
     @tf.function(
         input_signature=[
@@ -118,53 +109,50 @@ class GPTServing(tf.Module):
         seed: tf.Tensor | None,
         stop_at_eos: tf.Tensor,
     ) -> dict[str, tf.Tensor]:
-        ids = self.tokenizer.tokenize(prompt)  # ragged (B, None)
-        newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)  # seeds an empty prompt
-        sampling = Sampling(max_new_tokens, temperature, seed, stop_at_eos)
-        completion = tf.map_fn(
-            lambda row: self._generate_row(row, newline, sampling),
-            tf.cast(ids, tf.int32),
-            fn_output_signature=tf.TensorSpec([], tf.string),
+        """The batch decoded together with a key/value cache (trainer/decode.py)."""
+        ids, newline, sampling = self._generate_inputs(
+            prompt, max_new_tokens, temperature, seed, stop_at_eos
         )
-        return {"completion": completion}
+        prompts, lengths = decode.prompt_ids(ids, newline)
+        new_ids = decode.generate_ids(self.decoder, prompts, lengths, sampling, self.eos_id)
+        return {"completion": self.tokenizer.detokenize(new_ids)}
 
-    def _generate_row(self, prompt_ids: tf.Tensor, newline: tf.Tensor, s: Sampling) -> tf.Tensor:
-        """Sample up to max_new_tokens ids after prompt_ids (1-D), detokenized to one string:
-        fewer when `s.stop_at_eos` and EOS comes first."""
-        prompt_ids = tf.cond(tf.size(prompt_ids) > 0, lambda: prompt_ids, lambda: newline)
-        n_prompt = tf.size(prompt_ids)
-        temperature, seed = s.temperature, s.seed
-
-        def sample(logits: tf.Tensor, i: tf.Tensor) -> tf.Tensor:
-            scaled = logits[tf.newaxis] / tf.maximum(temperature, 1e-6)  # (1, V)
-            if seed is None:
-                return tf.cast(tf.random.categorical(scaled, 1)[0, 0], tf.int32)
-            pair = tf.stack([seed, tf.cast(i, tf.int64)])  # one stream per position
-            return tf.cast(tf.random.stateless_categorical(scaled, 1, pair)[0, 0], tf.int32)
-
-        def step(
-            i: tf.Tensor, tokens: tf.Tensor, _: tf.Tensor
-        ) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            context = tokens[-self.seq_len :][tf.newaxis]  # (1, T<=seq_len)
-            logits = tf.cast(self.model(context, training=False)[0, -1], tf.float32)  # (V,)
-            next_id = tf.cond(
-                temperature <= 0.0,
-                lambda: tf.argmax(logits, output_type=tf.int32),
-                lambda: sample(logits, i),
-            )
-            ended = tf.logical_and(s.stop_at_eos, tf.equal(next_id, self.eos_id))
-            grown = tf.cond(
-                ended, lambda: tokens, lambda: tf.concat([tokens, next_id[tf.newaxis]], axis=0)
-            )
-            return i + 1, grown, ended
-
-        _, tokens, _ = tf.while_loop(
-            lambda i, _, ended: tf.logical_and(i < s.max_new_tokens, tf.logical_not(ended)),
-            step,
-            (tf.constant(0), prompt_ids, tf.constant(False)),
-            shape_invariants=(tf.TensorShape([]), tf.TensorShape([None]), tf.TensorShape([])),
+    def generate_uncached(
+        self,
+        prompt: tf.Tensor,
+        max_new_tokens: tf.Tensor,
+        temperature: tf.Tensor,
+        seed: tf.Tensor | None,
+        stop_at_eos: tf.Tensor,
+    ) -> dict[str, tf.Tensor]:
+        """`generate` as it was before the cache (decode.generate_uncached): not exported,
+        kept as the reference for tests and the benchmark."""
+        ids, newline, sampling = self._generate_inputs(
+            prompt, max_new_tokens, temperature, seed, stop_at_eos
         )
-        return self.tokenizer.detokenize(tokens[n_prompt:])
+        new_ids = decode.generate_uncached(
+            self.model, self.seq_len, ids, newline, sampling, self.eos_id
+        )
+        return {"completion": self.tokenizer.detokenize(new_ids)}
+
+    def _generate_inputs(
+        self,
+        prompt: tf.Tensor,
+        max_new_tokens: tf.Tensor,
+        temperature: tf.Tensor,
+        seed: tf.Tensor | None,
+        stop_at_eos: tf.Tensor,
+    ) -> tuple[tf.RaggedTensor, tf.Tensor, decode.Sampling]:
+        """The prompts' ids (ragged (B, None) int32), a newline's (which seeds an empty
+        prompt), and the sampling inputs; a negative max_new_tokens is refused (an
+        InvalidArgument error, which TF Serving answers with HTTP 400)."""
+        check = tf.debugging.assert_non_negative(
+            max_new_tokens, message="max_new_tokens must be 0 or more"
+        )
+        with tf.control_dependencies([check]):
+            ids = tf.cast(self.tokenizer.tokenize(prompt), tf.int32)  # ragged (B, None)
+        newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)
+        return ids, newline, decode.Sampling(max_new_tokens, temperature, seed, stop_at_eos)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     def score(self, text: tf.Tensor) -> dict[str, tf.Tensor]:

@@ -188,17 +188,19 @@ class PositionEmbedding(keras.layers.Layer):
         }
 
 
-def rotate(x: tf.Tensor, base: float = 10000.0) -> tf.Tensor:
+def rotate(x: tf.Tensor, base: float = 10000.0, start: Any = 0) -> tf.Tensor:
     """Rotary position embedding (RoPE; Su et al. 2021, as GPT-NeoX and LLaMA apply it).
 
-    x is (B, H, T, hd) queries or keys; the pair (x[i], x[i + hd/2]) of position t turns by the
-    angle t * base^(-2i/hd). A query's and a key's dot product then depends on their positions
-    through t_q - t_k only. The angles are computed in float32 (in bfloat16, t * freq would lose
-    the position past t = 256) and their cos and sin cast to x's dtype.
+    x is (B, H, T, hd) queries or keys at positions start, ..., start + T - 1; the pair
+    (x[i], x[i + hd/2]) of position t turns by the angle t * base^(-2i/hd). A query's and a
+    key's dot product then depends on their positions through t_q - t_k only. The angles are
+    computed in float32 (in bfloat16, t * freq would lose the position past t = 256) and their
+    cos and sin cast to x's dtype.
     """
     t, hd = tf.shape(x)[2], x.shape[-1]
     freq = base ** (-tf.range(0, hd, 2, dtype=tf.float32) / hd)  # (hd/2,)
-    angle = tf.cast(tf.range(t), tf.float32)[:, tf.newaxis] * freq  # (T, hd/2)
+    positions = tf.cast(tf.range(t) + start, tf.float32)  # (T,)
+    angle = positions[:, tf.newaxis] * freq  # (T, hd/2)
     cos, sin = tf.cast(tf.cos(angle), x.dtype), tf.cast(tf.sin(angle), x.dtype)
     x1, x2 = tf.split(x, 2, axis=-1)  # each (B, H, T, hd/2)
     return tf.concat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
@@ -244,13 +246,34 @@ class CausalSelfAttention(keras.layers.Layer):
 
     def call(self, x: tf.Tensor, training: bool | None = None, seeds: Any = None) -> tf.Tensor:
         """`seeds`: None, or (2, 2) int32 for stateless dropout (`seeded_dropout`) when training."""
+        q, k, v = self.heads(x)  # each (B, H, T, hd)
+        t = tf.shape(x)[1]
+        causal = tf.linalg.band_part(tf.ones((t, t), x.dtype), -1, 0)  # 1 on, below diagonal
+        y = self.attend(q, k, v, causal, training, _seed(seeds, 0))  # (B, H, T, hd)
+        return self.merge(y, training, _seed(seeds, 1))
+
+    def heads(self, x: tf.Tensor, start: Any = 0) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """x (B, T, C) at positions start, ... -> queries, keys, values, each (B, H, T, hd)."""
         b, t = tf.shape(x)[0], tf.shape(x)[1]
         hd = self.d_model // self.n_head
         qkv = self.qkv(tf.reshape(x, (-1, self.d_model)))  # (B*T, 3C)
         qkv = tf.reshape(qkv, (b, t, 3, self.n_head, hd))  # (B, T, 3, H, hd)
         q, k, v = tf.unstack(tf.transpose(qkv, (2, 0, 3, 1, 4)))  # each (B, H, T, hd)
         if self.rotary:
-            q, k = rotate(q), rotate(k)
+            q, k = rotate(q, start=start), rotate(k, start=start)
+        return q, k, v
+
+    def attend(
+        self,
+        q: tf.Tensor,
+        k: tf.Tensor,
+        v: tf.Tensor,
+        visible: tf.Tensor,
+        training: bool | None = None,
+        seed: Any = None,
+    ) -> tf.Tensor:
+        """q (B, H, Tq, hd) over k, v (B, H, Tk, hd) where `visible` (Tq, Tk, or broadcasting to
+        (B, H, Tq, Tk)) is 1 -> (B, H, Tq, hd)."""
         # Scores, mask and softmax in the compute dtype, as tf-keras' MultiHeadAttention has
         # them and as Megatron's fused softmax takes and gives bfloat16 (Keras 3's
         # dot_product_attention, the peer's, up-casts them to float32). TensorFlow's bfloat16
@@ -264,15 +287,18 @@ class CausalSelfAttention(keras.layers.Layer):
         # fewer multiplies. The mask is added, not selected, so its backward pass is no op;
         # masked scores get a large finite negative, whose exp is exactly 0 (-1e9 would be
         # -inf in float16, and 0 * -inf is NaN).
-        q *= tf.cast(1.0 / math.sqrt(hd), q.dtype)
-        att = tf.matmul(q, k, transpose_b=True)  # (B, H, T, T)
-        causal = tf.linalg.band_part(tf.ones((t, t), att.dtype), -1, 0)  # 1 on, below diagonal
-        att += (1.0 - causal) * tf.cast(-0.7 * att.dtype.max, att.dtype)
-        att = seeded_dropout(self.attn_drop, tf.nn.softmax(att, axis=-1), training, _seed(seeds, 0))
-        y = tf.matmul(att, v)  # (B, H, T, hd)
+        q *= tf.cast(1.0 / math.sqrt(self.d_model // self.n_head), q.dtype)
+        att = tf.matmul(q, k, transpose_b=True)  # (B, H, Tq, Tk)
+        att += (1.0 - tf.cast(visible, att.dtype)) * tf.cast(-0.7 * att.dtype.max, att.dtype)
+        att = seeded_dropout(self.attn_drop, tf.nn.softmax(att, axis=-1), training, seed)
+        return tf.matmul(att, v)  # (B, H, Tq, hd)
+
+    def merge(self, y: tf.Tensor, training: bool | None = None, seed: Any = None) -> tf.Tensor:
+        """The heads' outputs (B, H, T, hd) -> the layer's output (B, T, C)."""
+        b, t = tf.shape(y)[0], tf.shape(y)[2]
         y = tf.reshape(tf.transpose(y, (0, 2, 1, 3)), (-1, self.d_model))  # (B*T, C)
         y = tf.reshape(self.proj(y), (b, t, self.d_model))  # (B, T, C)
-        return seeded_dropout(self.resid_drop, y, training, _seed(seeds, 1))
+        return seeded_dropout(self.resid_drop, y, training, seed)
 
     def get_config(self) -> dict[str, Any]:
         return {
@@ -356,13 +382,17 @@ class Block(keras.layers.Layer):
         """The block; `seeds` (`_dropout_seeds`), if given, make its dropout stateless."""
         attn_seeds = None if seeds is None else seeds[:2]
         x = x + self.attn(self.ln_1(x), training=training, seeds=attn_seeds)  # (B, T, C)
+        return x + self.mlp(x, training, _seed(seeds, 2))
+
+    def mlp(self, x: tf.Tensor, training: bool | None = None, seed: Any = None) -> tf.Tensor:
+        """The MLP branch on the residual stream x (B, T, C): what the block adds to it."""
         h = self.fc(tf.reshape(self.ln_2(x), (-1, self.d_model)))  # (B*T, d_ff)
         # The XLA-fused GELU only in training: evaluation and serving graphs stay plain ops.
         # Keras' fit passes training=True as a Python bool (train_step.InstrumentedGPT), build
         # and evaluate None or False; anything else (a tensor) takes the plain path, slower only.
         h = xla_gelu(h) if self.use_xla_gelu and training is True else gelu(h)
         y = tf.reshape(self.fc_proj(h), tf.shape(x))  # (B, T, C)
-        return x + seeded_dropout(self.mlp_drop, y, training, _seed(seeds, 2))
+        return seeded_dropout(self.mlp_drop, y, training, seed)
 
     def get_config(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,148 @@
+"""trainer.decode: the cached, batched generate gives the uncached path's tokens, and uses the
+cache where it can."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tests.tiny import SEQ_LEN, VOCAB_SIZE, tiny_corpus, train_tokenizer
+from trainer import decode
+from trainer.config import resolve_config
+from trainer.export import GPTServing
+from trainer.model import build_gpt
+
+pytestmark = pytest.mark.slow  # TensorFlow models
+# Lengths 0 (a newline is the prompt), short, and longer than the window (16 tokens).
+PROMPTS = ["ROMEO:\n", "", "To be, or not to be, that is the question. Speak, speak, I say.", "a"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_path(tmp_path_factory):
+    return train_tokenizer(tiny_corpus(), tmp_path_factory.mktemp("tok") / "tokenizer")
+
+
+def _module(tokenizer_path, position: str) -> GPTServing:
+    keras.mixed_precision.set_global_policy("float32")
+    keras.utils.set_random_seed(1)
+    cfg = resolve_config(
+        "tiny",
+        [
+            f"vocab_size={VOCAB_SIZE}",
+            f"seq_len={SEQ_LEN}",
+            "n_layer=2",
+            "d_model=32",
+            "n_head=4",
+            "d_ff=64",
+            f"position={position}",
+        ],
+    )
+    return GPTServing(build_gpt(cfg.model), SEQ_LEN, str(tokenizer_path))
+
+
+@pytest.fixture(scope="module", params=["learned", "rotary"])
+def module(request, tokenizer_path):
+    return _module(tokenizer_path, request.param)
+
+
+def _both(module, prompts, n, temperature=0.0, seed=None, stop_at_eos=False):
+    """(cached, uncached) completions, as lists of str."""
+    args = (
+        tf.constant(prompts),
+        tf.constant(n),
+        tf.constant(temperature),
+        None if seed is None else tf.constant(seed, tf.int64),
+        tf.constant(stop_at_eos),
+    )
+    found = []
+    for fn in (module._generate, module.generate_uncached):
+        out = tf.function(fn)(*args)["completion"].numpy()
+        found.append([c.decode("utf-8", errors="replace") for c in out])
+    return found
+
+
+@pytest.mark.parametrize("n", [1, 5, SEQ_LEN + 6])  # the last crosses the window
+def test_greedy_cached_equals_uncached(module, n):
+    cached, uncached = _both(module, PROMPTS, n)
+    assert cached == uncached
+    assert all(c for c in cached)
+
+
+def test_seeded_sampling_cached_equals_uncached_row_by_row(module):
+    for seed in (3, 11):
+        cached, uncached = _both(module, PROMPTS, SEQ_LEN, temperature=1.0, seed=seed)
+        assert cached == uncached
+    # A row's stream depends on its seed and position only, not on the rows beside it.
+    alone = [_both(module, [p], SEQ_LEN, temperature=1.0, seed=3)[0][0] for p in PROMPTS]
+    assert alone == _both(module, PROMPTS, SEQ_LEN, temperature=1.0, seed=3)[0]
+
+
+def test_stop_at_eos_cached_equals_uncached(module):
+    for seed in (1, 2, 5):
+        cached, uncached = _both(module, PROMPTS, 40, 1.5, seed, stop_at_eos=True)
+        assert cached == uncached
+
+
+def test_unseeded_sampling_gives_each_row_its_tokens(module):
+    prompts = tf.constant([[5, 6, 7], [8, 9, 10]], tf.int32)
+    sampling = decode.Sampling(tf.constant(6), tf.constant(1.0), None, tf.constant(False))
+    new = decode.generate_ids(module.decoder, prompts, tf.constant([3, 2]), sampling, eos_id=-1)
+    assert new.row_lengths().numpy().tolist() == [6, 6]
+    assert new.flat_values.numpy().min() >= 0 and new.flat_values.numpy().max() < VOCAB_SIZE
+
+
+class _Counting(decode.Decoder):
+    """A Decoder that counts its forward passes (tf.while_loop runs its body eagerly)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.calls = {"prefill": 0, "step": 0, "window": 0}
+
+    def prefill(self, tokens):
+        self.calls["prefill"] += 1
+        return super().prefill(tokens)
+
+    def step(self, token, position, cache):
+        self.calls["step"] += 1
+        return super().step(token, position, cache)
+
+    def window(self, tokens, end):
+        self.calls["window"] += 1
+        return super().window(tokens, end)
+
+
+def _count(module, prompt_ids, n):
+    decoder = _Counting(module.model, SEQ_LEN)
+    prompts = tf.constant(prompt_ids, tf.int32)
+    lengths = tf.constant([len(r) for r in prompt_ids], tf.int32)
+    sampling = decode.Sampling(tf.constant(n), tf.constant(0.0), None, tf.constant(False))
+    new = decode.generate_ids(decoder, prompts, lengths, sampling, eos_id=-1)
+    assert new.row_lengths().numpy().tolist() == [n] * len(prompt_ids)
+    return decoder.calls
+
+
+def test_the_prompt_is_prefilled_once_then_one_position_per_token(module):
+    # Two rows of 3 tokens, 5 new: one prefill, then a step per position but the last.
+    assert _count(module, [[5, 6, 7], [8, 9, 10]], 5) == {"prefill": 1, "step": 4, "window": 0}
+
+
+def test_past_the_window_each_token_runs_the_window(module):
+    # 10 prompt tokens + 10 new: positions 10..15 step in the cache, 16..18 run the window.
+    calls = _count(module, [list(range(3, 13))], 10)
+    assert calls == {"prefill": 1, "step": SEQ_LEN - 10, "window": 19 - SEQ_LEN}
+
+
+def test_any_keras_model_decodes_uncached(tokenizer_path):
+    table = np.random.RandomState(0).normal(size=(VOCAB_SIZE, VOCAB_SIZE)).astype("float32")
+    ids = keras.Input((None,), dtype="int32")
+    init = keras.initializers.Constant(table)
+    logits = keras.layers.Embedding(VOCAB_SIZE, VOCAB_SIZE, embeddings_initializer=init)(ids)
+    module = GPTServing(keras.Model(ids, logits), SEQ_LEN, str(tokenizer_path))
+    assert not module.decoder.cached
+    cached, uncached = _both(module, PROMPTS, SEQ_LEN + 3)
+    assert cached == uncached
+
+
+def test_a_negative_token_count_is_refused(module):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="max_new_tokens must be 0 or more"):
+        module.generate(tf.constant(["a"]), tf.constant(-1), tf.constant(0.0), tf.constant(True))
