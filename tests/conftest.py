@@ -14,6 +14,8 @@ the fixtures tests in several folders use.
 - `examples` (session): a tiny Examples artifact (tests/tiny.py), tokenized once for the
   session. Read-only: copy it into tmp_path before changing it.
 - `tiny_model` (session): a Model artifact trained briefly on `examples`. Read-only too.
+- `unlinked_op_model` (session): a Model artifact TF Serving could not load, its SavedModel
+  running a TF Text op the model server does not link (tests/tiny.py). Read-only too.
 """
 
 import os
@@ -152,3 +154,10 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory, examples: Path) -> Path
     from tests.tiny import make_model_dir
 
     return make_model_dir(tmp_path_factory.mktemp("tiny-model"), examples)
+
+
+@pytest.fixture(scope="session")
+def unlinked_op_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.tiny import make_unlinked_op_model
+
+    return make_unlinked_op_model(tmp_path_factory.mktemp("unlinked-op-model"))

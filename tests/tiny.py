@@ -8,6 +8,9 @@ Tests take the built artifacts as tests/conftest.py's session fixtures `examples
 
 The tokenizer is trained with `SENTENCEPIECE_TRAINER_OPTIONS`, the same options the
 tokenize step uses, so the in-graph tensorflow_text tokenizer matches the python one.
+
+`saved_model_graph` is a stand-in SavedModel graph, for tests that move models without running
+them (push, rollback); `make_unlinked_op_model`, a real SavedModel TF Serving could not load.
 """
 
 from __future__ import annotations
@@ -22,7 +25,13 @@ import sentencepiece as spm
 
 from components import overlap
 from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
-from contracts.artifacts import EVAL_TEXT, EXAMPLES_MANIFEST, TOKENIZER_FILE, TRAIN_TEXT_SKETCH
+from contracts.artifacts import (
+    EVAL_TEXT,
+    EXAMPLES_MANIFEST,
+    SERVING_DIR,
+    TOKENIZER_FILE,
+    TRAIN_TEXT_SKETCH,
+)
 from contracts.eval_text import EvalPiece, piece_line, read_pieces
 from contracts.examples import (
     FORMAT_VERSION,
@@ -245,6 +254,48 @@ def make_model_dir(tmp_path: Path, examples_dir: Path, overrides: tuple[str, ...
     cfg = resolve_config("tiny", TINY_OVERRIDES + ("train.train_steps=20",) + tuple(overrides))
     model_dir = Path(tmp_path) / "model"
     train(str(examples_dir), str(model_dir), str(Path(tmp_path) / "work"), cfg)
+    return model_dir
+
+
+def saved_model_graph(label: str, ops: Sequence[str] = ("NoOp",)) -> bytes:
+    """A `saved_model.pb` for a SavedModel-shaped folder: one `serve` graph whose nodes, one per
+    op in `ops`, are named after `label`, so two labels give two different files. Push reads
+    the graph (components/servability.py) and nothing else."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    proto = saved_model_pb2.SavedModel()
+    graph = proto.meta_graphs.add()
+    graph.meta_info_def.tags.append("serve")
+    for i, op in enumerate(ops):
+        graph.graph_def.node.add(name=f"{label}_{i}", op=op)
+    return proto.SerializeToString()
+
+
+# A TF Text op tensorflow_text 2.19 registers and TF Serving 2.19.1 does not link
+# (components/servability.py's TF_TEXT_OPS).
+UNLINKED_TF_TEXT_OP = "TFText>Utf8Binarize"
+
+
+def make_unlinked_op_model(tmp_path: Path) -> Path:
+    """Write a Model artifact TF Serving could not load: its SavedModel's signature runs
+    `UNLINKED_TF_TEXT_OP`, and only inside a While loop's body. Returns the Model folder."""
+    import tensorflow as tf
+    import tensorflow_text as text
+
+    class Binarizer(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+        def bits(self, words: tf.Tensor) -> dict[str, tf.Tensor]:
+            def body(i: tf.Tensor, total: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+                return i + 1, total + tf.reduce_sum(text.utf8_binarize(words))
+
+            start = (tf.constant(0), tf.constant(0.0))
+            _, total = tf.while_loop(lambda i, _: i < 2, body, start)
+            return {"bits": total}
+
+    model = Binarizer()
+    model_dir = Path(tmp_path) / "model"
+    signatures = {"serving_default": model.bits}
+    tf.saved_model.save(model, str(model_dir / SERVING_DIR), signatures=signatures)
     return model_dir
 
 

@@ -1,7 +1,9 @@
 """Push: publish a blessed SavedModel to a TF Serving destination, atomically.
 
 The blessing gate lives here, as in the TFX Pusher: an unblessed model is an outcome, not an
-error, and the step succeeds with `pushed=0`. So is a model a rollback retired.
+error, and the step succeeds with `pushed=0`. So is a model a rollback retired. A blessed model
+TF Serving could not load (an op its model server lacks: `components.servability`) is a build
+defect, not an outcome: the step fails naming the op, before it claims or writes anything.
 
 The destination is a local folder or a `gs://` prefix (`components.serving`). A push claims its
 version number first, so concurrent pushes never share one. On GCS, which has no rename, a
@@ -23,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components import serving, storage
+from components import servability, serving, storage
 from contracts import progress as events
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, write_pushed
 from contracts.blessing import ModelBlessing, read_blessing
@@ -84,6 +86,9 @@ def run(
     failed, unless `already_pushed(version_uri)`: lineage holds an earlier push of it (a run
     whose train KFP served from its cache), and then nothing is pushed.
 
+    A blessed model TF Serving could not load is refused first (`servability.check`, a
+    UserError naming the op), so the destination is never touched.
+
     The version is one more than the highest at the destination. The copy is written beside
     the destination and renamed into place (gs://: staged and copied with the SavedModel graph
     last), so TF Serving never sees a half-written version.
@@ -95,8 +100,8 @@ def run(
     blessing = read_blessing(blessing_dir)
     blessed = bool(blessing.blessed)
     saved_model = Path(model_dir) / SERVING_DIR
-    if blessed and not (saved_model / SAVED_MODEL_FILE).is_file():
-        raise UserError(f"model has no SavedModel: {saved_model / SAVED_MODEL_FILE} is missing")
+    if blessed:
+        _check_servable(saved_model)
     retired = serving.retired_as(str(saved_model), destination) if blessed else None
     if not blessed:
         result = _not_pushed(destination, f"not blessed: {blessing.reason}")
@@ -123,6 +128,14 @@ def run(
     reporter.note(f"pushed as version {result.pushed_version}" if result.pushed else result.reason)
     _write_outcome(pushed_dir, result)
     return result
+
+
+def _check_servable(saved_model: Path) -> None:
+    """Refuse, as a UserError, a SavedModel TF Serving could not load: missing, or using an op
+    its model server lacks."""
+    if not (saved_model / SAVED_MODEL_FILE).is_file():
+        raise UserError(f"model has no SavedModel: {saved_model / SAVED_MODEL_FILE} is missing")
+    servability.check(str(saved_model))
 
 
 def _not_pushed(destination: str, reason: str) -> PushResult:

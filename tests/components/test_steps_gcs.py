@@ -21,6 +21,7 @@ from contracts.artifacts import RETIRED_FILE
 from contracts.errors import UserError
 from contracts.eval_text import EvalPiece, piece_line
 from contracts.examples import GcsSource, parse_manifest
+from tests.tiny import saved_model_graph
 
 SHAKESPEARE = Path(__file__).resolve().parents[2] / "data" / "tinyshakespeare.txt"
 VOCAB = 340  # the smallest vocabulary a Shakespeare slice trains (see test_tokenize.py)
@@ -182,13 +183,13 @@ def test_tokenize_refuses_a_gcs_output_with_content(gcs, corpus_text):
 # ---- push and rollback ----------------------------------------------------------------------
 
 
-def _model(tmp_path: Path, name: str, graph: bytes = b"graph") -> str:
+def _model(tmp_path: Path, name: str, label: str = "graph") -> str:
     saved = tmp_path / name / "Format-Serving"
     (saved / "variables").mkdir(parents=True)
-    (saved / "saved_model.pb").write_bytes(graph)
-    (saved / "variables" / "variables.index").write_bytes(b"index " + graph)
-    (saved / "variables" / "variables.data-00000-of-00001").write_bytes(b"data " + graph)
-    (saved / "fingerprint.pb").write_bytes(b"fp " + graph)
+    (saved / "saved_model.pb").write_bytes(saved_model_graph(label))
+    (saved / "variables" / "variables.index").write_bytes(f"index {label}".encode())
+    (saved / "variables" / "variables.data-00000-of-00001").write_bytes(f"data {label}".encode())
+    (saved / "fingerprint.pb").write_bytes(f"fp {label}".encode())
     return str(tmp_path / name)
 
 
@@ -205,11 +206,11 @@ def _push(tmp_path: Path, model: str, dest: str, name: str):
 
 def test_push_to_gcs_publishes_increasing_complete_versions(gcs, tmp_path):
     dest = gcs.uri("serving/gpt")
-    first = _push(tmp_path, _model(tmp_path, "m1", b"one"), dest, "p1")
-    second = _push(tmp_path, _model(tmp_path, "m2", b"two"), dest, "p2")
+    first = _push(tmp_path, _model(tmp_path, "m1", "one"), dest, "p1")
+    second = _push(tmp_path, _model(tmp_path, "m2", "two"), dest, "p2")
     assert (first.pushed_version, second.pushed_version) == ("1", "2")
     assert serving.serving_versions(dest) == [1, 2]
-    assert gcs.get("serving/gpt/2/saved_model.pb") == b"two"
+    assert gcs.get("serving/gpt/2/saved_model.pb") == saved_model_graph("two")
     assert storage.same_files(str(tmp_path / "m2" / "Format-Serving"), f"{dest}/2")
     assert not [n for n in gcs.names() if ".staging-" in n]
 
@@ -279,8 +280,8 @@ def test_push_interrupted_while_uploading_is_cleaned_once_stale(gcs, tmp_path, m
 
 def test_rollback_republishes_an_earlier_version_as_the_newest(gcs, tmp_path):
     dest = gcs.uri("serving")
-    _push(tmp_path, _model(tmp_path, "m1", b"one"), dest, "p1")
-    _push(tmp_path, _model(tmp_path, "m2", b"two"), dest, "p2")
+    _push(tmp_path, _model(tmp_path, "m1", "one"), dest, "p1")
+    _push(tmp_path, _model(tmp_path, "m2", "two"), dest, "p2")
     assert serving.rollback(dest, 1) == 3
     assert serving.serving_versions(dest) == [1, 2, 3]
     assert storage.same_files(f"{dest}/1", f"{dest}/3")
@@ -292,9 +293,9 @@ def test_rollback_republishes_an_earlier_version_as_the_newest(gcs, tmp_path):
 @pytest.mark.fault("a rollback while a push killed after its upload waits to be finished")
 def test_a_rollback_retires_an_interrupted_push_it_finishes(gcs, tmp_path, monkeypatch):
     dest = gcs.uri("serving")
-    _push(tmp_path, _model(tmp_path, "x", b"x"), dest, "p1")
-    _push(tmp_path, _model(tmp_path, "y", b"y"), dest, "p2")
-    z = _model(tmp_path, "z", b"z")
+    _push(tmp_path, _model(tmp_path, "x", "x"), dest, "p1")
+    _push(tmp_path, _model(tmp_path, "y", "y"), dest, "p2")
+    z = _model(tmp_path, "z", "z")
     real_copy = die_after_two_copies(monkeypatch)
     with pytest.raises(PodKilled):  # uploaded, then killed copying into 3/
         _push(tmp_path, z, dest, "p3")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -9,12 +10,13 @@ from components import serving
 from components.push import executor
 from contracts.artifacts import RETIRED_FILE
 from contracts.errors import UserError
+from tests.tiny import UNLINKED_TF_TEXT_OP, saved_model_graph
 
 
 def make_model(tmp_path, name="model"):
     saved = tmp_path / name / "Format-Serving"
     (saved / "variables").mkdir(parents=True)
-    (saved / "saved_model.pb").write_bytes(b"graph")
+    (saved / "saved_model.pb").write_bytes(saved_model_graph("graph"))
     (saved / "variables" / "variables.index").write_bytes(b"index")
     return str(tmp_path / name)
 
@@ -27,8 +29,10 @@ def make_blessing(tmp_path, blessed, name="blessing"):
     return str(folder)
 
 
-def make_model_with(tmp_path, name, graph):
+def make_model_with(tmp_path, name, label, ops=("NoOp",)):
+    """A model whose graph is `saved_model_graph(label, ops)`."""
     model = make_model(tmp_path, name)
+    graph = saved_model_graph(label, ops)
     (tmp_path / name / "Format-Serving" / "saved_model.pb").write_bytes(graph)
     return model
 
@@ -39,14 +43,14 @@ def test_blessed_model_is_pushed_as_next_version(tmp_path):
         make_model(tmp_path), make_blessing(tmp_path, True), str(dest), str(tmp_path / "p1")
     )
     second = executor.run(
-        make_model_with(tmp_path, "newer", b"graph 2"),
+        make_model_with(tmp_path, "newer", "graph 2"),
         make_blessing(tmp_path, True, "b2"),
         str(dest),
         str(tmp_path / "p2"),
     )
     assert (first.pushed, first.pushed_version) == (1, "1")
     assert (second.pushed, second.pushed_version) == (1, "2")
-    assert (dest / "2" / "saved_model.pb").read_bytes() == b"graph 2"
+    assert (dest / "2" / "saved_model.pb").read_bytes() == saved_model_graph("graph 2")
     assert (dest / "2" / "variables" / "variables.index").is_file()
     assert (tmp_path / "p2" / "PUSHED").is_file()
     assert serving.serving_versions(dest) == [1, 2]
@@ -101,6 +105,35 @@ def test_failed_copy_leaves_no_version_and_no_temporary(tmp_path, monkeypatch):
     assert not (tmp_path / "pushed").exists()
 
 
+@pytest.mark.bad_input("a blessed model whose graph uses an op TF Serving does not have")
+@pytest.mark.parametrize(
+    "made",
+    [
+        pytest.param("graph", id="a-graph-naming-an-unlinked-op"),
+        pytest.param("saved", id="a-saved-tf-module-running-one", marks=pytest.mark.slow),
+    ],
+)
+def test_a_model_tf_serving_could_not_load_is_refused_before_anything_is_written(
+    tmp_path, request, made
+):
+    """A model TF Serving could not load is refused, naming the op, before anything is written."""
+    dest = tmp_path / "serving"
+    executor.run(
+        make_model(tmp_path), make_blessing(tmp_path, True), str(dest), str(tmp_path / "p1")
+    )
+    before = sorted(p.relative_to(dest) for p in dest.rglob("*"))
+    if made == "graph":
+        op = "TFText>RoundRobinTrim"
+        model = make_model_with(tmp_path, "trimmer", "trimmer", ops=("Const", op))
+    else:
+        op, model = UNLINKED_TF_TEXT_OP, str(request.getfixturevalue("unlinked_op_model"))
+
+    with pytest.raises(UserError, match=f"TF Serving 2.19.1 does not have: {re.escape(op)} "):
+        executor.run(model, make_blessing(tmp_path, True, "b2"), str(dest), str(tmp_path / "p2"))
+    assert sorted(p.relative_to(dest) for p in dest.rglob("*")) == before  # no version, no claim
+    assert not (tmp_path / "p2").exists()
+
+
 def test_destination_that_is_a_file_is_a_clear_error(tmp_path):
     dest = tmp_path / "serving"
     dest.write_text("not a folder")
@@ -122,8 +155,8 @@ def test_blessing_folder_without_marker_is_rejected(tmp_path):
 
 
 def pushed_two(tmp_path, dest, first: str, second: str) -> tuple[str, str]:
-    """Two models pushed to `dest` as versions 1 and 2, each named by its graph's bytes."""
-    models = [make_model_with(tmp_path, name, f"{name} graph".encode()) for name in (first, second)]
+    """Two models pushed to `dest` as versions 1 and 2, each named by its graph."""
+    models = [make_model_with(tmp_path, name, f"{name} graph") for name in (first, second)]
     for i, model in enumerate(models, 1):
         blessing = make_blessing(tmp_path, True, f"b{i}")
         executor.run(model, blessing, str(dest), str(tmp_path / f"p{i}"))
@@ -141,7 +174,7 @@ def test_a_rollback_retires_the_models_it_takes_out_of_service(tmp_path):
     assert (tmp_path / "p3" / "NOT_PUSHED").is_file()
     assert serving.serving_versions(dest) == [1, 2, 3]
 
-    newer = make_model_with(tmp_path, "newer", b"newer graph")
+    newer = make_model_with(tmp_path, "newer", "newer graph")
     fresh = executor.run(
         newer, make_blessing(tmp_path, True, "b4"), str(dest), str(tmp_path / "p4")
     )
@@ -168,7 +201,7 @@ def test_rolling_back_to_a_model_unretires_it_under_every_number(tmp_path):
 
 def test_a_model_served_already_is_credited_to_the_push_that_published_it(tmp_path):
     dest = tmp_path / "serving"
-    model = make_model_with(tmp_path, "m", b"graph")
+    model = make_model_with(tmp_path, "m", "graph")
     first = executor.run(
         model, make_blessing(tmp_path, True, "b1"), str(dest), str(tmp_path / "p1")
     )

@@ -20,6 +20,7 @@ from contracts.progress import Progress, read_events
 from pipelines.runners.local import runner, watch
 from pipelines.runners.local import view as run_view
 from pipelines.runners.local.view import RunView
+from tests.tiny import saved_model_graph
 
 REPO = Path(__file__).resolve().parents[4]
 NOW = 1_800_000_000.0  # a fixed "now", so frames and durations do not depend on the clock
@@ -329,7 +330,8 @@ def test_tokenize_reports_the_corpus_bytes_through_each_stage(tmp_path):
 def test_push_reports_the_objects_it_publishes(tmp_path):
     saved = tmp_path / "model" / "Format-Serving"
     (saved / "variables").mkdir(parents=True)
-    for name in ("saved_model.pb", "variables/variables.index", "variables/variables.data"):
+    (saved / "saved_model.pb").write_bytes(saved_model_graph("graph"))
+    for name in ("variables/variables.index", "variables/variables.data"):
         (saved / name).write_bytes(b"bytes")
     (tmp_path / "blessing").mkdir()
     (tmp_path / "blessing" / "BLESSED").write_text("")
