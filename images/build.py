@@ -1,9 +1,11 @@
 """Build and push gptpipe's images with docker buildx, then pin them in images/digests.json.
 
     python images/build.py build --registry ghcr.io/you [--revision SHA] [--version V]
-    python images/build.py pin-base       # re-pin images/bases.json to today's digests
+    python images/build.py pin-base       # re-pin images/bases.json and deploy/ to today's digests
 
 Both images come from the one images/Dockerfile, built with each base of images/bases.json.
+bases.json also pins the TF Serving images that deploy/serving/ runs as they are; the manifests
+there name them by the same reference, which pin-base rewrites with bases.json.
 
 `make images REGISTRY=...` and `make pin-base-images` call this. `gptpipe compile` reads the
 lock this writes (image name -> repo@sha256:...), so a cluster runs exactly what was built.
@@ -18,14 +20,18 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LOCK = HERE / "digests.json"
 DOCKERFILE = HERE / "Dockerfile"
-BASES = HERE / "bases.json"  # image name -> its base image, pinned by digest
-IMAGES = ("pipeline", "trainer")
+BASES = HERE / "bases.json"  # name -> an upstream image, pinned by digest
+IMAGES = ("pipeline", "trainer")  # built here, each from its base in bases.json
+# Run unchanged by deploy/serving/, and pinned in bases.json too.
+SERVING_IMAGES = ("serving", "serving-gpu")
+DEPLOY = REPO / "deploy"  # manifests that name images of bases.json, which pin-base re-pins
 PLACEHOLDER_DIGEST = "sha256:" + "0" * 64
 DIGEST_RE = re.compile(r"@(sha256:[0-9a-f]{64})$")
 
@@ -54,6 +60,15 @@ def read_bases(path: Path = BASES) -> dict[str, str]:
     if missing:
         raise BuildError(f"{path}: no base image for {', '.join(missing)}")
     return {name: str(bases[name]) for name in IMAGES}
+
+
+def read_pins(path: Path = BASES) -> dict[str, str]:
+    """Every image of images/bases.json: the built images' bases and the serving images."""
+    pins = json.loads(path.read_text())
+    missing = [name for name in IMAGES + SERVING_IMAGES if not pins.get(name)]
+    if missing:
+        raise BuildError(f"{path}: no image for {', '.join(missing)}")
+    return {name: str(ref) for name, ref in pins.items()}
 
 
 def check_base_pinned(name: str, base: str) -> None:
@@ -133,14 +148,35 @@ def resolve_digest(image: str) -> str:
     return str(json.loads(out)["digest"])
 
 
-def pin_base(path: Path = BASES) -> None:
-    """Rewrite every base in images/bases.json to `tag@<digest the tag points to now>`."""
-    bases = read_bases(path)
-    for name, base in bases.items():
-        tag = base.split("@", 1)[0]
-        bases[name] = f"{tag}@{resolve_digest(tag)}"
-        print(f"{name}: {bases[name]}")
-    path.write_text(json.dumps(bases, indent=2) + "\n")
+def pin_base(
+    path: Path = BASES, deploy: Path = DEPLOY, resolve: Callable[[str], str] = resolve_digest
+) -> None:
+    """Rewrite every image in images/bases.json to `tag@<digest the tag points to now>`, and
+    every manifest under deploy/ that names one of them to the same new reference."""
+    pins = read_pins(path)
+    moved = {}
+    for name, ref in pins.items():
+        tag = ref.split("@", 1)[0]
+        pins[name] = f"{tag}@{resolve(tag)}"
+        moved[ref] = pins[name]
+        print(f"{name}: {pins[name]}")
+    path.write_text(json.dumps(pins, indent=2) + "\n")
+    for manifest in repin_manifests(moved, deploy):
+        print(f"re-pinned {manifest}")
+
+
+def repin_manifests(moved: dict[str, str], deploy: Path = DEPLOY) -> list[Path]:
+    """Replace each old reference of `moved` by its new one in the YAML files under `deploy`,
+    as text, so comments and layout stay; return the files changed."""
+    changed = []
+    for manifest in sorted(deploy.rglob("*.yaml")):
+        text = original = manifest.read_text()
+        for old, new in moved.items():
+            text = text.replace(old, new)
+        if text != original:
+            manifest.write_text(text)
+            changed.append(manifest)
+    return changed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -150,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--registry", required=True, help="e.g. ghcr.io/you")
     b.add_argument("--revision", required=True, help="git commit: OCI revision label, code_version")
     b.add_argument("--version", default="0.1.0", help="OCI version label")
-    sub.add_parser("pin-base", help="pin images/bases.json to the current digests")
+    sub.add_parser("pin-base", help="pin images/bases.json and deploy/ to the current digests")
     args = parser.parse_args(argv)
     try:
         if args.command == "pin-base":

@@ -1,6 +1,11 @@
 """The launcher's RBAC grants exactly what the tfjob launcher calls, and every manifest in
-deploy/ is valid for the Kubernetes versions KFP 2.5 runs on (kubernetes-validate's offline
-schemas), or, for a custom resource, against its CRD's schema (kept in tests/data)."""
+deploy/ (deploy/serving/ too, each kustomization rendered as `kubectl apply -k` would:
+tests/doubles/kubernetes/kustomize.py)
+is valid for the Kubernetes versions KFP 2.5 runs on (kubernetes-validate's offline schemas),
+or, for a custom resource, against its CRD's schema (kept in tests/data, each file's $comment
+naming its upstream source and version: the PodMonitor's from prometheus-operator, the
+InferenceService's from KServe v0.20.0). test_serving.py checks what the serving manifests
+promise."""
 
 import copy
 import json
@@ -11,11 +16,18 @@ import pytest
 import yaml
 
 from tests.doubles.kubernetes.crd_schema import schema_errors
+from tests.doubles.kubernetes.kustomize import KUSTOMIZATION, load
 
-RBAC = Path(__file__).resolve().parents[2] / "deploy" / "rbac.yaml"
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+RBAC = DEPLOY / "rbac.yaml"
 DATA = Path(__file__).resolve().parents[1] / "data"
 # Custom resources, which kubernetes-validate has no schema for: (apiVersion, kind) -> schema.
-CRD_SCHEMAS = {("monitoring.coreos.com/v1", "PodMonitor"): DATA / "podmonitor_crd_v1_schema.json"}
+CRD_SCHEMAS = {
+    ("monitoring.coreos.com/v1", "PodMonitor"): DATA / "podmonitor_crd_v1_schema.json",
+    ("serving.kserve.io/v1beta1", "InferenceService"): (
+        DATA / "inferenceservice_crd_v1beta1_schema.json"
+    ),
+}
 
 
 def _is_custom(doc: dict) -> bool:
@@ -36,27 +48,34 @@ def test_rbac_role_covers_the_launcher_calls():
 
 # Kubeflow 1.10 (KFP 2.5) targets Kubernetes 1.31-1.33 and runs on 1.29 and 1.30 as well.
 KUBERNETES_VERSIONS = ("1.29", "1.30", "1.31", "1.32", "1.33")
-MANIFESTS = sorted(RBAC.parent.glob("*.yaml"))
 
 
-def manifest_documents() -> list[tuple[str, dict]]:
-    found = []
-    for path in MANIFESTS:
-        for index, doc in enumerate(yaml.safe_load_all(path.read_text())):
-            if doc is not None:
-                found.append((f"{path.name}[{index}] {doc.get('kind')}", doc))
-    return found
+def test_there_are_manifests_to_validate(manifests):
+    assert "rbac.yaml[0] Role" in manifests
+    kinds = {doc["kind"] for doc in manifests.values()}
+    assert {"Role", "RoleBinding", "PodMonitor", "ServiceAccount", "Deployment"} <= kinds
+    assert {"Service", "PodDisruptionBudget", "InferenceService"} <= kinds
+    assert {"serving/cpu", "serving/gpu", "serving/kserve"} <= {
+        name.split(":")[0] for name in manifests if ":" in name
+    }
 
 
-def test_there_are_manifests_to_validate():
-    assert RBAC in MANIFESTS
-    kinds = [name.split()[-1] for name, _ in manifest_documents()]
-    assert {"Role", "RoleBinding"} <= set(kinds)
+def test_every_yaml_file_in_deploy_is_applied_and_so_validated():
+    # A file neither applied alone nor named by its folder's kustomization would be missed by
+    # `kubectl apply -k` and by the schema checks below alike.
+    used = set()
+    for kustomization in DEPLOY.rglob(KUSTOMIZATION):
+        spec = yaml.safe_load(kustomization.read_text())
+        entries = spec.get("resources", []) + [p["path"] for p in spec.get("patches", [])]
+        used |= {(kustomization.parent / entry).resolve() for entry in entries}
+    for path in DEPLOY.rglob("*.yaml"):
+        if path.name != KUSTOMIZATION and (path.parent / KUSTOMIZATION).exists():
+            assert path.resolve() in used, f"{path}: not in its folder's {KUSTOMIZATION}"
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_every_manifest_is_valid_against_the_kubernetes_schema_strictly(version):
-    for name, doc in manifest_documents():
+def test_every_manifest_is_valid_against_the_kubernetes_schema_strictly(version, manifests):
+    for name, doc in manifests.items():
         if _is_custom(doc):
             continue  # checked against its CRD below
         # strict: a misspelled or misplaced key is an error, not silently dropped by the server
@@ -67,14 +86,29 @@ def test_every_manifest_is_valid_against_the_kubernetes_schema_strictly(version)
             pytest.fail(f"{name} is not valid on Kubernetes {version}: {where}: {err.message}")
 
 
-def test_every_custom_resource_is_valid_against_its_crd_schema():
-    custom = [(name, doc) for name, doc in manifest_documents() if _is_custom(doc)]
-    assert [name for name, _ in custom] == ["podmonitor.yaml[0] PodMonitor"]
-    for name, doc in custom:
+def _typo_in_podmonitor(doc: dict) -> None:
+    doc["spec"]["podMetricsEndpoints"][0]["prot"] = "metrics"  # a typo the server drops
+
+
+def _typo_in_inferenceservice(doc: dict) -> None:
+    tensorflow = doc["spec"]["predictor"]["tensorflow"]
+    tensorflow["runtimeVerison"] = tensorflow.pop("runtimeVersion")  # KServe's default, silently
+
+
+TYPOS = {"PodMonitor": _typo_in_podmonitor, "InferenceService": _typo_in_inferenceservice}
+
+
+def test_every_custom_resource_is_valid_against_its_crd_schema(manifests):
+    custom = {name: doc for name, doc in manifests.items() if _is_custom(doc)}
+    assert sorted(custom) == [
+        "podmonitor.yaml[0] PodMonitor",
+        "serving/kserve: InferenceService gpt",
+    ]
+    for name, doc in custom.items():
         schema = json.loads(CRD_SCHEMAS[(doc["apiVersion"], doc["kind"])].read_text())
         assert schema_errors(doc, schema) == [], name
         broken = copy.deepcopy(doc)
-        broken["spec"]["podMetricsEndpoints"][0]["prot"] = "metrics"  # a typo the server drops
+        TYPOS[doc["kind"]](broken)
         assert schema_errors(broken, schema), name
 
 
@@ -87,7 +121,7 @@ def test_every_custom_resource_is_valid_against_its_crd_schema():
     ],
 )
 def test_the_schema_check_catches_a_broken_manifest(break_it, why):
-    role = copy.deepcopy(next(doc for _, doc in manifest_documents() if doc["kind"] == "Role"))
+    role = copy.deepcopy(load(RBAC)[0])
     break_it(role)
     with pytest.raises(kubernetes_validate.ValidationError, match=why):
         kubernetes_validate.validate(role, KUBERNETES_VERSIONS[-1], strict=True)

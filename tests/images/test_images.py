@@ -1,6 +1,7 @@
 """The Dockerfile, the pinned bases and images/build.py's pure parts; nothing here runs docker."""
 
 import fnmatch
+import hashlib
 import importlib.util
 import json
 import re
@@ -49,6 +50,49 @@ def test_each_image_has_a_base_pinned_by_digest():
         assert re.search(r"@sha256:[0-9a-f]{64}$", base), base
 
 
+def test_the_serving_images_are_pinned_beside_the_bases():
+    pins = build.read_pins()
+    assert set(pins) == set(build.IMAGES + build.SERVING_IMAGES)
+    assert pins["serving"].startswith("tensorflow/serving:")
+    assert pins["serving-gpu"].startswith("tensorflow/serving:")
+    for ref in pins.values():
+        assert re.search(r"@sha256:[0-9a-f]{64}$", ref), ref
+    # tests/deploy/test_serving.py checks their tags and that deploy/serving runs exactly these.
+
+
+def test_pin_base_pins_every_image_and_the_manifests_that_run_them(tmp_path, capsys):
+    placeholder = "@" + build.PLACEHOLDER_DIGEST
+    refs = {
+        "pipeline": "python:3.11-slim" + placeholder,
+        "trainer": "tensorflow/tensorflow:2.19.0-gpu" + placeholder,
+        "serving": "tensorflow/serving:2.19.1" + placeholder,
+        "serving-gpu": "tensorflow/serving:2.19.1-gpu" + placeholder,
+    }
+    bases = tmp_path / "bases.json"
+    bases.write_text(json.dumps(refs))
+    deploy = tmp_path / "deploy"
+    (deploy / "gpu").mkdir(parents=True)
+    manifest = deploy / "deployment.yaml"
+    manifest.write_text(f"# the server\nimage: {refs['serving']}  # pinned\n")
+    patch = deploy / "gpu" / "patch.yaml"
+    patch.write_text(f"image: {refs['serving-gpu']}\n")
+    untouched = deploy / "rbac.yaml"
+    untouched.write_text("kind: Role\n")
+
+    def resolve(tag: str) -> str:
+        return "sha256:" + hashlib.sha256(tag.encode()).hexdigest()
+
+    build.pin_base(bases, deploy, resolve)
+    pinned = json.loads(bases.read_text())
+    assert pinned == {
+        name: f"{ref.split('@')[0]}@{resolve(ref.split('@')[0])}" for name, ref in refs.items()
+    }
+    assert manifest.read_text() == f"# the server\nimage: {pinned['serving']}  # pinned\n"
+    assert patch.read_text() == f"image: {pinned['serving-gpu']}\n"
+    assert untouched.read_text() == "kind: Role\n"
+    assert f"re-pinned {manifest}" in capsys.readouterr().out
+
+
 def test_the_trainer_placeholder_digest_is_refused_before_any_build(capsys):
     bases = build.read_bases()
     if build.PLACEHOLDER_DIGEST not in bases["trainer"]:
@@ -67,6 +111,8 @@ def test_a_tag_only_base_or_a_missing_one_is_refused(tmp_path):
     bases.write_text(json.dumps({"pipeline": "python:3.11-slim@sha256:" + "a" * 64}))
     with pytest.raises(build.BuildError, match="no base image for trainer"):
         build.read_bases(bases)
+    with pytest.raises(build.BuildError, match="no image for trainer, serving, serving-gpu"):
+        build.read_pins(bases)
 
 
 def test_lock_from_buildx_metadata(tmp_path):
