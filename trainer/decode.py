@@ -98,13 +98,18 @@ class Decoder:
         """token (B,) at `position` (< seq_len) -> logits (B, V) for the next position, and the
         cache with its keys and values added."""
         x = self._embed(token[:, tf.newaxis], position)  # (B, 1, C)
-        at = tf.one_hot(position, self.seq_len, dtype=x.dtype)[:, tf.newaxis]  # (S, 1)
+        b = tf.shape(token)[0]
+        heads = self.blocks[0].n_head  # every block's: the model's n_head
+        bi, hi = tf.meshgrid(tf.range(b), tf.range(heads), indexing="ij")  # (B, H) each
+        at = tf.stack([bi, hi, tf.fill(tf.shape(bi), position)], axis=-1)  # (B, H, 3)
         visible = tf.cast(tf.range(self.seq_len) <= position, x.dtype)[tf.newaxis]  # (1, S)
         new_cache = []
         for i, block in enumerate(self.blocks):
             q, k, v = block.attn.heads(block.ln_1(x), start=position)  # each (B, H, 1, hd)
-            # The slot at `position` is still zero: adding writes it.
-            keys, values = cache[2 * i] + at * k, cache[2 * i + 1] + at * v  # (B, H, S, hd)
+            # A scatter, not a one-hot sum over the cache: TensorFlow updates the buffer in
+            # place when nothing else holds it (measured 1.2x at batch 8, bench/generate_bench).
+            keys = tf.tensor_scatter_nd_update(cache[2 * i], at, k[:, :, 0])  # (B, H, S, hd)
+            values = tf.tensor_scatter_nd_update(cache[2 * i + 1], at, v[:, :, 0])
             x = x + block.attn.merge(block.attn.attend(q, keys, values, visible))
             x = x + block.mlp(x)
             new_cache += [keys, values]
