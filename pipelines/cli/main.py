@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from contracts.errors import UserError
 from pipelines.cli import (
     compile,
+    doctor,
     gpu_bench,
     kfp,
     lineage,
@@ -55,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
         lineage,  # lineage, reproduce
         rollback,  # rollback
         kfp,  # kfp upload, run, schedule, unschedule, runs
+        doctor,  # doctor
         model,  # generate, score
         runs,  # runs
         report,  # report

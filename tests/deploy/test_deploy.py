@@ -16,6 +16,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from components.jobs.access import STEP_ACCESS
 from tests.doubles.kubernetes.crd_schema import schema_errors
 from tests.doubles.kubernetes.kustomize import KUSTOMIZATION, load
 
@@ -36,14 +37,15 @@ def _is_custom(doc: dict) -> bool:
     return (doc.get("apiVersion"), doc.get("kind")) in CRD_SCHEMAS
 
 
-def test_rbac_role_covers_the_launcher_calls():
+def test_rbac_role_grants_exactly_the_launcher_calls():
+    """deploy/rbac.yaml and components/jobs/access.py (what doctor reviews) are one list."""
     role, binding = list(yaml.safe_load_all(RBAC.read_text()))
     rules = {
         (r["apiGroups"][0], res): set(r["verbs"]) for r in role["rules"] for res in r["resources"]
     }
+    assert rules == {(rule.group, rule.resource): set(rule.verbs) for rule in STEP_ACCESS}
     assert {"create", "get", "watch", "delete"} <= rules[("kubeflow.org", "tfjobs")]
     assert {"list", "get"} <= rules[("", "pods")]
-    assert "get" in rules[("", "pods/log")]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"][0]["kind"] == "ServiceAccount"
 

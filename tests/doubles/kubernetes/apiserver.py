@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client
 
-from tests.doubles.kubernetes import batch_api
+from tests.doubles.kubernetes import batch_api, cluster_api
 from tests.doubles.kubernetes.job_controller import JobController
 from tests.doubles.kubernetes.kubelet import Kubelet
 from tests.doubles.kubernetes.scenarios import (
@@ -139,6 +139,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts, query, body = self._record("POST")
         if batch_api.is_batch(parts):
             return batch_api.handle(self, "POST", parts, query, body)
+        if cluster_api.is_cluster(parts):
+            return cluster_api.handle(self, "POST", parts, body)
         if not self._tfjobs(parts) or len(parts) != 6:
             return self._send_json(404, status_object(404, "NotFound", "no such resource"))
         ns, name = parts[4], body["metadata"]["name"]
@@ -200,6 +202,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._send_json(503, status_object(503, "ServiceUnavailable", "try again"))
         if batch_api.is_batch(parts):
             return batch_api.handle(self, "GET", parts, query, None)
+        if cluster_api.is_cluster(parts):
+            return cluster_api.handle(self, "GET", parts, None)
         if self._tfjobs(parts):
             if len(parts) == 7:
                 return self._get(self.kube.cluster.tfjobs, parts[4], parts[6], "tfjobs")
@@ -454,6 +458,7 @@ class FakeKube:
         self.end_follows_at: list[int] = []
         self.forbid_logs = False  # pod logs answer 403 (RBAC)
         self.forbid_events = False  # event lists answer 403 (RBAC)
+        self.access = cluster_api.Access()  # RBAC reviews, discovery, nodes (gptpipe doctor)
         self.operator: TrainingOperator | None = None
         self.job_controller: JobController | None = None
         self.kubelet: Kubelet | None = None

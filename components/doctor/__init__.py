@@ -1,0 +1,1 @@
+"""`gptpipe doctor`: will a run work on this cluster (checks.py)."""

@@ -1,0 +1,219 @@
+"""`gptpipe doctor`: will a run work on this cluster? One line per check, before any GPU is held.
+
+    gptpipe doctor --host URL [--namespace NS] [--token-file F] --pipeline-root gs://B/P
+        [--metadata HOST:PORT] [--param train_job.FIELD=VALUE ...] [--context KUBE_CONTEXT]
+
+Checks (components/doctor/checks.py does the cluster's; this module the KFP API's and the
+image lock's): the KFP API answers and takes the token; the namespace exists; the TFJob CRD
+is served; the identity has every verb the steps use there; the pipeline root takes a write,
+a read and a delete; the metadata service answers, at a version lineage supports; the GPU nodes
+have room for the run's workers; the image lock holds real digests. Each prints ✔ (passed),
+✘ (a blocker, with its fix) or – (not checkable from here, with why); the exit status is 1
+when any blocker was found. The Kubernetes identity is the kube context's (`--context`, else
+the current one); a run's steps use their pod's service account instead, which `--in-cluster`
+checks from a pod (docs/operations.md, the first-day checklist).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from contracts.errors import UserError
+from pipelines.cli.options import param_option
+
+PLACEHOLDER_DIGEST = re.compile(r"@sha256:0{64}$")  # images/bases.json's before a pin
+MARKS = {True: "✔", False: "✘", None: "–"}
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add `doctor` to the `gptpipe` command's subparsers."""
+    p = subparsers.add_parser(
+        "doctor", help="check that a run will work on this cluster, before it starts"
+    )
+    p.add_argument("--host", default=None, help="KFP API URL (default $KF_PIPELINES_ENDPOINT)")
+    p.add_argument("--token-file", type=Path, default=None, help="KFP bearer token file")
+    p.add_argument(
+        "--namespace", default="", help="the run's namespace: the profile on a multi-user KFP"
+    )
+    p.add_argument("--pipeline-root", required=True, help="the runs' gs:// pipeline root, to probe")
+    p.add_argument(
+        "--metadata",
+        default="",
+        help="the metadata service, host:port (after `kubectl -n kubeflow port-forward "
+        "svc/metadata-grpc-service 8080`); default: not checked from here",
+    )
+    p.add_argument("--context", default=None, help="kube context (default: the current one)")
+    p.add_argument(
+        "--lock", type=Path, default=None, help="image digest lock (default images/digests.json)"
+    )
+    param_option(p, "a field of the run's train job, train_job.FIELD (the GPUs it will ask)")
+    p.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Run every check, print one line each; 1 if any found a blocker."""
+    from pipelines.runners.kfp import client
+
+    if not args.pipeline_root.startswith("gs://"):
+        raise UserError(
+            f"--pipeline-root {args.pipeline_root!r} is not gs://: the steps and the TFJob "
+            "workers share the root on GCS; pass gs://BUCKET/PATH"
+        )
+    train_job = _train_job(args.params)
+    where = client.endpoint(args.host, args.token_file, args.namespace, None, dict(os.environ))
+    kube = _kube_client(args.context)
+    findings = run_checks(
+        [
+            lambda: _kfp(where),
+            lambda: _cluster_checks(kube, args.namespace or "kubeflow", train_job),
+            lambda: _storage_checks(args.pipeline_root, args.metadata),
+            lambda: [_image_lock(args.lock)],
+        ]
+    )
+    blockers = print_findings(findings)
+    return 1 if blockers else 0
+
+
+def run_checks(groups: Iterable[Callable[[], Any]]) -> list[Any]:
+    """Every group's findings in order (a group returns one Finding or a list); a bad input
+    (a UserError) ends doctor with its one line, as every command's."""
+    found: list[Any] = []
+    for group in groups:
+        result = group()
+        found += result if isinstance(result, list) else [result]
+    return found
+
+
+def print_findings(findings: list[Any], say: Callable[[str], None] = print) -> int:
+    """Print one line per finding; return how many are blockers."""
+    for f in findings:
+        fix = f" — {f.fix}" if f.fix and f.ok is not True else ""
+        say(f"{MARKS[f.ok]} {f.check}: {f.detail}{fix}")
+    blockers = sum(1 for f in findings if f.ok is False)
+    say(f"{blockers} blocker(s): fix them before a run" if blockers else "no blocker found")
+    return blockers
+
+
+def _train_job(params: list[str]) -> Any:
+    from contracts.params import TrainJob, apply_overrides
+
+    for item in params:
+        if not item.startswith(f"{TrainJob.NAME}."):
+            raise UserError(f"--param {item!r}: doctor takes train_job.FIELD=VALUE only")
+    return apply_overrides({TrainJob.NAME: TrainJob()}, params)[TrainJob.NAME]
+
+
+def _kube_client(context: str | None) -> Any:
+    """The API client of the kube context (in a pod: its service account)."""
+    from kubernetes import client, config
+
+    try:
+        if context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+        else:
+            # kubernetes reads $KUBECONFIG once, at import; read it here, at the edge.
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context)
+    except (config.ConfigException, OSError) as err:
+        raise UserError(
+            f"no kube context ({str(err).splitlines()[0]}): point kubectl at the cluster "
+            "(`kubectl config use-context ...`, or $KUBECONFIG) or pass --context"
+        ) from None
+    return client.ApiClient()
+
+
+def _kfp(where: Any) -> Any:
+    """The KFP API answers its health check, and takes the token for a real call."""
+    from components.doctor.checks import Finding
+    from pipelines.runners.kfp import client
+
+    try:
+        api = client.Api(where)
+        api.call(
+            "list experiments",
+            lambda: api.client.list_experiments(page_size=1, namespace=api.namespace or None),
+        )
+    except UserError as err:  # KfpError, or a multi-user KFP without --namespace
+        fix = "check --host, --token-file and --namespace"
+        return Finding("KFP API", False, str(err), fix)
+    who = where.credential.describe()
+    return Finding("KFP API", True, f"{where.host} answers and accepts {who}")
+
+
+def _cluster_checks(kube: Any, namespace: str, train_job: Any) -> list[Any]:
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    from components.doctor import checks
+
+    try:
+        checks.namespace_exists(kube, namespace)
+        return [
+            checks.tfjob_crd(kube),
+            checks.access(kube, namespace),
+            checks.metadata_version(kube),
+            checks.gpus(
+                kube,
+                train_job.workers,
+                train_job.gpus_per_worker,
+                train_job.node_selector,
+                train_job.tolerations,
+            ),
+        ]
+    except (ApiException, HTTPError, OSError) as err:
+        status = getattr(err, "status", None)
+        said = f"HTTP {status} {getattr(err, 'reason', '')}".strip() if status else str(err)
+        return [
+            checks.Finding(
+                "Kubernetes API",
+                False,
+                f"{kube.configuration.host} failed: {said.splitlines()[0]}",
+                "check the kube context (`kubectl cluster-info`)",
+            )
+        ]
+
+
+def _storage_checks(root: str, metadata: str) -> list[Any]:
+    from components.doctor import checks
+
+    found = [checks.pipeline_root(root)]
+    if metadata:
+        found.append(checks.metadata(metadata))
+    else:
+        found.append(
+            checks.Finding(
+                "metadata service",
+                None,
+                "not checked from here",
+                "pass --metadata HOST:PORT, or run `gptpipe doctor --in-cluster`",
+            )
+        )
+    return found
+
+
+def _image_lock(lock: Path | None) -> Any:
+    """The image lock `gptpipe compile` reads pins both images by real digests."""
+    from components.doctor.checks import Finding
+    from pipelines import compiler
+
+    try:
+        images = compiler.load_images(lock)
+    except UserError as err:
+        return Finding("image lock", False, str(err), "run `make images REGISTRY=...`")
+    placeholder = [
+        name
+        for name, ref in (("pipeline", images.pipeline), ("trainer", images.trainer))
+        if PLACEHOLDER_DIGEST.search(ref)
+    ]
+    if placeholder:
+        return Finding(
+            "image lock",
+            False,
+            f"{', '.join(placeholder)} still pinned to the placeholder digest",
+            "run `make pin-base-images`, then `make images REGISTRY=...`",
+        )
+    return Finding("image lock", True, f"{images.pipeline}, {images.trainer}")
