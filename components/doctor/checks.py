@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ METADATA_DEPLOYMENT = ("kubeflow", "metadata-grpc-deployment")
 # Lineage reuses stored contexts by reading them first, which every ml-metadata since 1.14
 # (KFP 2.5's) supports; older servers are untested.
 MIN_METADATA_VERSION = (1, 14)
+MARKS = {True: "✔", False: "✘", None: "–"}  # passed, a blocker, not checkable from here
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,16 @@ class Finding:
     ok: bool | None  # True: passed; False: a blocker; None: not checkable from here
     detail: str  # what was found
     fix: str = ""  # what to do about it (a blocker, or a check that could not be made)
+
+
+def report(findings: Sequence[Finding], say: Callable[[str], None] = print) -> int:
+    """Print one line per finding, then a summary; return how many are blockers."""
+    for f in findings:
+        fix = f" — {f.fix}" if f.fix and f.ok is not True else ""
+        say(f"{MARKS[f.ok]} {f.check}: {f.detail}{fix}")
+    blockers = sum(1 for f in findings if f.ok is False)
+    say(f"{blockers} blocker(s): fix them before a run" if blockers else "no blocker found")
+    return blockers
 
 
 def _api_status(err: Exception) -> int:

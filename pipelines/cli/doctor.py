@@ -27,7 +27,6 @@ from contracts.errors import UserError
 from pipelines.cli.options import param_option
 
 PLACEHOLDER_DIGEST = re.compile(r"@sha256:0{64}$")  # images/bases.json's before a pin
-MARKS = {True: "✔", False: "✘", None: "–"}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -52,6 +51,15 @@ def add_parser(subparsers: Any) -> None:
         "--lock", type=Path, default=None, help="image digest lock (default images/digests.json)"
     )
     param_option(p, "a field of the run's train job, train_job.FIELD (the GPUs it will ask)")
+    p.add_argument(
+        "--in-cluster",
+        action="store_true",
+        help="make the cluster's checks from a one-step KFP run, as a step's own service "
+        "account (its Workload Identity), not the kube context's",
+    )
+    p.add_argument(
+        "--poll", type=float, default=5.0, help="--in-cluster: seconds between checks of the run"
+    )
     p.set_defaults(func=cmd_doctor)
 
 
@@ -66,6 +74,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         )
     train_job = _train_job(args.params)
     where = client.endpoint(args.host, args.token_file, args.namespace, None, dict(os.environ))
+    if args.in_cluster:
+        findings = run_checks(
+            [
+                lambda: _image_lock(args.lock),
+                lambda: _in_cluster(where, args.lock, args.pipeline_root, train_job, args.poll),
+            ]
+        )
+        from components.doctor.checks import report
+
+        return 1 if report(findings) else 0
     kube = _kube_client(args.context)
     findings = run_checks(
         [
@@ -75,8 +93,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             lambda: [_image_lock(args.lock)],
         ]
     )
-    blockers = print_findings(findings)
-    return 1 if blockers else 0
+    from components.doctor.checks import report
+
+    return 1 if report(findings) else 0
 
 
 def run_checks(groups: Iterable[Callable[[], Any]]) -> list[Any]:
@@ -87,16 +106,6 @@ def run_checks(groups: Iterable[Callable[[], Any]]) -> list[Any]:
         result = group()
         found += result if isinstance(result, list) else [result]
     return found
-
-
-def print_findings(findings: list[Any], say: Callable[[str], None] = print) -> int:
-    """Print one line per finding; return how many are blockers."""
-    for f in findings:
-        fix = f" — {f.fix}" if f.fix and f.ok is not True else ""
-        say(f"{MARKS[f.ok]} {f.check}: {f.detail}{fix}")
-    blockers = sum(1 for f in findings if f.ok is False)
-    say(f"{blockers} blocker(s): fix them before a run" if blockers else "no blocker found")
-    return blockers
 
 
 def _train_job(params: list[str]) -> Any:
@@ -142,6 +151,40 @@ def _kfp(where: Any) -> Any:
         return Finding("KFP API", False, str(err), fix)
     who = where.credential.describe()
     return Finding("KFP API", True, f"{where.host} answers and accepts {who}")
+
+
+def _in_cluster(where: Any, lock: Path | None, root: str, train_job: Any, poll: float) -> Any:
+    """The checks as a step's identity: a one-step run of pipelines/doctor.py, followed to
+    its end. Its step's log has one line per check."""
+    import tempfile
+
+    from components.doctor.checks import Finding
+    from pipelines import compiler
+    from pipelines import doctor as doctor_pipeline
+    from pipelines.runners.kfp import client, ops
+
+    check = "in-cluster checks"
+    try:
+        api = client.Api(where)
+        image = compiler.load_images(lock).pipeline
+        with tempfile.TemporaryDirectory(prefix="gptpipe-doctor-") as tmp:
+            path = Path(tmp) / "doctor.yaml"
+            doctor_pipeline.compile_to(str(path), image)
+            params = {"pipeline_root": root, "train_job": train_job.to_dict()}
+            source = ops.source_from_file(path)
+            run = ops.start_run(api, source, doctor_pipeline.NAME, params, root, "gptpipe doctor")
+        done = ops.wait(api, run.run_id, poll, on_state=lambda state: None)
+    except UserError as err:
+        return Finding(check, False, str(err), "check --host, --token-file and --namespace")
+    state = str(done.state)
+    if state == "SUCCEEDED":
+        return Finding(check, True, f"run {run.run_id} found no blocker as a step's identity")
+    return Finding(
+        check,
+        False,
+        f"run {run.run_id} {state}",
+        "its doctor step's log (KFP UI) says which check failed, one line each",
+    )
 
 
 def _cluster_checks(kube: Any, namespace: str, train_job: Any) -> list[Any]:

@@ -23,6 +23,7 @@ import pytest
 
 from components import lineage
 from components.jobs.naming import job_name
+from contracts.params import TrainJob
 from pipelines.cli import lineage as lineage_cmd
 from tests.doubles.cluster import (
     COMPLETION_INDEX_LABEL,
@@ -303,6 +304,33 @@ def test_a_killed_train_step_fails_the_run_and_the_exit_handler_deletes_its_tfjo
 
 def trainer_args(argv: list[str]) -> dict[str, str]:
     return dict(zip(argv[3::2], argv[4::2], strict=True))
+
+
+def test_doctor_in_cluster_checks_as_a_steps_identity(cluster, tmp_path):
+    """`gptpipe doctor --in-cluster`'s one-step pipeline, run by the backend as a step: its
+    reviews are the step pod's, in its namespace; a denied verb fails the run."""
+    from pipelines import doctor
+
+    yaml = tmp_path / "doctor.yaml"
+    doctor.compile_to(str(yaml), IMAGES["pipeline"])
+    params = {
+        "pipeline_root": cluster.uri("root"),
+        "train_job": TrainJob(workers=2, gpus_per_worker=0).to_dict(),
+    }
+    kept = len(cluster.kube.access.reviews)
+    result = cluster.backend.run(yaml, params, timeout=RUN_TIMEOUT)
+    assert result.state == SUCCEEDED, result.error
+    log = result.tasks["doctor"].attempts[-1].log
+    assert "✔ access in" in log and "✔ pipeline root" in log and "✔ metadata service" in log
+    assert {r["namespace"] for r in cluster.kube.access.reviews[kept:]} == {NAMESPACE}
+
+    cluster.kube.access.deny(NAMESPACE, "create", "kubeflow.org", "tfjobs")
+    try:
+        result = cluster.backend.run(yaml, params, timeout=RUN_TIMEOUT)
+    finally:
+        cluster.kube.access.denied.clear()
+    assert result.state == FAILED
+    assert "✘ access in" in result.tasks["doctor"].attempts[-1].log
 
 
 def test_the_gcs_stand_in_mirrors_a_workers_gs_folders(gcs, tmp_path):

@@ -2,6 +2,7 @@
 the jobs: tests/doubles/kubernetes/cluster_api.py), the KFP API (KfpApiDouble) and GCS (the
 emulator, behind the fault proxy for a bucket that refuses writes)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,31 @@ def test_no_kube_context_and_a_missing_namespace_are_one_line(
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     status, _, err = _doctor(capsys, kfp, token, gcs)
     assert status == 2 and err.startswith("gptpipe: error: no kube context")
+
+
+@pytest.mark.parametrize("outcome", ["SUCCEEDED", "FAILED"])
+def test_in_cluster_runs_the_checks_as_a_one_step_run(outcome, gcs, capsys, tmp_path):
+    from tests.doubles.kfp.api_server import RunScript
+
+    with KfpApiDouble() as kfp:
+        token = tmp_path / "token"
+        token.write_text(kfp.token)
+        kfp.run_scripts.append(RunScript(outcome, running_polls=1, failed_task="doctor"))
+        extra = ["--in-cluster", "--poll", "0", "--param", "train_job.workers=4"]
+        status, lines, _ = _doctor(capsys, kfp, token, gcs, *extra)
+        (run,) = kfp.runs.values()
+    line = _line(lines, "in-cluster checks")
+    if outcome == "SUCCEEDED":
+        assert status == 0 and line.startswith(f"✔ in-cluster checks: run {run.run_id} found no")
+    else:
+        assert status == 1 and line == (
+            f"✘ in-cluster checks: run {run.run_id} FAILED — its doctor step's log (KFP UI) "
+            "says which check failed, one line each"
+        )
+    params = run.runtime_config.parameters
+    assert params["pipeline_root"] == f"gs://{gcs.bucket.name}/root"
+    assert params["train_job"]["workers"] == 4
+    spec = run.pipeline_spec["pipeline_spec"]  # with its platform_spec beside it
+    (executor,) = spec["deploymentSpec"]["executors"].values()
+    assert executor["container"]["image"] == json.loads(LOCK.read_text())["pipeline"]
+    assert list(spec["root"]["dag"]["tasks"]) == ["doctor"]
