@@ -167,6 +167,41 @@ def pipeline_root(root: str) -> Finding:
     return Finding(check, True, f"{root} takes a write, a read and a delete")
 
 
+WORKLOAD_IDENTITY = "iam.gke.io/gcp-service-account"  # GKE: the Google account a KSA acts as
+
+
+def workload_identity(api_client: Any, namespace: str, account: str) -> Finding:
+    """The steps' service account names the Google account it acts as (GKE Workload
+    Identity). Whether Google honours it (the IAM binding, the bucket role) only a pod can
+    prove: `--in-cluster`'s probe of the pipeline root does."""
+    from kubernetes.client.exceptions import ApiException
+
+    check = "workload identity"
+    fix = (
+        f"on GKE: `kubectl -n {namespace} annotate serviceaccount {account} "
+        f"{WORKLOAD_IDENTITY}=GSA@PROJECT.iam.gserviceaccount.com` and bind the Google account "
+        "(docs/operations.md, Workload Identity); then `gptpipe doctor --in-cluster` proves it"
+    )
+    try:
+        found = _get_json(api_client, f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}")
+    except ApiException as err:
+        if _api_status(err) == 404:
+            return Finding(check, False, f"no service account {namespace}/{account}", fix)
+        if _api_status(err) == 403:
+            return Finding(check, None, f"service account {namespace}/{account} not readable", fix)
+        raise
+    google = ((found.get("metadata") or {}).get("annotations") or {}).get(WORKLOAD_IDENTITY)
+    if not google:
+        return Finding(
+            check,
+            None,
+            f"{namespace}/{account} names no Google account ({WORKLOAD_IDENTITY}): its pods "
+            "need Google credentials some other way",
+            fix,
+        )
+    return Finding(check, True, f"{namespace}/{account} acts as {google}")
+
+
 def metadata(store_uri: str) -> Finding:
     """The metadata service answers (a cheap read: its context types)."""
     from components.lineage import store as lineage_store

@@ -48,6 +48,12 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument("--context", default=None, help="kube context (default: the current one)")
     p.add_argument(
+        "--service-account",
+        default="",
+        help="the steps' service account (default: train_job.service_account, else KFP's: "
+        "default-editor in a profile namespace, pipeline-runner in kubeflow)",
+    )
+    p.add_argument(
         "--lock", type=Path, default=None, help="image digest lock (default images/digests.json)"
     )
     param_option(p, "a field of the run's train job, train_job.FIELD (the GPUs it will ask)")
@@ -88,7 +94,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     findings = run_checks(
         [
             lambda: _kfp(where),
-            lambda: _cluster_checks(kube, args.namespace or "kubeflow", train_job),
+            lambda: _cluster_checks(
+                kube, args.namespace or "kubeflow", train_job, args.service_account
+            ),
             lambda: _storage_checks(args.pipeline_root, args.metadata),
             lambda: [_image_lock(args.lock)],
         ]
@@ -187,7 +195,18 @@ def _in_cluster(where: Any, lock: Path | None, root: str, train_job: Any, poll: 
     )
 
 
-def _cluster_checks(kube: Any, namespace: str, train_job: Any) -> list[Any]:
+def steps_account(namespace: str, train_job: Any, given: str) -> str:
+    """The service account the steps (and so the TFJob workers) run as: KFP's runner
+    account, `default-editor` in a profile namespace (multi-user) and `pipeline-runner` in
+    `kubeflow` (single-user), unless the run names one."""
+    return (
+        given
+        or train_job.service_account
+        or ("pipeline-runner" if namespace == "kubeflow" else "default-editor")
+    )
+
+
+def _cluster_checks(kube: Any, namespace: str, train_job: Any, account: str) -> list[Any]:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
@@ -198,6 +217,7 @@ def _cluster_checks(kube: Any, namespace: str, train_job: Any) -> list[Any]:
         return [
             checks.tfjob_crd(kube),
             checks.access(kube, namespace),
+            checks.workload_identity(kube, namespace, steps_account(namespace, train_job, account)),
             checks.metadata_version(kube),
             checks.gpus(
                 kube,

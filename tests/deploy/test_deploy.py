@@ -136,3 +136,15 @@ def test_the_schema_check_catches_a_broken_manifest(break_it, why):
     break_it(role)
     with pytest.raises(kubernetes_validate.ValidationError, match=why):
         kubernetes_validate.validate(role, KUBERNETES_VERSIONS[-1], strict=True)
+
+
+def test_workload_identity_annotates_the_account_doctor_checks():
+    from components.doctor.checks import WORKLOAD_IDENTITY
+    from contracts.params import TrainJob
+    from pipelines.cli.doctor import steps_account
+
+    (account,) = load(DEPLOY / "workload-identity.yaml")
+    meta = account["metadata"]
+    assert account["kind"] == "ServiceAccount"
+    assert meta["name"] == steps_account(meta["namespace"], TrainJob(), "")
+    assert meta["annotations"][WORKLOAD_IDENTITY].endswith(".iam.gserviceaccount.com")

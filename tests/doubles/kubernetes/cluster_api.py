@@ -21,6 +21,9 @@ From the Kubernetes 1.31 source and the API types (k8s.io/api):
   where `list nodes` is denied.
 - **Deployments** (`GET /apis/apps/v1/namespaces/{ns}/deployments/{name}`): KFP's
   metadata-grpc-deployment, for its server image's tag; 404 or 403 likewise.
+- **ServiceAccounts** (`GET /api/v1/namespaces/{ns}/serviceaccounts/{name}`): the steps'
+  identity, for its Workload Identity annotation (GKE's `iam.gke.io/gcp-service-account`);
+  404 or 403 likewise.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ class Access:
     crd_versions: dict[str, list[str]] = field(default_factory=lambda: {"kubeflow.org": ["v1"]})
     nodes: list[dict[str, Any]] = field(default_factory=list)
     deployments: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    service_accounts: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     reviews: list[dict[str, Any]] = field(default_factory=list)  # each review's attributes
 
     def allows(self, namespace: str, verb: str, group: str, resource: str) -> bool:
@@ -87,6 +91,7 @@ def is_cluster(parts: list[str]) -> bool:
         or parts[:3] == ["api", "v1", "nodes"]
         or (parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4)
         or (parts[:3] == ["apis", "apps", "v1"] and parts[5:6] == ["deployments"])
+        or (parts[:3] == ["api", "v1", "namespaces"] and parts[4:5] == ["serviceaccounts"])
     )
 
 
@@ -103,6 +108,8 @@ def handle(handler: _Handler, method: str, parts: list[str], body: Any) -> None:
             return handler._send_json(403, _forbidden("list", "nodes", ""))
         items = copy.deepcopy(access.nodes)
         return handler._send_json(200, {"kind": "NodeList", "apiVersion": "v1", "items": items})
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 6:
+        return _named(handler, access.service_accounts, parts[3], "", "serviceaccounts", parts[5])
     if parts[:3] == ["api", "v1", "namespaces"]:
         name = parts[3]
         if not access.allows("", "get", "", "namespaces"):
@@ -113,13 +120,27 @@ def handle(handler: _Handler, method: str, parts: list[str], body: Any) -> None:
         found = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
         return handler._send_json(200, {**found, "status": {"phase": "Active"}})
     ns, name = parts[4], parts[6] if len(parts) > 6 else ""
-    if not access.allows(ns, "get", "apps", "deployments"):
-        return handler._send_json(403, _forbidden("get", "deployments", ns, name, "apps"))
-    deployment = access.deployments.get((ns, name))
-    if deployment is None:
-        msg = f'deployments.apps "{name}" not found'
+    return _named(handler, access.deployments, ns, "apps", "deployments", name)
+
+
+def _named(
+    handler: _Handler,
+    objects: dict[tuple[str, str], dict[str, Any]],
+    ns: str,
+    group: str,
+    resource: str,
+    name: str,
+) -> None:
+    """GET one namespaced object: 403 where RBAC denies it, 404 where there is none."""
+    access: Access = handler.kube.access
+    if not access.allows(ns, "get", group, resource):
+        return handler._send_json(403, _forbidden("get", resource, ns, name, group))
+    found = objects.get((ns, name))
+    if found is None:
+        title = f"{resource}.{group}" if group else resource
+        msg = f'{title} "{name}" not found'
         return handler._send_json(404, status_object(404, "NotFound", msg, name))
-    return handler._send_json(200, copy.deepcopy(deployment))
+    return handler._send_json(200, copy.deepcopy(found))
 
 
 def _review(handler: _Handler, access: Access, body: Any) -> None:

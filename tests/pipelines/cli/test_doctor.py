@@ -16,6 +16,7 @@ from tests.doubles.kubernetes.apiserver import FakeKube
 
 LOCK = Path(__file__).resolve().parents[2] / "data" / "digests.json"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+WI = "iam.gke.io/gcp-service-account"
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 
 
@@ -33,6 +34,8 @@ def cluster(tmp_path, monkeypatch):
             "kind": "Deployment",
             "spec": {"template": {"spec": {"containers": [{"image": image}]}}},
         }
+        account = {"metadata": {"annotations": {WI: "runs@p.iam.gserviceaccount.com"}}}
+        kube.access.service_accounts[("kubeflow", "pipeline-runner")] = account
         config = tmp_path / "kubeconfig"
         config.write_text(yaml.safe_dump(_kubeconfig(kube.host)))
         monkeypatch.setenv("KUBECONFIG", str(config))
@@ -83,6 +86,9 @@ def test_a_healthy_cluster_passes_every_check(cluster, gcs, capsys):
     assert _line(lines, "GPU nodes").startswith("✔ GPU nodes: 2 worker(s) x 1 nvidia.com/gpu")
     assert _line(lines, "metadata version") == "✔ metadata version: ml-metadata 1.14.0"
     assert _line(lines, "metadata service").startswith("– metadata service: not checked")
+    assert _line(lines, "workload identity") == (
+        "✔ workload identity: kubeflow/pipeline-runner acts as runs@p.iam.gserviceaccount.com"
+    )
     assert lines[-1] == "no blocker found"
     # One review per verb the steps use, in the run's namespace, with subresources apart.
     reviewed = {
@@ -105,7 +111,11 @@ def test_a_namespace_where_a_verb_is_denied_is_a_blocker(cluster, gcs, capsys):
     line = _line(lines, "access in team-a")
     assert line.startswith("✘ access in team-a: denied: create tfjobs.kubeflow.org, get pods/log")
     assert "kubectl -n team-a apply -f deploy/rbac.yaml" in line
-    assert lines[-1] == "1 blocker(s): fix them before a run"
+    # A profile's steps run as default-editor, which this cluster lacks.
+    assert _line(lines, "workload identity").startswith(
+        "✘ workload identity: no service account team-a/default-editor"
+    )
+    assert lines[-1] == "2 blocker(s): fix them before a run"
 
 
 def test_a_bucket_that_refuses_writes_is_a_blocker(cluster, gcs_faults, capsys):
@@ -150,6 +160,11 @@ def test_what_cannot_be_read_is_said_not_blocked(cluster, gcs, capsys):
     assert status == 0
     assert _line(lines, "GPU nodes").startswith("– GPU nodes: listing nodes is forbidden")
     assert _line(lines, "metadata version").startswith("– metadata version: deployment")
+    kube.access.service_accounts[("kubeflow", "pipeline-runner")] = {"metadata": {}}
+    status, lines, _ = _doctor(capsys, kfp, token, gcs)
+    assert status == 0 and _line(lines, "workload identity").startswith(
+        "– workload identity: kubeflow/pipeline-runner names no Google account"
+    )
 
 
 def test_no_crd_a_refused_token_and_a_placeholder_lock_are_blockers(cluster, gcs, capsys, tmp_path):
