@@ -62,10 +62,11 @@ def test_missing_corpus_is_named(tmp_path, capsys):
 def test_bad_corpus_fails_tokenize_with_its_message_and_no_examples(
     tmp_path, capsys, data, message
 ):
-    # A window of 8192 tokens is longer than 20 kB of text, yet the model config stays valid.
-    code, err, root = run_cli(
-        tmp_path, capsys, write(tmp_path, data), "--set", "model.seq_len=8192"
-    )
+    # A window of 8192 tokens is longer than 20 kB of text, yet the model config stays valid:
+    # one sequence a micro-batch keeps its attention scores under TensorFlow's int32 bound
+    # (trainer/shapes.py), one worker keeps it in a small machine's memory.
+    longer = ["--set", "model.seq_len=8192", "--set", "train.batch_size=1", "--workers", "1"]
+    code, err, root = run_cli(tmp_path, capsys, write(tmp_path, data), *longer)
     assert code == 1
     assert "step 'tokenize' failed" in err and message in err and "corpus.txt" in err
     assert artifacts(root, "examples") == []
