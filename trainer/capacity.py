@@ -224,15 +224,17 @@ def host_fixes(cfg: Config, run: RunPlan, policy: str, memory_bytes: int) -> str
     kept = dataclasses.replace(
         cfg, train=dataclasses.replace(cfg.train, global_batch_tokens=run.global_batch_tokens)
     )
+    global_tokens = f"train.global_batch_tokens={run.global_batch_tokens}"
+    keep = [] if cfg.train.global_batch_tokens else [global_tokens]
     fixes = []
     largest = largest_micro_batch(kept, workers, policy, recompute, each)
     if largest:
-        keep = f" and train.global_batch_tokens={run.global_batch_tokens}"
-        fixes.append(
-            f"set train.batch_size={largest}{'' if cfg.train.global_batch_tokens else keep}"
-        )
-    if not recompute and largest_micro_batch(kept, workers, policy, True, each) > largest:
-        fixes.append("set train.recompute=blocks")
+        fixes.append(_settings([f"train.batch_size={largest}", *keep]))
+    rebuilt = 0 if recompute else largest_micro_batch(kept, workers, policy, True, each)
+    if rebuilt >= run.micro_batch:
+        fixes.append(_settings(["train.recompute=blocks"]))
+    elif rebuilt > largest:
+        fixes.append(_settings(["train.recompute=blocks", f"train.batch_size={rebuilt}", *keep]))
     fewer = next(
         (n for n in range(workers - 1, 0, -1) if _fits_host(cfg, n, policy, memory_bytes)), 0
     )
@@ -245,6 +247,12 @@ def host_fixes(cfg: Config, run: RunPlan, policy: str, memory_bytes: int) -> str
         f"the weights, gradients and AdamW state alone take {size(state)} a worker; "
         "train a smaller model, or on a machine with more memory"
     )
+
+
+def _settings(settings: list[str]) -> str:
+    """`set a`, `set a and b`, `set a, b and c`."""
+    *first, last = settings
+    return f"set {', '.join(first)} and {last}" if first else f"set {last}"
 
 
 def _fits_host(cfg: Config, workers: int, policy: str, memory_bytes: int) -> bool:
