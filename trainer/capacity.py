@@ -153,7 +153,7 @@ def largest_micro_batch(
 ) -> int:
     """The largest micro-batch that fits `usable` bytes and divides the replica's share of the
     global batch (so that accumulation is whole), its gradient sums counted where it
-    accumulates; 0 when not even one sequence fits. None is past the int32 bound on a
+    accumulates; 0 when not even one sequence fits. It is never past the int32 bound on a
     tensor's size (trainer/shapes.py), which no memory lifts."""
     share = replica_share(cfg, replicas)
     most = min(share, shapes.largest_micro_batch(cfg.model))

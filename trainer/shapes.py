@@ -10,6 +10,7 @@ micro-batch (no TensorFlow): `run_plan.plan_run` refuses such a run before any o
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trainer.config import ConfigError, ModelConfig
@@ -29,10 +30,7 @@ class Tensor:
     @property
     def elements(self) -> int:
         """Elements per sequence of the batch (per tensor for a weight)."""
-        count = 1
-        for d in self.dims:
-            count *= d
-        return count
+        return math.prod(self.dims)
 
 
 def weights(m: ModelConfig) -> list[Tensor]:

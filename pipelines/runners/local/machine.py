@@ -27,14 +27,13 @@ class Machine:
 
 def this_machine(meminfo: Path = PROC_MEMINFO, cgroup: Path = CGROUP) -> Machine:
     """This machine as the kernel reports it to this process (Linux; elsewhere the CPU count
-    and no memory)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    and no memory). The cgroup files are those a container sees at its cgroup's root; a
+    process in a nested cgroup of a host is bounded by its affinity and MemTotal alone."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux: the CPUs this process may use
+    cpus = len(affinity(0)) if affinity else os.cpu_count() or 1
     quota = _cpu_quota(_read(cgroup / "cpu.max"))
     limits = [n for n in (_mem_total(_read(meminfo)), _number(_read(cgroup / "memory.max"))) if n]
-    return Machine(
-        cpus=max(1, min(cpus or 1, quota or cpus or 1)),
-        memory_bytes=min(limits, default=0),
-    )
+    return Machine(cpus=min(cpus, quota) if quota else cpus, memory_bytes=min(limits, default=0))
 
 
 def _read(path: Path) -> str:
