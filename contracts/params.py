@@ -30,6 +30,11 @@ LAUNCHERS = ("tfjob", "local")  # how training runs: a TFJob on a cluster, proce
 # How tokenize's parts run: a batch/v1 Indexed Job on a cluster, processes here.
 PART_LAUNCHERS = ("job", "local")
 DEFAULT_JOB_PARTS = 16  # an Indexed Job's parallelism when tokenize.parts is 0
+# The most local trainer workers a CPU takes. Each is a TensorFlow process with its own runtime
+# (about half a GiB before any model) in one collective rendezvous; past one a CPU they only
+# share the CPUs, every step waiting for the slowest, and hundreds never finish meeting. Two a
+# CPU still runs the default two workers on one CPU, and a multi-worker run on a laptop.
+LOCAL_WORKERS_PER_CPU = 2
 
 
 class StepParams:
@@ -130,6 +135,18 @@ class TrainJob(StepParams):
         if self.service_account and not is_object_name(self.service_account):
             raise self.bad("service_account", "use a Kubernetes object name (DNS-1123)")
         self._check_placement()
+
+    def check_local(self, cpus: int) -> None:
+        """Refuse, for a `local` launcher on a machine of `cpus` CPUs, more worker processes
+        than it can run (LOCAL_WORKERS_PER_CPU a CPU). A TFJob's workers are pods, bounded by
+        the cluster's nodes, and not checked here."""
+        most = LOCAL_WORKERS_PER_CPU * max(1, cpus)
+        if self.launcher == "local" and self.workers > most:
+            raise self.bad(
+                "workers",
+                f"this machine runs at most {most} local workers ({LOCAL_WORKERS_PER_CPU} for "
+                f"each of its {cpus} CPUs); pass --workers {most} or fewer",
+            )
 
     def _check_placement(self) -> None:
         selector = self.node_selector

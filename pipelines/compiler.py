@@ -6,6 +6,7 @@ from pathlib import Path
 from kfp import compiler
 
 from contracts.errors import UserError
+from pipelines.paths import check_output
 from pipelines.pipeline import Images, Target, build
 from trainer.config import Config
 
@@ -71,6 +72,7 @@ def compile_pipeline(output: str | Path, target: Target, config: Config) -> Path
     `target.pipeline_root` becomes the YAML's defaultPipelineRoot and artifact_root's default.
     """
     check_pipeline_root(target.pipeline_root)
+    check_output(output, "--output", (".yaml", ".yml"))  # KFP's compiler takes either
     output = Path(output)
     output.parent.mkdir(parents=True, exist_ok=True)
     compiler.Compiler().compile(build(target, config), str(output))

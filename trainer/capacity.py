@@ -3,7 +3,8 @@
 Pure functions (no TensorFlow) over trainer/run_plan.py (the run's shape), trainer/memory.py
 (bytes per replica) and trainer/flops.py (FLOPs per token, the chip's peak): what
 `gptpipe plan` prints, and the check the train step and `gptpipe kfp run`/`schedule` make before
-any worker starts (`check_fits`). Memory is the GPU's less HEADROOM.
+any worker starts (`check_fits`). Memory is the GPU's less HEADROOM. A local run's CPU workers
+share one machine's memory instead (`check_fits_host`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contracts.errors import UserError
-from trainer import memory
+from trainer import memory, shapes
 from trainer.config import Config, ConfigError, precision_policy
 from trainer.flops import flops_per_token, peak_flops
 from trainer.gpus import GIB, Gpu
@@ -152,9 +153,11 @@ def largest_micro_batch(
 ) -> int:
     """The largest micro-batch that fits `usable` bytes and divides the replica's share of the
     global batch (so that accumulation is whole), its gradient sums counted where it
-    accumulates; 0 when not even one sequence fits."""
+    accumulates; 0 when not even one sequence fits. It is never past the int32 bound on a
+    tensor's size (trainer/shapes.py), which no memory lifts."""
     share = replica_share(cfg, replicas)
-    for micro in sorted((d for d in range(1, share + 1) if share % d == 0), reverse=True):
+    most = min(share, shapes.largest_micro_batch(cfg.model))
+    for micro in sorted((d for d in range(1, most + 1) if share % d == 0), reverse=True):
         at = with_micro_batch(cfg, micro)
         if estimate(at, plan_run(at, replicas), policy, recompute).total <= usable:
             return micro
@@ -186,6 +189,86 @@ def check_fits(plan: CapacityPlan) -> None:
             "smaller model"
         )
     raise PlanRefused(f"{where}: {' or '.join(fixes)}, or use GPUs with more memory")
+
+
+def check_fits_host(cfg: Config, workers: int, memory_bytes: int) -> None:
+    """PlanRefused, in one line naming the fix, when `workers` CPU workers on one machine (one
+    replica each, every one holding the whole model: trainer/memory.py) obviously cannot train
+    `cfg` in `memory_bytes`, the machine's memory.
+
+    "Obviously": where train.precision is auto the estimate is the smaller of the CPU's two
+    policies (bfloat16, on a CPU that has it), and it is held against all of the memory, no
+    headroom left: a run this refuses cannot run, one it lets through may still run out.
+    """
+    run = plan_run(cfg, workers)
+    policy = precision_policy(cfg.train.precision, "cpu", cpu_bf16=True)
+    recompute = cfg.train.recompute == "blocks"
+    need = estimate(cfg, run, policy, recompute).total
+    if need * workers <= memory_bytes:
+        return
+    each = "its worker needs" if workers == 1 else f"each of its {workers} workers needs"
+    where = (
+        f"train.batch_size={cfg.train.batch_size} on this machine: {each} about {size(need)} "
+        f"(the model, AdamW's state and a micro-batch of {run.micro_batch:,} sequences' "
+        f"activations: trainer/memory.py), {size(need * workers)} in all, more than its "
+        f"{size(memory_bytes)} of memory"
+    )
+    raise PlanRefused(f"{where}: {host_fixes(cfg, run, policy, memory_bytes)}")
+
+
+def host_fixes(cfg: Config, run: RunPlan, policy: str, memory_bytes: int) -> str:
+    """What fits a run of `run.replicas` CPU workers into `memory_bytes` (check_fits_host)."""
+    workers, recompute = run.replicas, cfg.train.recompute == "blocks"
+    each = memory_bytes // workers
+    # A smaller micro-batch keeps the global batch by accumulating (gradient sums included).
+    kept = dataclasses.replace(
+        cfg, train=dataclasses.replace(cfg.train, global_batch_tokens=run.global_batch_tokens)
+    )
+    global_tokens = f"train.global_batch_tokens={run.global_batch_tokens}"
+    keep = [] if cfg.train.global_batch_tokens else [global_tokens]
+    fixes = []
+    largest = largest_micro_batch(kept, workers, policy, recompute, each)
+    if largest:
+        fixes.append(_settings([f"train.batch_size={largest}", *keep]))
+    rebuilt = 0 if recompute else largest_micro_batch(kept, workers, policy, True, each)
+    if rebuilt >= run.micro_batch:
+        fixes.append(_settings(["train.recompute=blocks"]))
+    elif rebuilt > largest:
+        fixes.append(_settings(["train.recompute=blocks", f"train.batch_size={rebuilt}", *keep]))
+    fewer = next(
+        (n for n in range(workers - 1, 0, -1) if _fits_host(cfg, n, policy, memory_bytes)), 0
+    )
+    if fewer:
+        fixes.append(f"use {fewer} worker{'s' if fewer > 1 else ''}")
+    if fixes:
+        return ", or ".join(fixes)
+    state = estimate(cfg, run, policy, recompute).state
+    return (
+        f"the weights, gradients and AdamW state alone take {size(state)} a worker; "
+        "train a smaller model, or on a machine with more memory"
+    )
+
+
+def _settings(settings: list[str]) -> str:
+    """`set a`, `set a and b`, `set a, b and c`."""
+    *first, last = settings
+    return f"set {', '.join(first)} and {last}" if first else f"set {last}"
+
+
+def _fits_host(cfg: Config, workers: int, policy: str, memory_bytes: int) -> bool:
+    """Whether `workers` CPU workers hold `cfg` in `memory_bytes` (False for a global batch
+    that does not split into them)."""
+    try:
+        run = plan_run(cfg, workers)
+    except ConfigError:
+        return False
+    recompute = cfg.train.recompute == "blocks"
+    return estimate(cfg, run, policy, recompute).total * workers <= memory_bytes
+
+
+def size(n_bytes: float) -> str:
+    """Bytes for people: "6.2 GiB", or "512 MiB" under a GiB."""
+    return f"{n_bytes / GIB:.1f} GiB" if n_bytes >= GIB else f"{n_bytes / (1 << 20):.0f} MiB"
 
 
 def hours(seconds: float) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainer import shapes
 from trainer.config import Config, ConfigError
 
 
@@ -57,9 +58,11 @@ class RunPlan:
 
 def plan_run(cfg: Config, replicas: int) -> RunPlan:
     """The run `cfg` describes on `replicas` replicas; ConfigError (one line) when its global
-    batch cannot be split evenly into them."""
+    batch cannot be split evenly into them, or a tensor it makes would be past TensorFlow's
+    int32 bound (trainer/shapes.py)."""
     t, seq_len = cfg.train, cfg.model.seq_len
     micro, accumulation = split_global_batch(cfg, replicas)
+    shapes.check(cfg.model, t.batch_size, micro, accumulation, replicas)
     global_tokens = replicas * micro * accumulation * seq_len
     steps = t.train_steps or (math.ceil(t.train_tokens / global_tokens) if t.train_tokens else 0)
     warmup = math.ceil(t.warmup_tokens / global_tokens) if t.warmup_tokens else t.warmup_steps

@@ -11,17 +11,18 @@ import argparse
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from components import lineage, provenance, serving, storage
 from contracts.errors import UserError
 from contracts.examples import LocalSource, Source, parse_sources
-from contracts.params import STEP_PARAMS, TokenizeParams
+from contracts.params import STEP_PARAMS, TokenizeParams, params_class
 from pipelines.cli.options import image_pull_secret_option
 from pipelines.config import DEFAULT_ROOT
 from pipelines.pipeline import Images, Target, build
-from trainer.config import Config
+from trainer.config import Config, config_from_dict
 
 MAX_ROLLBACKS = 100  # rollbacks of rollbacks `trace` follows back to the push that trained
 # Execution properties the lineage report shows for every execution.
@@ -161,7 +162,28 @@ def _execution(view: lineage.ExecutionView | None) -> dict[str, Any] | None:
     props = view["properties"]
     found = {"id": view["id"], "step": view["step"], "state": view["state"]}
     found.update({key: props[key] for key in _PROVENANCE if key in props})
-    found["parameters"] = lineage.parameters_of(view)
+    found["parameters"] = as_set(lineage.parameters_of(view))
+    return found
+
+
+def as_set(parameters: dict[str, Any]) -> dict[str, Any]:
+    """Recorded parameters as the user set them. KFP carries a dict parameter as a protobuf
+    Struct, whose every number is a double (`"n_layer": 3.0`): the config and each step
+    parameter object are read back through their own classes, which know the integers, under
+    the keys recorded. A value they refuse (another version's) stays as recorded."""
+    found = dict(parameters)
+    for name, value in parameters.items():
+        cls = params_class(name)
+        if not isinstance(value, dict) or (cls is None and name != "config"):
+            continue
+        try:
+            typed = cls.from_dict(value).to_dict() if cls else asdict(config_from_dict(value))
+        except UserError:
+            continue
+        found[name] = {
+            key: {k: typed[key][k] for k in part} if name == "config" else typed[key]
+            for key, part in value.items()
+        }
     return found
 
 

@@ -5,9 +5,10 @@ passed down.
 """
 
 import argparse
+import importlib.metadata
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from contracts.errors import UserError
 from pipelines.cli import (
@@ -49,6 +50,12 @@ def _parser() -> argparse.ArgumentParser:
         prog="gptpipe",
         description="Tokenize, train, evaluate and push GPT models on Kubeflow Pipelines.",
     )
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="print gptpipe's version and its code's git commit, then exit",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for verb in (
         run,  # run
@@ -66,3 +73,24 @@ def _parser() -> argparse.ArgumentParser:
     ):
         verb.add_parser(sub)
     return parser
+
+
+def version_line(env: Mapping[str, str]) -> str:
+    """`gptpipe VERSION (commit COMMIT)`: the installed package's version and the code's commit
+    as lineage records it (components/provenance.py: the image's baked-in revision, else this
+    checkout's HEAD, "-dirty" with uncommitted changes), each "unknown" where not found."""
+    from components import provenance
+
+    try:
+        version = importlib.metadata.version("gptpipe")
+    except importlib.metadata.PackageNotFoundError:  # run from a checkout, not installed
+        version = provenance.UNKNOWN
+    return f"gptpipe {version} (commit {provenance.code_version(env)})"
+
+
+class _Version(argparse.Action):
+    """--version, worked out only when given: finding the commit runs git."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(version_line(os.environ))
+        parser.exit()

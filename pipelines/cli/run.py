@@ -18,6 +18,7 @@ from contracts.params import apply_overrides
 from pipelines.cli import kfp as kfp_cli
 from pipelines.cli.options import resolved_config
 from pipelines.config import DEFAULT_ROOT
+from pipelines.paths import check_folder
 
 if TYPE_CHECKING:  # imported where used: most commands need neither kfp nor rich
     from pipelines.runners.local.runner import LocalRun
@@ -153,9 +154,16 @@ def _cmd_run_local(args: argparse.Namespace) -> int:
 
 def local_run(args: argparse.Namespace) -> LocalRun:
     """The `LocalRun` the options describe: its step parameter objects resolved once here,
-    from their defaults, then --workers, --tokenizer and --text-field, then each --param."""
+    from their defaults, then --workers, --tokenizer and --text-field, then each --param; its
+    folders checked, and this machine read, before anything is written."""
+    from components import storage
+    from pipelines.runners.local.machine import this_machine
     from pipelines.runners.local.runner import LocalRun
 
+    if not storage.is_gcs(args.root):
+        check_folder(args.root, "--root")
+    if args.state_dir is not None:
+        check_folder(args.state_dir, "--state-dir")
     base = LocalRun(root=args.root, corpus=args.corpus)
     shortcuts = [f"train_job.workers={args.workers}"] if args.workers is not None else []
     if args.tokenizer:
@@ -174,6 +182,7 @@ def local_run(args: argparse.Namespace) -> LocalRun:
         tokenize=objects["tokenize"],  # type: ignore[arg-type]
         train_job=objects["train_job"],  # type: ignore[arg-type]
         eval_policy=objects["eval_policy"],  # type: ignore[arg-type]
+        machine=this_machine(),
     )
 
 

@@ -23,7 +23,11 @@ if TYPE_CHECKING:
 DEFAULT_LIMIT = 20
 NOT_KNOWN = "-"
 COLUMNS = ("run", "started", "took", "state", "dataset", "nats/char", "blessed", "pushed")
-_WHOLE = frozenset({"run", "started", "dataset"})  # never folded: copied into other commands
+# Where the table is wider than the terminal (80 columns, or 80 when piped), columns are left
+# out in this order, those that least tell runs apart first, rather than cells broken across
+# lines; --json keeps every one. The run id is never left out: other commands take it.
+LEFT_OUT_FIRST = ("took", "dataset", "blessed", "started", "nats/char")
+GAP = 2  # spaces between the table's columns
 
 
 def add_parser(subparsers: Any) -> None:
@@ -90,12 +94,12 @@ def json_row(row: RunRow) -> dict[str, Any]:
     return {**row, "started": _iso(row["start_time_ms"]), "duration_s": _duration_s(row)}
 
 
-def table_cells(row: RunRow) -> tuple[str, ...]:
-    """A run's cells, in the order of `COLUMNS`."""
+def table_cells(row: RunRow, now: datetime.datetime | None = None) -> tuple[str, ...]:
+    """A run's cells, in the order of `COLUMNS`; `now` (default: now) dates them."""
     duration = _duration_s(row)
     return (
         row["run_id"],
-        _local_time(row["start_time_ms"]),
+        _local_time(row["start_time_ms"], now or datetime.datetime.now().astimezone()),
         NOT_KNOWN if duration is None else _duration(duration),
         row["state"],
         (row["dataset_version"] or NOT_KNOWN)[:8],
@@ -105,27 +109,50 @@ def table_cells(row: RunRow) -> tuple[str, ...]:
     )
 
 
+def fitted_columns(cells: list[tuple[str, ...]], width: int) -> list[int]:
+    """The indexes of the COLUMNS shown in `width` characters: all of them where they fit
+    whole, else all but the first of LEFT_OUT_FIRST that must go for the rest to fit."""
+    widths = [max(len(name), *(len(row[i]) for row in cells)) for i, name in enumerate(COLUMNS)]
+    shown = list(range(len(COLUMNS)))
+    for name in LEFT_OUT_FIRST:
+        if sum(widths[i] for i in shown) + GAP * (len(shown) - 1) <= width:
+            break
+        shown.remove(COLUMNS.index(name))
+    return shown
+
+
 def print_table(rows: list[RunRow], store: str) -> None:
-    """Print the runs as a rich table (or a line saying there are none)."""
-    from rich import box
+    """Print the runs as a table that fits the terminal (or a line saying there are none)."""
     from rich.console import Console
-    from rich.table import Table
 
     console = Console()
     if not rows:
-        console.print(f"no runs recorded in {store}")
+        console.print(f"no runs recorded in {store}", soft_wrap=True)
         return
+    console.print(runs_table(rows, store, console.width))
+
+
+def runs_table(rows: list[RunRow], store: str, width: int) -> Any:
+    """The runs as a rich Table of at most `width` columns, no cell or header broken."""
+    from rich import box
+    from rich.table import Table
+
+    cells = [table_cells(row) for row in rows]
+    shown = fitted_columns(cells, width)
+    left_out = [name for i, name in enumerate(COLUMNS) if i not in shown]
     table = Table(
         title=f"gptpipe local runs, newest first: {store}",
+        caption=f"left out to fit: {', '.join(left_out)} (--json has all)" if left_out else None,
         box=box.SIMPLE_HEAD,
-        collapse_padding=True,
+        show_edge=False,
         pad_edge=False,
+        collapse_padding=True,
     )
-    for column in COLUMNS:
-        table.add_column(column, no_wrap=column in _WHOLE, overflow="fold")
-    for row in rows:
-        table.add_row(*table_cells(row))
-    console.print(table)
+    for i in shown:
+        table.add_column(COLUMNS[i], no_wrap=True, overflow="ellipsis")
+    for row in cells:
+        table.add_row(*(row[i] for i in shown))
+    return table
 
 
 def _pushed(row: RunRow) -> str:
@@ -147,15 +174,18 @@ def _duration_s(row: RunRow) -> float | None:
 
 
 def _duration(seconds: float) -> str:
+    """`12m34s`, or from an hour on `3h07m`: a run's length to the precision a person reads."""
     whole = int(round(seconds))
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def _local_time(ms: int) -> str:
-    """When, in this machine's time zone, to the minute: what a person reads in a table."""
-    return datetime.datetime.fromtimestamp(ms / 1000).astimezone().strftime("%Y-%m-%d %H:%M")
+def _local_time(ms: int, now: datetime.datetime) -> str:
+    """When, in this machine's time zone: to the minute in `now`'s year (`11-14 22:13`), else
+    the day (`2023-11-14`), as `ls -l` dates files."""
+    when = datetime.datetime.fromtimestamp(ms / 1000).astimezone()
+    return when.strftime("%m-%d %H:%M" if when.year == now.year else "%Y-%m-%d")
 
 
 def _iso(ms: int) -> str:

@@ -107,3 +107,15 @@ def test_a_quoted_string_is_its_content_in_a_str_field_and_stays_text_where_json
     )
     assert found["tokenize"].tokenizer == "gs://b/t.model"  # type: ignore[attr-defined]
     assert (found["train_job"].cpu, found["train_job"].memory) == ("8", "8Gi")  # type: ignore
+
+
+def test_a_local_job_runs_at_most_two_workers_a_cpu_and_a_tfjob_is_not_bounded_here():
+    TrainJob(launcher="local", workers=4).check_local(cpus=2)
+    TrainJob(launcher="local", workers=2).check_local(cpus=1)  # the default, on one CPU
+    with pytest.raises(UserError) as refused:
+        TrainJob(launcher="local", workers=5).check_local(cpus=2)
+    assert str(refused.value) == (
+        "train_job.workers=5: this machine runs at most 4 local workers (2 for each of its 2 "
+        "CPUs); pass --workers 4 or fewer"
+    )
+    TrainJob(launcher="tfjob", workers=500).check_local(cpus=2)  # pods, on the cluster's nodes

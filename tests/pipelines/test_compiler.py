@@ -165,6 +165,26 @@ def test_a_pipeline_root_that_is_not_gcs_is_refused(tmp_path, capsys):
     assert "not gs://" in capsys.readouterr().err
 
 
+@pytest.mark.bad_input("gptpipe compile --output naming a folder, a file's path, or not YAML")
+@pytest.mark.parametrize(
+    "output, says",
+    [
+        ("", "--output {tmp} is a folder: give a file, e.g. {tmp}/out.yaml"),
+        ("notes.txt/p.yaml", "--output {tmp}/notes.txt/p.yaml: {tmp}/notes.txt is a file, not"),
+        ("p.json", "--output {tmp}/p.json: give a file name ending .yaml or .yml"),
+    ],
+    ids=["a-folder", "under-a-file", "not-yaml"],
+)
+def test_an_output_that_cannot_be_the_yaml_is_one_line(tmp_path, capsys, output, says):
+    (tmp_path / "notes.txt").write_text("mine\n")
+    path = tmp_path / output if output else tmp_path
+    argv = ["compile", "--output", str(path), "--lock", str(LOCK), "--pipeline-root", ROOT]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gptpipe: error: {says.format(tmp=tmp_path)}") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
 def test_every_step_has_requests_and_limits_and_no_gpu(tmp_path):
     spec, _ = compiled(tmp_path)
     for step in STEPS:

@@ -88,3 +88,50 @@ def test_replicas_that_do_not_divide_the_global_batch_are_refused_with_the_neare
         capacity.plan_capacity(resolve_config("gpt2-xl"), 100, gpus.gpu("h200"), choose_micro=True)
     with pytest.raises(Exception, match="--mfu"):
         capacity.plan_capacity(XL, 100, gpus.gpu("h200"), mfu=0)
+
+
+# ---- a local run's CPU workers, in one machine's memory --------------------------------------
+
+GIB = 1 << 30
+
+
+def test_local_workers_that_fit_the_machine_pass_and_the_sum_over_workers_counts():
+    cfg = resolve_config("tiny", ["train.batch_size=1024"])
+    one = capacity.estimate(cfg, plan_run(cfg, 1), "mixed_bfloat16", False).total
+    capacity.check_fits_host(cfg, 1, one)  # auto on a CPU: the smaller, bfloat16, estimate
+    capacity.check_fits_host(cfg, 2, 2 * one)
+    with pytest.raises(PlanRefused, match="each of its 2 workers needs about"):
+        capacity.check_fits_host(cfg, 2, 2 * one - 1)
+
+
+def test_a_micro_batch_past_the_machines_memory_names_fixes_that_fit():
+    cfg = resolve_config("tiny", ["train.batch_size=4096"])
+    with pytest.raises(PlanRefused) as refused:
+        capacity.check_fits_host(cfg, 2, GIB)
+    message = str(refused.value)
+    assert message.startswith(
+        "train.batch_size=4096 on this machine: each of its 2 workers needs about 6.2 GiB "
+        "(the model, AdamW's state and a micro-batch of 4,096 sequences' activations: "
+        "trainer/memory.py), 12.4 GiB in all, more than its 1.0 GiB of memory: set "
+        "train.batch_size="
+    )
+    fixes = message.split("of memory: ")[1].split(", or ")
+    assert fixes == [
+        "set train.batch_size=256 and train.global_batch_tokens=524288",  # 4096 x 2 x 64
+        "set train.recompute=blocks, train.batch_size=512 and train.global_batch_tokens=524288",
+    ]
+    for fix in fixes:  # each fits, and keeps the global batch
+        settings = fix.removeprefix("set ").replace(" and ", ", ").split(", ")
+        capacity.check_fits_host(resolve_config("tiny", settings), 2, GIB)
+
+
+def test_fewer_workers_are_named_where_fewer_fit():
+    cfg = resolve_config("tiny", ["train.batch_size=512"])
+    one = capacity.estimate(cfg, plan_run(cfg, 1), "mixed_bfloat16", False).total
+    with pytest.raises(PlanRefused, match=r", or use 2 workers$"):
+        capacity.check_fits_host(cfg, 4, 2 * one + 1)
+
+
+def test_a_model_whose_state_alone_is_past_the_machine_names_no_batch():
+    with pytest.raises(PlanRefused, match="AdamW state alone take .* a worker; train a smaller"):
+        capacity.check_fits_host(resolve_config("gpt2-small"), 1, 512 << 20)

@@ -30,6 +30,7 @@ from contracts.process import descendants, ignored, running, signal_handlers
 from contracts.progress import PROGRESS_ENV
 from pipelines.config import RunConfig
 from pipelines.pipeline import PIPELINE_NAME, Images, Target, build
+from pipelines.runners.local.machine import Machine
 from trainer.config import Config
 
 # SubprocessRunner runs every step in this Python environment; there is no image to pull, and
@@ -53,6 +54,8 @@ class LocalRun:
     eval_policy: EvalPolicy = EvalPolicy()  # when evaluate blesses
     model_name: str = _DEFAULTS.model_name  # pushed to <root>/serving/<model_name>/
     state_dir: Path | None = None  # kfp.local artifacts + metadata.sqlite; default: local root
+    # this machine's CPUs and memory, read at the edge (machine.this_machine); None: unchecked
+    machine: Machine | None = None
 
     @property
     def state(self) -> Path:
@@ -131,6 +134,23 @@ def preflight(run: LocalRun) -> None:
             f"tokenize.launcher={run.tokenize.launcher!r}: a local run's tokenize step runs its "
             "parts on this machine; use local"
         )
+    check_fits(run)
+
+
+def check_fits(run: LocalRun) -> None:
+    """Refuse a training the train step, or this machine, could not run: a global batch that
+    does not split, a tensor past TensorFlow's int32 bound (the step's own `check_plan`), more
+    workers than the machine's CPUs run, a micro-batch past its memory."""
+    from components.train.executor import check_plan
+    from trainer.capacity import check_fits_host
+
+    job, machine = run.train_job, run.machine
+    if machine is not None:
+        job.check_local(machine.cpus)
+    check_plan(run.config, job)
+    # Workers with GPUs hold their activations there: this machine's memory is not theirs.
+    if machine is not None and machine.memory_bytes and not job.gpus_per_worker:
+        check_fits_host(run.config, job.workers, machine.memory_bytes)
 
 
 def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = None) -> dict:

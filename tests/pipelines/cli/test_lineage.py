@@ -388,3 +388,48 @@ def test_reproduce_needs_no_config_file_and_refuses_an_inconsistent_record(tmp_p
         lineage_cmd.check_config(tampered, recorded)
     with pytest.raises(UserError, match="predates resolved configs"):
         lineage_cmd.check_config("tiny", recorded)
+
+
+def as_struct(value):
+    """`value` as a KFP dict parameter arrives at a step: a protobuf Struct, numbers doubles."""
+    if isinstance(value, dict):
+        return {key: as_struct(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_struct(item) for item in value]
+    is_number = isinstance(value, int) and not isinstance(value, bool)
+    return float(value) if is_number else value
+
+
+def test_lineage_shows_the_config_and_parameters_as_set_not_as_kfp_carried_them(
+    tmp_path, capsys, monkeypatch
+):
+    """KFP's Struct turns `n_layer: 3` into 3.0; lineage reads it back through the config's
+    own config_from_dict (and each step parameter object's from_dict)."""
+    store = str(tmp_path / "metadata.sqlite")
+    carried = {"config": as_struct(CONFIG), "train_job": as_struct(JOB.to_dict()), "tag": 3.0}
+    assert carried["config"]["model"]["n_layer"] == 3.0  # what the step records
+    with lineage.step(store, "train", "gptpipe", "run-1", carried, {}) as rec:
+        rec.output("model", "Model", str(tmp_path / "model"), {})
+    with lineage.step(store, "push", "gptpipe", "run-1", {}, {}) as rec:
+        rec.input("model", "Model", str(tmp_path / "model"), upstream=True)
+        props = {"pushed": 1, "pushed_destination": "s", "pushed_version": "1"}
+        rec.output("pushed_model", "PushedModel", str(tmp_path / "serving" / "1"), props)
+    argv = ["lineage", str(tmp_path / "serving" / "1"), "--root", str(tmp_path)]
+    assert cli.main([*argv, "--json"]) == 0
+    parameters = json.loads(capsys.readouterr().out)["train"]["parameters"]
+    assert parameters["config"] == CONFIG  # every key as recorded, each int an int
+    assert isinstance(parameters["config"]["model"]["n_layer"], int)
+    assert isinstance(parameters["config"]["train"]["learning_rate"], float)
+    assert parameters["train_job"] == JOB.to_dict()
+    assert parameters["tag"] == 3.0  # no class of its own to read it back: as recorded
+    monkeypatch.setenv("COLUMNS", "4000")  # one line a node
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert '"n_layer": 3' in text and '"workers": 2' in text
+    assert '"n_layer": 3.0' not in text and '"workers": 2.0' not in text
+
+
+def test_a_recorded_config_this_version_refuses_is_shown_as_recorded():
+    other = {"model": {"n_layer": 3.0, "a_later_field": 1.0}, "train": {}}
+    assert lineage_cmd.as_set({"config": other}) == {"config": other}
+    assert lineage_cmd.as_set({"train_job": {"workers": 0.0}}) == {"train_job": {"workers": 0.0}}

@@ -62,10 +62,11 @@ def test_missing_corpus_is_named(tmp_path, capsys):
 def test_bad_corpus_fails_tokenize_with_its_message_and_no_examples(
     tmp_path, capsys, data, message
 ):
-    # A window of 8192 tokens is longer than 20 kB of text, yet the model config stays valid.
-    code, err, root = run_cli(
-        tmp_path, capsys, write(tmp_path, data), "--set", "model.seq_len=8192"
-    )
+    # A window of 8192 tokens is longer than 20 kB of text, yet the model config stays valid:
+    # one sequence a micro-batch keeps its attention scores under TensorFlow's int32 bound
+    # (trainer/shapes.py), one worker keeps it in a small machine's memory.
+    longer = ["--set", "model.seq_len=8192", "--set", "train.batch_size=1", "--workers", "1"]
+    code, err, root = run_cli(tmp_path, capsys, write(tmp_path, data), *longer)
     assert code == 1
     assert "step 'tokenize' failed" in err and message in err and "corpus.txt" in err
     assert artifacts(root, "examples") == []
@@ -250,3 +251,121 @@ def test_run_needs_a_place(capsys):
         cli.main(["run"])
     assert exited.value.code == 2
     assert "one of the arguments --local --kfp is required" in capsys.readouterr().err
+
+
+# ---- what this machine, or TensorFlow, cannot hold: refused before any step ---------------
+
+
+@pytest.fixture
+def small_machine(monkeypatch):
+    """This machine as `gptpipe run --local` reads it, made 2 CPUs and 1 GiB of memory."""
+    from pipelines.runners.local import machine
+
+    found = machine.Machine(cpus=2, memory_bytes=1 << 30)
+    monkeypatch.setattr(machine, "this_machine", lambda: found)
+    return found
+
+
+@pytest.mark.bad_input("gptpipe run --local --workers past what the machine's CPUs run")
+@pytest.mark.parametrize(
+    "given",
+    [["--workers", "500"], ["--param", "train_job.workers=5"]],
+    ids=["workers-option", "workers-param"],
+)
+def test_more_local_workers_than_the_cpus_run_start_nothing(tmp_path, capsys, small_machine, given):
+    code, err, root = run_cli(tmp_path, capsys, write(tmp_path, b"hello\n" * 100), *given)
+    assert code == 2 and err.count("\n") == 1, err
+    workers = given[1].rpartition("=")[2]
+    assert f"train_job.workers={workers}: this machine runs at most 4 local workers" in err
+    assert "(2 for each of its 2 CPUs); pass --workers 4 or fewer" in err
+    assert not root.exists()  # no step, so no worker, started
+
+
+@pytest.mark.bad_input("--set train.batch_size=50000000: tensors past TensorFlow's int32 bound")
+def test_a_batch_past_tensorflows_int32_bound_is_one_line_with_its_numbers(tmp_path, capsys):
+    corpus = write(tmp_path, b"hello\n" * 100)
+    code, err, root = run_cli(tmp_path, capsys, corpus, "--set", "train.batch_size=50000000")
+    assert code == 2 and err.count("\n") == 1, err
+    for says in (
+        "train.batch_size=50000000",
+        "logits tensor (batch x seq_len x vocab_size = 50,000,000 x 64 x 512)",
+        "TensorFlow's int32 limit of 2,147,483,647",
+        "use train.batch_size=65535 or less",
+    ):
+        assert says in err
+    assert not root.exists()
+
+
+@pytest.mark.bad_input("--set train.batch_size past the machine's memory on a local run")
+def test_a_micro_batch_past_the_machines_memory_is_refused_with_a_fix_that_fits(
+    tmp_path, capsys, small_machine
+):
+    import re
+
+    from pipelines.runners.local import runner
+
+    corpus = write(tmp_path, b"hello\n" * 100)
+    code, err, root = run_cli(tmp_path, capsys, corpus, "--set", "train.batch_size=4096")
+    assert code == 2 and err.count("\n") == 1, err
+    assert "train.batch_size=4096 on this machine: each of its 2 workers needs about" in err
+    assert "more than its 1.0 GiB of memory" in err and not root.exists()
+    fix = re.search(r"set (train.batch_size=\d+) and (train.global_batch_tokens=\d+)", err)
+    assert fix is not None, err
+    settings = ["--set", "train.batch_size=4096", "--set", fix[1], "--set", fix[2]]
+    run = run_cmd.local_run(_run_args("--local", "--corpus", str(corpus), *settings))
+    runner.preflight(run)  # the fix it names fits, and keeps the global batch
+    assert run.config.train.global_batch_tokens == 4096 * 2 * run.config.model.seq_len
+
+
+@pytest.mark.bad_input("gptpipe run --local --root or --state-dir naming a file")
+@pytest.mark.parametrize(
+    "option, under, says",
+    [
+        ("--root", "", "--root {file} is a file, not a folder: give a folder"),
+        ("--root", "runs", "--root {file}/runs: {file} is a file, not a folder"),
+        ("--state-dir", "", "--state-dir {file} is a file, not a folder: give a folder"),
+    ],
+    ids=["root-is-a-file", "root-under-a-file", "state-dir-is-a-file"],
+)
+def test_a_run_folder_that_is_a_file_is_one_line(tmp_path, capsys, option, under, says):
+    file = tmp_path / "notes.txt"
+    file.write_text("mine\n")
+    folder = str(file / under) if under else str(file)
+    corpus = write(tmp_path, b"hello\n" * 100)
+    assert cli.main(["run", "--local", option, folder, "--corpus", str(corpus)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gptpipe: error: {says.format(file=file)}") and err.count("\n") == 1
+    assert file.read_text() == "mine\n"
+
+
+def test_version_prints_the_package_version_and_the_codes_commit(capsys, monkeypatch):
+    import importlib.metadata
+
+    from components import provenance
+
+    def version() -> str:
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["--version"])
+        assert exited.value.code == 0
+        return capsys.readouterr().out
+
+    monkeypatch.delenv(provenance.CODE_VERSION_ENV, raising=False)
+    repo = Path(__file__).resolve().parents[3]
+    head = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    package = importlib.metadata.version("gptpipe")
+    assert version() in (f"gptpipe {package} (commit {head}{dirty})\n" for dirty in ("", "-dirty"))
+    monkeypatch.setenv(provenance.CODE_VERSION_ENV, "0123abc")  # baked into an image
+    assert version() == f"gptpipe {package} (commit 0123abc)\n"
+
+    def not_found(*args, **kwargs):
+        raise importlib.metadata.PackageNotFoundError("gptpipe")
+
+    def no_git(*args, **kwargs):
+        raise OSError("git: not found")
+
+    monkeypatch.delenv(provenance.CODE_VERSION_ENV)
+    monkeypatch.setattr(importlib.metadata, "version", not_found)
+    monkeypatch.setattr(provenance, "_git", no_git)
+    assert version() == "gptpipe unknown (commit unknown)\n"

@@ -5,7 +5,9 @@ here through `lineage.record_execution`, as the steps write them, with runs that
 no evaluation or were a rollback.
 """
 
+import datetime
 import json
+import os
 
 import pytest
 
@@ -281,3 +283,70 @@ def test_a_local_corpus_glob_is_recorded_absolute(tmp_path, monkeypatch):
     assert local_runner._absolute("*.txt") == str(tmp_path / "*.txt")
     assert local_runner._absolute("data/a.txt") == str(tmp_path / "data" / "a.txt")
     assert local_runner._absolute("gs://b/data/*.txt") == "gs://b/data/*.txt"
+
+
+# ---- the table in a terminal ---------------------------------------------------------------
+
+
+def row(run_id: str = "local-fb31075708ae", **changed) -> lineage.RunRow:
+    found = {
+        "run_id": run_id,
+        "pipeline_name": "gptpipe",
+        "state": "COMPLETE",
+        "start_time_ms": 1_700_000_000_000,
+        "end_time_ms": 1_700_000_754_000,
+        "dataset_version": "ab" * 32,
+        "eval_nats_per_char": 2.0345,
+        "blessed": True,
+        "pushed": True,
+        "pushed_version": 12,
+        "pushed_destination": "/s",
+        "steps": {},
+    }
+    return {**found, **changed}  # type: ignore[return-value]
+
+
+ROWS = [
+    row(),
+    row("local-0123456789ab", state="CANCELED", end_time_ms=1_700_108_000_000, blessed=False),
+    row("rollback-1700000000-abcdef", dataset_version=None, eval_nats_per_char=None),
+]
+
+
+def shown(rows: list, width: int) -> list[str]:
+    """The table's lines as a `width`-column terminal (or a pipe, at 80) shows them."""
+    from rich.console import Console
+
+    console = Console(width=width, record=True, file=open(os.devnull, "w"))  # noqa: SIM115
+    console.print(runs_cmd.runs_table(rows, "/home/me/project/runs/metadata.sqlite", width))
+    console.file.close()
+    return console.export_text().splitlines()
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_the_table_fits_the_terminal_and_breaks_no_word(width):
+    lines = shown(ROWS, width)
+    assert max(len(line) for line in lines) <= width
+    header = next(line for line in lines if line.startswith("run "))
+    kept = header.split()
+    assert set(kept) <= set(runs_cmd.COLUMNS)  # each header whole, on one line
+    assert kept == [name for name in runs_cmd.COLUMNS if name in kept]
+    for run in ROWS:  # each run on one line, its id whole
+        assert sum(run["run_id"] in line for line in lines) == 1
+    left_out = [name for name in runs_cmd.COLUMNS if name not in kept]
+    assert set(left_out) == set(runs_cmd.LEFT_OUT_FIRST[: len(left_out)])
+    caption = " ".join(" ".join(lines).split())
+    assert f"left out to fit: {', '.join(left_out)} (--json has all)" in caption
+
+
+def test_a_wide_terminal_shows_every_column_and_an_80_column_one_all_but_took():
+    assert shown(ROWS[:2], 120)[1].split() == list(runs_cmd.COLUMNS)
+    assert shown(ROWS[:2], 80)[1].split() == [c for c in runs_cmd.COLUMNS if c != "took"]
+
+
+def test_cells_are_short_enough_to_keep_whole():
+    now = datetime.datetime.fromtimestamp(1_700_000_000).astimezone()
+    cells = runs_cmd.table_cells(ROWS[1], now)
+    assert cells[1:3] == (now.strftime("%m-%d %H:%M"), "30h00m")  # this year: to the minute
+    next_year = now.replace(year=now.year + 1)
+    assert runs_cmd.table_cells(ROWS[0], next_year)[1:3] == (now.strftime("%Y-%m-%d"), "12m34s")

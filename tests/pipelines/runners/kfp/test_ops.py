@@ -663,3 +663,15 @@ def test_a_run_the_train_step_would_refuse_for_memory_is_not_started():
         ops.check_train_plan(params, {})
     compiled = {"config": {"defaultValue": params["config"]}, "train_job": {"defaultValue": {}}}
     ops.check_train_plan({}, compiled)  # no GPU label: the batch splits, memory unknown
+
+
+@pytest.mark.bad_input("a kfp run whose micro-batch overflows TensorFlow's int32 shapes")
+def test_a_run_whose_tensors_overflow_int32_is_not_started_and_its_workers_are_not_capped():
+    from trainer.config import config_to_dict, resolve_config
+
+    big = config_to_dict(resolve_config("tiny", ["train.batch_size=50000000"]))
+    with pytest.raises(UserError, match="train step would refuse this run: .* int32 limit"):
+        ops.check_train_plan({"config": big, "train_job": {"workers": 64}}, {})
+    small = config_to_dict(resolve_config("tiny"))
+    # A TFJob's workers are pods on the cluster's nodes: no local CPU cap applies.
+    ops.check_train_plan({"config": small, "train_job": {"workers": 512}}, {})
