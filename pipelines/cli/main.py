@@ -21,6 +21,7 @@ from pipelines.cli import (
     rollback,
     run,
     runs,
+    serve,
     tensorboard,
 )
 
@@ -56,6 +57,7 @@ def _parser() -> argparse.ArgumentParser:
         rollback,  # rollback
         kfp,  # kfp upload, run, schedule, unschedule, runs
         model,  # generate, score
+        serve,  # serve
         runs,  # runs
         report,  # report
         tensorboard,  # tensorboard
