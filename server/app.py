@@ -18,6 +18,7 @@ from server.versions import Load, Versions
 DEFAULT_PORT = 8501  # TF Serving's REST port in its images and docs
 DEFAULT_HOST = "127.0.0.1"  # this machine only, unless told otherwise
 DEFAULT_POLL_SECONDS = 1.0  # TF Serving's --file_system_poll_wait_seconds
+SHUTDOWN_POLL_S = 0.1  # how soon the HTTP server notices it is to stop
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,9 @@ def running(settings: Settings, load: Load = servable.load) -> Iterator[Running]
         ) from None
     try:
         versions.start(settings.poll_seconds)
-        thread = threading.Thread(target=server.serve_forever, name="rest-server", daemon=True)
+        thread = threading.Thread(
+            target=server.serve_forever, args=(SHUTDOWN_POLL_S,), name="rest-server", daemon=True
+        )
         thread.start()
         try:
             yield Running(settings, versions, server.port)

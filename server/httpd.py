@@ -178,6 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """http.server's own errors (a malformed request line, a header too long) as JSON."""
         self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # an unparsed request line: answer as HTTP/1.x
+            self.request_version = "HTTP/1.0"
         text = message or self.responses.get(code, ("error",))[0]
         self._reply(Reply(code, error_body(text)), close=True)
 
