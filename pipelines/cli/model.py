@@ -41,6 +41,14 @@ DEFAULT_MODEL = str(DEFAULT_ROOT / "serving" / RunConfig().model_name)  # where 
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.8
 GENERATE_SIGNATURES = ("generate", "generate_seeded")
+# The generate signatures' inputs and their dtypes (trainer/export.py; docs/design.md).
+GENERATE_DTYPES = {
+    "prompt": "string",
+    "max_new_tokens": "int32",
+    "temperature": "float32",
+    "seed": "int64",
+    "stop_at_eos": "bool",
+}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -273,10 +281,8 @@ def generate(
         if name in model.signatures
     }
     name, inputs = generate_call(available, prompt, max_new_tokens, temperature, seed, stop_at_eos)
-    signature = model.signatures[name]
-    specs = signature.structured_input_signature[1]
-    feeds = {key: tf.constant(value, specs[key].dtype) for key, value in inputs.items()}
-    completion = signature(**feeds)["completion"].numpy()[0]
+    feeds = {key: tf.constant(value, GENERATE_DTYPES[key]) for key, value in inputs.items()}
+    completion = model.signatures[name](**feeds)["completion"].numpy()[0]
     # Sampled byte-fallback pieces need not form whole UTF-8 characters.
     return bytes(completion).decode("utf-8", errors="replace")
 
