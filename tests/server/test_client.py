@@ -38,6 +38,7 @@ def test_the_model_url_is_tf_servings():
         ("http://h:8501/v1/models/gpt", "other", None, "name different models"),
         ("http://h:8501/v1/models/gpt/versions/2", None, 3, "differ: pass one"),
     ],
+    ids=["no scheme", "ftp", "not /v1/models", "a method", "two names", "two versions"],
 )
 @pytest.mark.bad_input("an --endpoint URL of another form")
 def test_other_urls_are_user_errors(url, name, version, says):

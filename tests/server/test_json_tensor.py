@@ -83,6 +83,34 @@ def test_b64_objects_are_bytes_and_text_after_the_document_is_ignored():
 # ---- what is refused, in TF Serving's words -------------------------------------------------
 
 ROW = {"prompt": "a", "max_new_tokens": 5, "temperature": 0.5, "stop_at_eos": True}
+BAD_IDS = [
+    "missing input",
+    "string for int32",
+    "float for int32",
+    "number for string",
+    "plain inputs for several",
+    "plain instances for several",
+    "instance missing a key",
+    "instance with an extra key",
+    "instances of two sizes",
+    "ragged list",
+    "value at the wrong level",
+    "bad base64",
+    "b64 object with another key",
+    "empty instances",
+    "instances not a list",
+    "both instances and inputs",
+    "neither",
+    "signature_name not a string",
+    "not an object",
+    "empty body",
+    "blank body",
+    "cut short",
+    "missing comma in a list",
+    "missing comma in an object",
+    "not UTF-8",
+    "lone surrogate",
+]
 
 
 @pytest.mark.parametrize(
@@ -224,6 +252,7 @@ ROW = {"prompt": "a", "max_new_tokens": 5, "temperature": 0.5, "stop_at_eos": Tr
             "JSON Parse error: The surrogate pair in string is invalid.",
         ),
     ],
+    ids=BAD_IDS,
 )
 @pytest.mark.bad_input("a predict request TF Serving refuses (json_tensor.cc)")
 def test_bad_requests_are_invalid_arguments_in_tf_servings_words(doc, infos, message):

@@ -235,6 +235,7 @@ def test_what_is_not_served_is_a_404(served, method, path, says):
         ("DELETE", "/v1/models/gpt", 400, "Malformed request: DELETE /v1/models/gpt"),
         ("POST", "/v1/models/gpt:classify", 501, "classify needs a tf.Example signature"),
     ],
+    ids=["POST status", "GET predict", "no model name", "DELETE", "classify"],
 )
 @pytest.mark.bad_input("a method or path the API does not have")
 def test_other_methods_and_paths_get_tf_servings_answer(served, method, path, status, says):

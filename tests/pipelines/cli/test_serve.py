@@ -110,6 +110,7 @@ def test_the_servers_refusal_is_one_user_error_naming_the_url(endpoint):
         (["generate", "--name", "gpt", "p"], "--name names the model at --endpoint"),
         (["score", "--endpoint", "localhost:8501", __file__], "pass an http:// URL"),
     ],
+    ids=["--model and --endpoint", "--name alone", "no scheme"],
 )
 @pytest.mark.bad_input("--endpoint options that contradict each other")
 def test_endpoint_options_are_checked(argv, says):
@@ -128,6 +129,7 @@ def test_endpoint_options_are_checked(argv, says):
         (["--name", "a/b"], "--name 'a/b': pass a name without"),
         (["--max-body-bytes", "0"], "--max-body-bytes 0: pass 1 or more"),
     ],
+    ids=["--poll-seconds", "--port", "--name", "--max-body-bytes"],
 )
 @pytest.mark.bad_input("a gptpipe serve option out of range")
 def test_serve_options_are_checked(folder, extra, says):
