@@ -25,8 +25,9 @@ MAX_BODY = 64 << 10  # --max-body-bytes of the test servers
 POLL_S = 0.1  # --poll-seconds of the test servers
 
 
-def publish(saved_model: Path, folder: Path) -> int:
-    """Publish a SavedModel into a serving folder as its next version, as push does."""
+def publish(saved_model: Path, folder: Path | str) -> int:
+    """Publish a SavedModel into a serving folder (local or gs://) as its next version, as
+    push does."""
     return serving.publish_next(str(saved_model), str(folder))
 
 
@@ -38,7 +39,7 @@ def make_serving_folder(root: Path, tiny_model: Path) -> Path:
 
 
 @contextlib.contextmanager
-def _serving(folder: Path):
+def _serving(folder: Path | str):
     from server import app
     from server.guards import Limits
 

@@ -78,3 +78,18 @@ def test_a_version_that_does_not_load_leaves_the_old_one_served(serving_folder, 
         (version,) = doc["model_version_status"]
         assert version["status"]["error_code"] != "OK" and version["status"]["error_message"]
         assert available(running.url) == [1] and nats(running) == before
+
+
+def test_a_gs_destination_is_listed_and_downloaded_through_the_storage_layer(
+    gcs, tiny_model, serve_folder
+):
+    """gs:// through `components.storage` (the GCS emulator here), each version downloaded to
+    a temporary folder to load: TensorFlow's own GCS file system would need credentials."""
+    destination = gcs.uri("serving", "gpt")
+    assert publish(tiny_model / SERVING_DIR, destination) == 1
+    with serve_folder(destination) as running:
+        assert available(running.url) == [1]
+        first = nats(running)
+        assert publish(tiny_model / SERVING_DIR, destination) == 2
+        wait_until_served(running.url, 2)
+        assert nats(running) == first
