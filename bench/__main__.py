@@ -37,6 +37,7 @@ ORDER = (
     "train",
     "orchestration",
     "storage",
+    "serve",
     "quality",
     "gpu",
 )

@@ -186,13 +186,13 @@ class CheckpointCopier(threading.Thread):
 def _score_checkpoint(cfg, prefix: Path, tokenizer: Path, held_out: str, out: Path) -> dict:
     import tensorflow as tf
 
-    from components.evaluate.scoring import score_text
+    from components.evaluate.scoring import score_text, signature_scorer
     from trainer import export, model
 
     gpt = model.build_gpt(cfg.model)
     tf.train.Checkpoint(model=gpt).restore(str(prefix)).expect_partial()
     export.export_model(gpt, cfg, str(tokenizer), str(out))
-    scores = score_text(tf.saved_model.load(str(out)), held_out)
+    scores = score_text(signature_scorer(tf.saved_model.load(str(out))), held_out)
     return {"nats_per_char": scores.nats_per_char, "nats_per_token": scores.nats_per_token}
 
 
@@ -271,14 +271,15 @@ def scored_run(
     [{minutes, step, nats_per_char, nats_per_token}]); the last point is the exported Model."""
     import tensorflow as tf
 
-    from components.evaluate.scoring import score_text
+    from components.evaluate.scoring import score_text, signature_scorer
     from contracts.artifacts import SERVING_DIR, TOKENIZER_FILE
 
     job, points, seen = _watched_run(cfg, examples, env)
     curve = []
     for step, seconds in sorted(seen.items()):
         if step == cfg.train.train_steps:  # the last point: the exported Model itself
-            s = score_text(tf.saved_model.load(str(job / "model" / SERVING_DIR)), held_out)
+            model = tf.saved_model.load(str(job / "model" / SERVING_DIR))
+            s = score_text(signature_scorer(model), held_out)
             scores = {"nats_per_char": s.nats_per_char, "nats_per_token": s.nats_per_token}
         else:
             prefix, out = points / f"ckpt-{step}", points / f"export-{step}"

@@ -11,7 +11,7 @@ counted on the same pass.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from components import overlap, storage
@@ -34,9 +34,10 @@ def score_eval_text(score: ScoreBatch, uri: str, seen: overlap.SeenCount | None 
         return score_pieces(score, read_pieces(f, uri), seen, uri)
 
 
-def score_text(model: Any, text: str) -> Scores:
-    """Score `text` as one document with a loaded SavedModel, as evaluate scores its eval text."""
-    return score_pieces(signature_scorer(model), [EvalPiece(text, True)])
+def score_text(score: ScoreBatch, text: str) -> Scores:
+    """Score `text` as one document with `score` (`signature_scorer` of a loaded SavedModel, or
+    `outputs_scorer` over a served one), as evaluate scores its eval text."""
+    return score_pieces(score, [EvalPiece(text, True)])
 
 
 def score_pieces(
@@ -65,17 +66,29 @@ def score_pieces(
 
 def signature_scorer(model: Any) -> ScoreBatch:
     """A loaded SavedModel's `score` signature as a ScoreBatch (sums in float64)."""
-    import numpy as np
     import tensorflow as tf
 
     score = model.signatures["score"]
 
+    def outputs(batch: list[str]) -> Mapping[str, Any]:
+        return {name: value.numpy() for name, value in score(text=tf.constant(batch)).items()}
+
+    return outputs_scorer(outputs)
+
+
+def outputs_scorer(score: Callable[[list[str]], Mapping[str, Any]]) -> ScoreBatch:
+    """A ScoreBatch over anything that runs the `score` signature on a batch of strings and
+    returns its outputs as arrays of their dtypes: the loaded SavedModel, or a server of it
+    (`server.client`). The sums are of the float32 outputs, in float64, in one order, so both
+    give the same Scores to the last bit."""
+    import numpy as np
+
     def run(batch: list[str]) -> tuple[float, int, int]:
-        out = score(text=tf.constant(batch))
+        out = score(batch)
         return (
-            float(np.sum(out["nats"].numpy(), dtype=np.float64)),
-            int(np.sum(out["tokens"].numpy(), dtype=np.int64)),
-            int(np.sum(out["chars"].numpy(), dtype=np.int64)),
+            float(np.sum(np.asarray(out["nats"], dtype=np.float32), dtype=np.float64)),
+            int(np.sum(np.asarray(out["tokens"]), dtype=np.int64)),
+            int(np.sum(np.asarray(out["chars"]), dtype=np.int64)),
         )
 
     return run

@@ -23,6 +23,7 @@ from pipelines.cli import (
     rollback,
     run,
     runs,
+    serve,
     tensorboard,
 )
 
@@ -65,6 +66,7 @@ def _parser() -> argparse.ArgumentParser:
         kfp,  # kfp upload, run, schedule, unschedule, runs
         doctor,  # doctor
         model,  # generate, score
+        serve,  # serve
         runs,  # runs
         report,  # report
         tensorboard,  # tensorboard

@@ -6,6 +6,11 @@ A gs:// model is first downloaded to a temporary folder through the storage laye
 does with its baseline: TensorFlow's own GCS file system needs Google credentials and ignores
 STORAGE_EMULATOR_HOST. Both commands call only the signatures of the contract in
 docs/design.md, so they work on every model a run pushed.
+
+`--endpoint URL` runs the same signatures on a served model instead, through TF Serving's REST
+API (`server.client`): `gptpipe serve` here, TF Serving on a cluster. The two paths share the
+choice of signature and inputs (`generate_call`) and the scoring (evaluate's chunks, through
+`outputs_scorer`), so a seeded generate gives the same text and a score the same figures.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import dataclasses
 import json
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +30,9 @@ from contracts.errors import UserError
 from pipelines.config import DEFAULT_ROOT, RunConfig
 
 if TYPE_CHECKING:
+    from components.evaluate.scoring import ScoreBatch
     from contracts.blessing import Scores
+    from server.client import RestModel
 
 # The components (storage, serving, evaluate with TensorFlow) are imported where they are used,
 # as main.py does, so adding these commands' parsers costs `gptpipe` nothing at start-up.
@@ -33,6 +40,15 @@ if TYPE_CHECKING:
 DEFAULT_MODEL = str(DEFAULT_ROOT / "serving" / RunConfig().model_name)  # where `run --local` pushes
 DEFAULT_MAX_NEW_TOKENS = 64
 DEFAULT_TEMPERATURE = 0.8
+GENERATE_SIGNATURES = ("generate", "generate_seeded")
+# The generate signatures' inputs and their dtypes (trainer/export.py; docs/design.md).
+GENERATE_DTYPES = {
+    "prompt": "string",
+    "max_new_tokens": "int32",
+    "temperature": "float32",
+    "seed": "int64",
+    "stop_at_eos": "bool",
+}
 
 
 def add_parser(subparsers: Any) -> None:
@@ -77,38 +93,56 @@ def add_parser(subparsers: Any) -> None:
 def _model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
-        default=DEFAULT_MODEL,
+        default=None,
         help=f"serving folder or SavedModel folder, local or gs:// (default {DEFAULT_MODEL})",
     )
     parser.add_argument(
         "--version", type=int, default=None, help="version to use (default: the newest complete)"
+    )
+    parser.add_argument(
+        "--endpoint",
+        default=None,
+        metavar="URL",
+        help="a served model instead of --model, through TF Serving's REST API: "
+        "http://HOST:PORT (`gptpipe serve`'s default http://127.0.0.1:8501) or "
+        "http://HOST:PORT/v1/models/NAME[/versions/N]",
+    )
+    parser.add_argument(
+        "--name", default=None, help="the model's name at --endpoint http://HOST:PORT (default gpt)"
     )
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Print the model's continuation of the prompt."""
     check_sampling(args.max_new_tokens, args.temperature, args.seed)
-    uri = resolve_model(args.model, args.version)
+    sampling = (args.prompt, args.max_new_tokens, args.temperature, args.seed)
+    stop_at_eos = not args.through_eos
+    client = _client(args)
+    if client is not None:
+        with contextlib.closing(client):
+            print(generate_remote(client, *sampling, stop_at_eos=stop_at_eos))
+        return 0
+    uri = resolve_model(args.model or DEFAULT_MODEL, args.version)
     with open_model(uri) as model:
-        print(
-            generate(
-                model,
-                args.prompt,
-                args.max_new_tokens,
-                args.temperature,
-                args.seed,
-                stop_at_eos=not args.through_eos,
-            )
-        )
+        print(generate(model, *sampling, stop_at_eos=stop_at_eos))
     return 0
 
 
 def cmd_score(args: argparse.Namespace) -> int:
     """Print the model's nats per character on a text file."""
+    from components.evaluate.scoring import signature_scorer
+
     text = read_text(args.file)
-    uri = resolve_model(args.model, args.version)
-    with open_model(uri) as model:
-        scores = score(model, text, args.file)
+    client = _client(args, pin=True)
+    if client is not None:
+        with contextlib.closing(client):
+            scorer = remote_scorer(client)
+            scores = score(scorer, text, args.file)
+            uri = client.model_url
+    else:
+        uri = resolve_model(args.model or DEFAULT_MODEL, args.version)
+        with open_model(uri) as model:
+            scores = score(signature_scorer(model), text, args.file)
     if args.json:
         found = {"model": uri, "file": str(args.file), **dataclasses.asdict(scores)}
         print(json.dumps({k: _json_number(v) for k, v in found.items()}, indent=2))
@@ -121,6 +155,21 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 # ---- which model ----------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace, pin: bool = False) -> RestModel | None:
+    """The REST client --endpoint names (with --name and --version), or None without it.
+    With `pin`, every request goes to the version served when it starts (a score of many
+    requests is one model's)."""
+    if args.endpoint is None:
+        if args.name is not None:
+            raise UserError("--name names the model at --endpoint: pass --endpoint too")
+        return None
+    if args.model is not None:
+        raise UserError("--model and --endpoint both name a model: pass one")
+    from server.client import RestModel, parse_endpoint
+
+    return RestModel(parse_endpoint(args.endpoint, args.name, args.version), pin=pin)
 
 
 def resolve_model(model: str, version: int | None) -> str:
@@ -222,39 +271,88 @@ def generate(
     seed: int | None,
     stop_at_eos: bool = True,
 ) -> str:
-    """The model's continuation of `prompt` (the continuation only), as text.
-
-    With `stop_at_eos` it ends at the document's end (EOS), if the model samples one first;
-    without, it continues through EOS. A model exported before `stop_at_eos` existed has no
-    such input and always continues.
-
-    With `seed`, the model's `generate_seeded` signature samples statelessly from it (the same
-    seed, the same text); without, `generate` samples from the SavedModel's own random state,
-    which a freshly loaded model starts where the export left it. A model exported before
-    `generate_seeded` existed cannot take a seed, which a warning says.
-    """
+    """The loaded model's continuation of `prompt` (the continuation only), as text: the
+    signature and inputs `generate_call` picks, run in-process."""
     import tensorflow as tf
 
-    inputs = {
-        "prompt": tf.constant([prompt]),
-        "max_new_tokens": tf.constant(max_new_tokens, tf.int32),
-        "temperature": tf.constant(temperature, tf.float32),
+    available = {
+        name: set(model.signatures[name].structured_input_signature[1])
+        for name in GENERATE_SIGNATURES
+        if name in model.signatures
     }
-    signature = model.signatures["generate"]
-    if seed is not None and "generate_seeded" in model.signatures:
-        signature = model.signatures["generate_seeded"]
-        inputs["seed"] = tf.constant(seed, tf.int64)
+    name, inputs = generate_call(available, prompt, max_new_tokens, temperature, seed, stop_at_eos)
+    feeds = {key: tf.constant(value, GENERATE_DTYPES[key]) for key, value in inputs.items()}
+    completion = model.signatures[name](**feeds)["completion"].numpy()[0]
+    # Sampled byte-fallback pieces need not form whole UTF-8 characters.
+    return bytes(completion).decode("utf-8", errors="replace")
+
+
+def generate_remote(
+    client: RestModel,
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int | None,
+    stop_at_eos: bool = True,
+) -> str:
+    """The served model's continuation of `prompt`: the signature and inputs `generate_call`
+    picks, sent in TF Serving's columnar form (the scalars need it)."""
+    signatures = client.signatures()
+    available = {
+        name: set(signatures[name].inputs) for name in GENERATE_SIGNATURES if name in signatures
+    }
+    name, inputs = generate_call(
+        available, prompt, max_new_tokens, temperature, seed, stop_at_eos, client.model_url
+    )
+    completion = client.predict(name, inputs)["completion"][0]
+    # The server wrote the text as JSON; binary output (`{"b64"}`) is decoded as generate does.
+    return completion if isinstance(completion, str) else completion.decode("utf-8", "replace")
+
+
+def generate_call(
+    available: Mapping[str, Collection[str]],
+    prompt: str,
+    max_new_tokens: int,
+    temperature: float,
+    seed: int | None,
+    stop_at_eos: bool = True,
+    where: str = "the model",
+) -> tuple[str, dict[str, Any]]:
+    """Which generate signature to run and its inputs, as JSON values (the prompt a batch of
+    one), given the signatures the model has and their inputs (`available`).
+
+    With `stop_at_eos` a continuation ends at the document's end (EOS), if the model samples
+    one first; without, it continues through EOS. A model exported before `stop_at_eos`
+    existed has no such input and always continues.
+
+    With `seed`, `generate_seeded` samples statelessly from it (the same seed, the same text);
+    without, `generate` samples from the model's own random state, which a freshly loaded
+    model starts where the export left it. A model exported before `generate_seeded` existed
+    cannot take a seed, which a warning says.
+    """
+    if "generate" not in available:
+        raise UserError(
+            f"{where} has no generate signature: it is not a gptpipe model (docs/design.md, "
+            "SavedModel signatures)"
+        )
+    name = "generate"
+    inputs: dict[str, Any] = {
+        "prompt": [prompt],
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+    }
+    if seed is not None and "generate_seeded" in available:
+        name = "generate_seeded"
+        inputs["seed"] = seed
     elif seed is not None:
         print(
             "gptpipe: warning: this model has no generate_seeded signature (exported before "
             "it existed), so --seed has no effect",
             file=sys.stderr,
         )
-    if "stop_at_eos" in signature.structured_input_signature[1]:
-        inputs["stop_at_eos"] = tf.constant(stop_at_eos)
-    completion = signature(**inputs)["completion"].numpy()[0]
-    # Sampled byte-fallback pieces need not form whole UTF-8 characters.
-    return bytes(completion).decode("utf-8", errors="replace")
+    if "stop_at_eos" in available[name]:
+        inputs["stop_at_eos"] = stop_at_eos
+    return name, inputs
 
 
 # ---- score ----------------------------------------------------------------------------------
@@ -279,16 +377,29 @@ def read_text(path: Path) -> str:
     return text
 
 
-def score(model: Any, text: str, source: Path | str) -> Scores:
-    """Score `text` as evaluate scores the eval split: line-aligned chunks through `score`."""
+def score(scorer: ScoreBatch, text: str, source: Path | str) -> Scores:
+    """Score `text` as evaluate scores the eval split: line-aligned chunks through `scorer`
+    (the `score` signature, in-process or served)."""
     from components.evaluate import scoring
 
     try:
-        return scoring.score_text(model, text)
+        return scoring.score_text(scorer, text)
     except UserError:  # raised only when no token was predicted: a one-token text
         raise UserError(
             f"{source} is too short to score: the model predicts no token of it; pass more text"
         ) from None
+
+
+def remote_scorer(client: RestModel) -> ScoreBatch:
+    """The served model's `score` signature as evaluate's ScoreBatch."""
+    from components.evaluate.scoring import outputs_scorer
+
+    if "score" not in client.signatures():
+        raise UserError(
+            f"{client.model_url} has no score signature: it is not a gptpipe model "
+            "(docs/design.md, SavedModel signatures)"
+        )
+    return outputs_scorer(lambda batch: client.predict("score", {"text": batch}))
 
 
 def _json_number(value: Any) -> Any:

@@ -22,6 +22,7 @@ from bench import (
     quality_bench,
     quality_tune,
     recompute_bench,
+    serve_bench,
     workloads,
 )
 from bench.results import (
@@ -660,3 +661,15 @@ def test_tokenize_1tb_estimate_adds_its_stages():
     assert estimate["shards"] == pytest.approx(16 + 2 * 4)
     assert estimate["merge_s"] == pytest.approx(24 * 2 * 0.1 / 8)
     assert estimate["total_s"] == pytest.approx(120 + 0.5 + 5 + 1 + 0.6)
+
+
+def test_serve_bench_texts_are_whole_lines_of_about_1_kb_and_percentiles_are_ranks():
+    text = "".join(f"line {i} " + "x" * (i % 70) + "\n" for i in range(2000))
+    texts = serve_bench.one_kb_texts(text, 10)
+    assert len(texts) == 10 and "".join(texts) == text[: len("".join(texts))]
+    for piece in texts:
+        assert piece.endswith("\n") and 1024 <= len(piece.encode()) < 1024 + 80
+    values = [float(v) for v in range(1, 101)]
+    assert serve_bench.percentile(values, 0.5) == 50.0
+    assert serve_bench.percentile(values, 0.99) == 99.0
+    assert serve_bench.percentile([3.0], 0.99) == 3.0
