@@ -146,10 +146,23 @@ class GPTServing(tf.Module):
         """The prompts' ids (ragged (B, None) int32), a newline's (which seeds an empty
         prompt), and the sampling inputs; a negative max_new_tokens is refused (an
         InvalidArgument error, which TF Serving answers with HTTP 400)."""
-        check = tf.debugging.assert_non_negative(
-            max_new_tokens, message="max_new_tokens must be 0 or more"
+        # A server that checks no shapes (TF Serving) passes a row-form request's inputs as
+        # [rows]: refused here, naming the input, rather than deep in the loop.
+        max_new_tokens, temperature, stop_at_eos = (
+            _one_value(name, value)
+            for name, value in (
+                ("max_new_tokens", max_new_tokens),
+                ("temperature", temperature),
+                ("stop_at_eos", stop_at_eos),
+            )
         )
-        with tf.control_dependencies([check]):
+        seed = None if seed is None else _one_value("seed", seed)
+        checks = [
+            tf.debugging.assert_non_negative(
+                max_new_tokens, message="max_new_tokens must be 0 or more"
+            )
+        ]
+        with tf.control_dependencies(checks):
             ids = tf.cast(self.tokenizer.tokenize(prompt), tf.int32)  # ragged (B, None)
         newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)
         return ids, newline, decode.Sampling(max_new_tokens, temperature, seed, stop_at_eos)
@@ -213,6 +226,13 @@ class GPTServing(tf.Module):
             fn_output_signature=tf.TensorSpec([SCORE_CHUNK], tf.float32),
         )
         return tf.reshape(nats, (-1,))[:n]  # (N,)
+
+
+def _one_value(name: str, value: tf.Tensor) -> tf.Tensor:
+    """`value`, checked when run to be a scalar (EnsureShape: a static check would pass, the
+    signature says [], and grappler drops a reshape to []); the error names the input."""
+    with tf.name_scope(f"{name}_must_be_a_scalar"):
+        return tf.ensure_shape(value, [])
 
 
 class ExportFailed(Exception):

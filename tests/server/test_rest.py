@@ -120,12 +120,13 @@ def test_b64_text_is_text(served):
 
 
 def test_generate_in_row_form_gets_the_graphs_own_error(served):
-    """Row form batches every input, the scalars too, and TF Serving does not check shapes:
-    the graph refuses a [1] loop bound, as it would under TF Serving."""
+    """Row form batches every input, the scalars too, and TF Serving checks no shapes: the
+    graph refuses a [1] where it takes a scalar, naming the input, as under TF Serving."""
     row = {k: v[0] if k == "prompt" else v for k, v in GENERATE.items()}
     status, data = call(f"{served.url}:predict", "POST", {"instances": [row]})
     error = json.loads(data)["error"]
-    assert status == 400 and "must be a scalar, but it has shape [1]" in error
+    assert status == 400 and "[1] is not compatible with expected shape []" in error
+    assert "_must_be_a_scalar/EnsureShape" in error
     assert b"\n" not in data.strip()
     still_serving(served)
 
