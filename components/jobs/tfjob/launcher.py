@@ -12,8 +12,9 @@ The launcher is a small state machine over one job, each step in a module of its
   permanent exit while the operator shows Restarting (kubeflow/trainer#2044) fail it;
 - restart (backoff.py): count restarts of the whole worker group, not failed pods
   (restarts.py), keep the count on the job so that a retried launcher continues it, and
-  enforce `backoff_limit`, which the v1 operator ignores under `restartPolicy: ExitCode`
-  (kubeflow/trainer#2045); say which worker exited how (status.py, from the pods and the
+  enforce `backoff_limit`, which the v1 operator cannot under `restartPolicy: ExitCode`
+  (kubeflow/trainer#2045; the manifest leaves its runPolicy.backoffLimit out, manifest.py
+  `operator_backoff_limit`); say which worker exited how (status.py, from the pods and the
   operator's ExitedWithCode events);
 - finish (finish.py): the `LaunchResult`, or the error of a Failed job with the failing
   worker's exit, termination message and log;

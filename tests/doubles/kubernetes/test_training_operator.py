@@ -58,6 +58,16 @@ def create(kube: FakeKube, job_spec: JobSpec) -> None:
     )
 
 
+def create_with_backoff_limit(kube: FakeKube, job_spec: JobSpec, limit: int) -> None:
+    """Create the job with runPolicy.backoffLimit, which build_manifest leaves out under
+    ExitCode (manifest.py `operator_backoff_limit`)."""
+    manifest = tfjob_manifest.build_manifest(job_spec)
+    manifest["spec"]["runPolicy"]["backoffLimit"] = limit
+    client.CustomObjectsApi(kube.api_client()).create_namespaced_custom_object(
+        "kubeflow.org", "v1", "ml", "tfjobs", manifest
+    )
+
+
 def condition(kube: FakeKube, kind: str) -> dict[str, Any] | None:
     job = kube.cluster.tfjobs.get(KEY) or {}
     for cond in (job.get("status") or {}).get("conditions", []):
@@ -206,7 +216,7 @@ def test_a_permanent_exit_code_fails_the_job_and_stops_the_others(tmp_path, reco
 
 def test_backoff_limit_zero_fails_the_job_at_the_first_failure(tmp_path, records):
     with running(tmp_path) as kube:
-        create(kube, spec(records, "exit-137", backoff_limit=0))
+        create_with_backoff_limit(kube, spec(records, "exit-137"), 0)
         assert kube.wait_for(lambda c: condition(kube, "Failed"), timeout=30)
         failed = condition(kube, "Failed")
     assert failed is not None
@@ -214,6 +224,17 @@ def test_backoff_limit_zero_fails_the_job_at_the_first_failure(tmp_path, records
         failed["message"]
         == "Job fake has failed because it has reached the specified backoff limit"
     )
+
+
+@pytest.mark.slow
+def test_a_backoff_limit_above_zero_never_fails_an_exit_code_job(tmp_path, records):
+    """previousRetry is the TFJob reconciler's FakeWorkQueue's NumRequeues, always 0, and
+    recreated pods have no restartCount: two failures against a limit of 1, and it succeeds."""
+    with running(tmp_path) as kube:
+        create_with_backoff_limit(kube, spec(records, "flaky"), 1)
+        assert kube.wait_for(lambda c: condition(kube, "Succeeded"), timeout=60)
+    assert len(starts(records, 1)) == 3
+    assert condition(kube, "Failed") is None
 
 
 @pytest.mark.slow

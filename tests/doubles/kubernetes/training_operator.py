@@ -211,8 +211,11 @@ class TrainingOperator:
             failed = sum(1 for p in pods if p["status"].get("phase") == "Failed")
             previous = sum(r.get("failed", 0) for r in status.get("replicaStatuses", {}).values())
             total = sum(r["replicas"] for r in spec["tfReplicaSpecs"].values())
-            # previousRetry + 1 > backoffLimit, where previousRetry (the work queue's requeue
-            # count) is 0 when reconciles succeed.
+            # previousRetry + 1 > backoffLimit, where previousRetry is jc.WorkQueue.NumRequeues:
+            # the TFJob reconciler's WorkQueue is a util.FakeWorkQueue (tensorflow/
+            # tfjob_controller.go NewReconciler), whose NumRequeues is always 0 (pkg/common/util/
+            # fake_workqueue.go). Failed reconciles are requeued by controller-runtime's own
+            # queue, which job.go never reads, so they cannot bring this limit closer.
             previous_retry = 0
             exceeds = failed > previous and active != total and previous_retry + 1 > limit
             restarts = sum(
