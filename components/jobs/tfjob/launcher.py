@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from components.jobs import kube
@@ -60,6 +61,7 @@ class TFJobLauncher:
         poll_seconds: int = 30,
         log_tail_lines: int = 30,
         start_grace_seconds: float = START_GRACE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from kubernetes import client
 
@@ -70,6 +72,7 @@ class TFJobLauncher:
         self.poll_seconds = poll_seconds  # longest single watch request
         self.log_tail_lines = log_tail_lines
         self.start_grace_seconds = start_grace_seconds  # a worker that cannot start, this long
+        self.clock = clock  # seconds, monotonic: what the start grace is measured by
 
     def run(self, spec: JobSpec, *, timeout_seconds: float | None = None) -> LaunchResult:
         """Run `spec` as a TFJob to the end; return the result or raise `LaunchError`.
@@ -92,7 +95,9 @@ class TFJobLauncher:
                 state = JobState(RestartLedger.from_annotations(spec.workers, annotations))
                 follower = LogFollower(self.core, spec, self.out, self.log_tail_lines)
                 follower.start()
-                watch = Watch(api, state, self.poll_seconds, self.start_grace_seconds)
+                watch = Watch(
+                    api, state, self.poll_seconds, self.start_grace_seconds, clock=self.clock
+                )
                 job = watch.until_finished(job, deadline)
                 follower.finish(timeout=5)
             except (LaunchError, KeyboardInterrupt) as exc:

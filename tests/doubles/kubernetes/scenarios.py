@@ -292,6 +292,13 @@ class Script:
             self.cluster.remove_pod(self.pod(index))
             self._new_pod(index)
 
+    def launcher_lists_pods_again(self, timeout: float = 60.0) -> None:
+        """Wait until the launcher lists the job's pods after this call, so it has seen what
+        the steps before it changed (goes on as `launcher_listed_pods` does)."""
+        with self.cluster.cond:
+            self._pods_changed = len(self.pod_listings or ())
+        self.launcher_listed_pods(timeout)
+
     def launcher_listed_pods(self, timeout: float = 10.0) -> None:
         """Wait until the launcher has listed the job's pods since one was last created. It
         watches only the TFJob and tells a restart by the new pods' uids (`_pods` in
