@@ -191,6 +191,19 @@ def test_a_backoff_limit_of_zero_fails_at_the_first_restart_naming_the_exits(tmp
     assert (err.value.replica, err.value.exit_code) == ("worker-1", 137)
 
 
+@pytest.mark.fault("every worker goes over its memory limit")
+def test_workers_killed_for_memory_fail_the_job_saying_how_much_they_had(tmp_path, records):
+    """The kubelet double OOM-kills a container over its limit (137, OOMKilled); the
+    launcher's error names the exits and the memory each worker had (backoff.py)."""
+    job = fake_spec(records, "eat-256", memory="64Mi", shm_size="", backoff_limit=0)
+    with running(tmp_path) as kube:
+        with pytest.raises(LaunchError) as err:
+            launch(kube, job)
+        assert kube.wait_for(lambda c: not c.tfjobs, timeout=15)
+    assert err.value.reason == "BackoffLimitExceeded" and err.value.exit_code == 137
+    assert "each worker has 64Mi of memory (train_job.memory)" in str(err.value)
+
+
 @pytest.mark.fault("a retried launcher finds its job Failed")
 def test_a_reattach_to_a_failed_job_deletes_it_and_runs_it_again(tmp_path, records):
     spec = fake_spec(records, "fail-until-fixed")

@@ -256,7 +256,7 @@ class Script:
         record the operator's ExitedWithCode event, unless not `recorded` (the operator
         deleted the pod first, or the spam filter dropped it). `wrote` is what the container
         left in its termination-message file: the kubelet keeps its last 4096 bytes as the
-        terminated state's message (kubelet_double.py)."""
+        terminated state's message (kubelet.py)."""
         with self.cluster.cond:
             pod = self.pod(index)
             status = pod["status"]
