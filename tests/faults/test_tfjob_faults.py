@@ -172,9 +172,11 @@ def test_a_workers_termination_message_reaches_the_launcher(tmp_path, records, w
 
 @pytest.mark.fault("a worker's bad input, with no restarts allowed")
 def test_a_backoff_limit_of_zero_still_reads_why_the_worker_failed(tmp_path, records):
-    """backoff_limit=0 is the launcher's alone: were it the TFJob's runPolicy.backoffLimit, the
-    operator would fail the job at the first failed pod and delete every pod, the failed one
-    with its termination message (common/job.go; manifest.py `operator_backoff_limit`)."""
+    """The worker's bad input is still named: backoff_limit=0 is the launcher's alone.
+
+    Were it the TFJob's runPolicy.backoffLimit, the operator would fail the job at the first
+    failed pod and delete every pod, the failed one with its termination message (common/
+    job.go; manifest.py `operator_backoff_limit`)."""
     with running(tmp_path) as kube, pytest.raises(WorkerInputError) as err:
         launch(kube, fake_spec(records, "wrote-record", backoff_limit=0))
     assert (err.value.replica, err.value.exit_code) == ("worker-1", 2)
@@ -193,8 +195,9 @@ def test_a_backoff_limit_of_zero_fails_at_the_first_restart_naming_the_exits(tmp
 
 @pytest.mark.fault("every worker goes over its memory limit")
 def test_workers_killed_for_memory_fail_the_job_saying_how_much_they_had(tmp_path, records):
-    """The kubelet double OOM-kills a container over its limit (137, OOMKilled); the
-    launcher's error names the exits and the memory each worker had (backoff.py)."""
+    """The job fails naming exit 137 and the memory each worker had (backoff.py).
+
+    The kubelet double OOM-kills a container over its limit (137, OOMKilled)."""
     job = fake_spec(records, "eat-256", memory="64Mi", shm_size="", backoff_limit=0)
     with running(tmp_path) as kube:
         with pytest.raises(LaunchError) as err:
