@@ -165,17 +165,21 @@ def group_memory(groups: set[int]) -> dict[int, int]:
     return totals
 
 
-def pod_conditions(ready: bool, reason: str = "") -> list[dict[str, Any]]:
-    """The kubelet's pod conditions (pkg/kubelet/status/generate.go): Initialized (no init
+def set_pod_conditions(status: dict[str, Any], ready: bool, reason: str = "") -> None:
+    """Set the kubelet's pod conditions (pkg/kubelet/status/generate.go): Initialized (no init
     containers), and ContainersReady and Ready, True while its one container runs and is ready
-    (no readiness probe), else False with `reason`."""
+    (no readiness probe), else False with `reason`. Conditions others own (DisruptionTarget)
+    are kept, as status_manager.go `mergePodStatus` keeps them."""
     stamp = now()
-    status = {"status": "True"} if ready else {"status": "False", "reason": reason}
-    return [
+    state = {"status": "True"} if ready else {"status": "False", "reason": reason}
+    ours = [
         {"type": "Initialized", "status": "True", "lastTransitionTime": stamp},
-        {"type": "Ready", **status, "lastTransitionTime": stamp},
-        {"type": "ContainersReady", **status, "lastTransitionTime": stamp},
+        {"type": "Ready", **state, "lastTransitionTime": stamp},
+        {"type": "ContainersReady", **state, "lastTransitionTime": stamp},
     ]
+    kinds = {c["type"] for c in ours}
+    others = [c for c in status.get("conditions") or [] if c.get("type") not in kinds]
+    status["conditions"] = others + ours
 
 
 def exit_code_of(returncode: int) -> int:
@@ -297,7 +301,7 @@ class Kubelet:
         if limit:
             self.memory_limits[meta["uid"]] = quantity_bytes(str(limit))
         status.update(ready=True, started=True, state={"running": {"startedAt": stamp}})
-        pod["status"]["conditions"] = pod_conditions(ready=True)
+        set_pod_conditions(pod["status"], ready=True)
         threading.Thread(target=self._watch, args=(pod, proc, stamp, staged), daemon=True).start()
 
     def _mount_message_file(
@@ -411,9 +415,7 @@ class Kubelet:
         if pod["spec"].get("restartPolicy", "Always") == "Never":
             status["phase"] = "Succeeded" if code == 0 else "Failed"
         terminal = status.get("phase") in ("Succeeded", "Failed")
-        status["conditions"] = pod_conditions(
-            False, "PodCompleted" if terminal else "ContainersNotReady"
-        )
+        set_pod_conditions(status, False, "PodCompleted" if terminal else "ContainersNotReady")
         self.cluster.cond.notify_all()
 
     def _message(self, uid: str, code: int, reason: str) -> str:
