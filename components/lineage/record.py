@@ -154,10 +154,7 @@ def record_execution(
     ]
     if dataset_version:
         contexts.append(_context(store, DATASET_CONTEXT, dataset_version))
-    execution_id, _, _ = store.put_execution(
-        execution, pairs, contexts, reuse_context_if_already_exist=True, force_reuse_context=True
-    )
-    return int(execution_id)
+    return _put_execution(store, execution, pairs, contexts)
 
 
 def _check_started(
@@ -285,9 +282,28 @@ def _put_cached(
     version = original.custom_properties["dataset_version"].string_value
     if version:
         contexts.append(_context(store, DATASET_CONTEXT, version))
-    store.put_execution(
-        execution, pairs, contexts, reuse_context_if_already_exist=True, force_reuse_context=True
+    _put_execution(store, execution, pairs, contexts)
+
+
+def _put_execution(
+    store: metadata_store.MetadataStore, execution: Any, pairs: list[Any], contexts: list[Any]
+) -> int:
+    """Put the execution with its events, linked to `contexts`, in one transaction.
+
+    The contexts are named by type and name only (`_context`), never by a stored id. KFP 2.5
+    runs ml-metadata 1.14, whose PutExecution upserts every context it is given
+    (ml_metadata/metadata_store/metadata_store.cc at v1.14.0, `UpsertContextWithOptions`): one
+    with an id is updated as a whole with the copy the caller read, so a property another
+    writer set since that read is lost; one without an id is looked up by type and name
+    (`reuse_context_if_already_exist`), then linked as stored, or created when new. The
+    `force_reuse_context` option that would link a context by id without updating it came in
+    1.15, and a 1.14 server does not read it. Two writers that create the same new context at
+    once: the second transaction is ABORTED, and store.py runs it again, finding the context.
+    """
+    execution_id, _, _ = store.put_execution(
+        execution, pairs, contexts, reuse_context_if_already_exist=True
     )
+    return int(execution_id)
 
 
 def _stored_or_new(store: metadata_store.MetadataStore, record: ArtifactRecord) -> Any:
@@ -341,24 +357,24 @@ def _put_context_type(store: metadata_store.MetadataStore, name: str) -> int:
 
 
 def _context(store: metadata_store.MetadataStore, type_name: str, name: str) -> Any:
-    """The stored context of this type and name, or a new one put_execution will create."""
+    """The context of this type and name as `_put_execution` links it: by type and name, no id,
+    so the store links the stored one untouched, or creates it with what this one holds."""
     if not name:
         raise ValueError(f"{type_name} context needs a non-empty name")
-    type_id = _put_context_type(store, type_name)
-    stored = store.get_context_by_type_and_name(type_name, name)
-    return stored if stored is not None else mlmd.Context(type_id=type_id, name=name)
+    return mlmd.Context(type_id=_put_context_type(store, type_name), name=name)
 
 
 def _run_context(store: metadata_store.MetadataStore, run_id: str, pipeline_name: str) -> Any:
-    """The run's context; a run id already used by another pipeline is an error."""
+    """The run's context, with the pipeline it belongs to if it is new; a run id already used
+    by another pipeline is an error."""
     context = _context(store, RUN_CONTEXT, run_id)
-    if not context.HasField("id"):
-        context.custom_properties["pipeline_name"].string_value = pipeline_name
-    elif context.custom_properties["pipeline_name"].string_value != pipeline_name:
+    stored = store.get_context_by_type_and_name(RUN_CONTEXT, run_id)
+    owner = stored.custom_properties["pipeline_name"].string_value if stored else pipeline_name
+    if owner != pipeline_name:
         raise UserError(
-            f"run id {run_id!r} already belongs to pipeline "
-            f"{context.custom_properties['pipeline_name'].string_value!r}: use a new run id"
+            f"run id {run_id!r} already belongs to pipeline {owner!r}: use a new run id"
         )
+    context.custom_properties["pipeline_name"].string_value = pipeline_name
     return context
 
 

@@ -8,8 +8,9 @@ What runs, and which double stands for what:
   and Argo (tests/doubles/kfp/backend.py), every step a fresh process;
 - GCS: gcp-storage-emulator (the pipeline root, the corpus, the Examples, the work folder, the
   serving folder), reached by the steps through STORAGE_EMULATOR_HOST;
-- ML Metadata: ml_metadata's own gRPC service over SQLite (tests/doubles/mlmd/server.py), at the
-  address the harness gives the steps as METADATA_GRPC_SERVICE_HOST/_PORT;
+- ML Metadata: ml_metadata's own gRPC service over SQLite, playing KFP 2.5's 1.14.0 server
+  (tests/doubles/mlmd/server.py), at the address the harness gives the steps as
+  METADATA_GRPC_SERVICE_HOST/_PORT;
 - Kubernetes: the API server double with the Training Operator v1.9 behind it and a kubelet that
   runs the TFJob's worker pods as processes (tests/doubles/kubernetes/), reached by the steps
   through KUBECONFIG (`config.load_incluster_config()` fails in a step: no service account);
@@ -258,7 +259,7 @@ def local_cluster(
     assert kube.kubelet is not None
     kube.kubelet.gcs_stand_in = TfGcsStandIn(gcs)
     with (
-        MetadataGrpcServer(folder / "mlmd.sqlite") as mlmd,
+        MetadataGrpcServer(folder / "mlmd.sqlite", version="1.14.0") as mlmd,  # KFP 2.5's
         kube,
         pytest.MonkeyPatch.context() as monkeypatch,
     ):

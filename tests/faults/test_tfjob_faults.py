@@ -170,6 +170,43 @@ def test_a_workers_termination_message_reaches_the_launcher(tmp_path, records, w
         assert f"  | error: {BAD_SHARD}" in str(e)
 
 
+@pytest.mark.fault("a worker's bad input, with no restarts allowed")
+def test_a_backoff_limit_of_zero_still_reads_why_the_worker_failed(tmp_path, records):
+    """The worker's bad input is still named: backoff_limit=0 is the launcher's alone.
+
+    Were it the TFJob's runPolicy.backoffLimit, the operator would fail the job at the first
+    failed pod and delete every pod, the failed one with its termination message (common/
+    job.go; manifest.py `operator_backoff_limit`)."""
+    with running(tmp_path) as kube, pytest.raises(WorkerInputError) as err:
+        launch(kube, fake_spec(records, "wrote-record", backoff_limit=0))
+    assert (err.value.replica, err.value.exit_code) == ("worker-1", 2)
+    assert str(err.value).splitlines()[0].endswith(BAD_SHARD)
+
+
+@pytest.mark.fault("a worker is killed, with no restarts allowed")
+def test_a_backoff_limit_of_zero_fails_at_the_first_restart_naming_the_exits(tmp_path, records):
+    with running(tmp_path) as kube:
+        with pytest.raises(LaunchError) as err:
+            launch(kube, fake_spec(records, "lose-peer", backoff_limit=0))
+        assert kube.wait_for(lambda c: not c.tfjobs, timeout=15)
+    assert err.value.reason == "BackoffLimitExceeded" and "restarted 1 times" in str(err.value)
+    assert (err.value.replica, err.value.exit_code) == ("worker-1", 137)
+
+
+@pytest.mark.fault("every worker goes over its memory limit")
+def test_workers_killed_for_memory_fail_the_job_saying_how_much_they_had(tmp_path, records):
+    """The job fails naming exit 137 and the memory each worker had (backoff.py).
+
+    The kubelet double OOM-kills a container over its limit (137, OOMKilled)."""
+    job = fake_spec(records, "eat-256", memory="64Mi", shm_size="", backoff_limit=0)
+    with running(tmp_path) as kube:
+        with pytest.raises(LaunchError) as err:
+            launch(kube, job)
+        assert kube.wait_for(lambda c: not c.tfjobs, timeout=15)
+    assert err.value.reason == "BackoffLimitExceeded" and err.value.exit_code == 137
+    assert "each worker has 64Mi of memory (train_job.memory)" in str(err.value)
+
+
 @pytest.mark.fault("a retried launcher finds its job Failed")
 def test_a_reattach_to_a_failed_job_deletes_it_and_runs_it_again(tmp_path, records):
     spec = fake_spec(records, "fail-until-fixed")

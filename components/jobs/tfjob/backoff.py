@@ -1,8 +1,9 @@
 """The launcher's restart step: count restarts of the worker group, keep the count on the job,
 say each restart, and fail the job once it restarted more than `backoff_limit` times.
 
-Under `restartPolicy: ExitCode` the v1 operator recreates pods forever and ignores
-runPolicy.backoffLimit (kubeflow/trainer#2045), so the limit is the launcher's to enforce. The
+Under `restartPolicy: ExitCode` the v1 operator recreates pods forever and cannot count them
+against runPolicy.backoffLimit (kubeflow/trainer#2045), so the limit is the launcher's to
+enforce, and the manifest leaves the operator's out (manifest.py `operator_backoff_limit`). The
 count is the ledger's (restarts.py); the exits that caused the restarts are named from the pod
 listings and the operator's events (status.py).
 """

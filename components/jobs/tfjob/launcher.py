@@ -12,8 +12,9 @@ The launcher is a small state machine over one job, each step in a module of its
   permanent exit while the operator shows Restarting (kubeflow/trainer#2044) fail it;
 - restart (backoff.py): count restarts of the whole worker group, not failed pods
   (restarts.py), keep the count on the job so that a retried launcher continues it, and
-  enforce `backoff_limit`, which the v1 operator ignores under `restartPolicy: ExitCode`
-  (kubeflow/trainer#2045); say which worker exited how (status.py, from the pods and the
+  enforce `backoff_limit`, which the v1 operator cannot under `restartPolicy: ExitCode`
+  (kubeflow/trainer#2045; the manifest leaves its runPolicy.backoffLimit out, manifest.py
+  `operator_backoff_limit`); say which worker exited how (status.py, from the pods and the
   operator's ExitedWithCode events);
 - finish (finish.py): the `LaunchResult`, or the error of a Failed job with the failing
   worker's exit, termination message and log;
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from components.jobs import kube
@@ -59,6 +61,7 @@ class TFJobLauncher:
         poll_seconds: int = 30,
         log_tail_lines: int = 30,
         start_grace_seconds: float = START_GRACE_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         from kubernetes import client
 
@@ -69,6 +72,7 @@ class TFJobLauncher:
         self.poll_seconds = poll_seconds  # longest single watch request
         self.log_tail_lines = log_tail_lines
         self.start_grace_seconds = start_grace_seconds  # a worker that cannot start, this long
+        self.clock = clock  # seconds, monotonic: what the start grace is measured by
 
     def run(self, spec: JobSpec, *, timeout_seconds: float | None = None) -> LaunchResult:
         """Run `spec` as a TFJob to the end; return the result or raise `LaunchError`.
@@ -91,7 +95,9 @@ class TFJobLauncher:
                 state = JobState(RestartLedger.from_annotations(spec.workers, annotations))
                 follower = LogFollower(self.core, spec, self.out, self.log_tail_lines)
                 follower.start()
-                watch = Watch(api, state, self.poll_seconds, self.start_grace_seconds)
+                watch = Watch(
+                    api, state, self.poll_seconds, self.start_grace_seconds, clock=self.clock
+                )
                 job = watch.until_finished(job, deadline)
                 follower.finish(timeout=5)
             except (LaunchError, KeyboardInterrupt) as exc:

@@ -145,11 +145,36 @@ def _pod_template(spec: JobSpec) -> dict[str, Any]:
     return {"metadata": metadata, "spec": pod_spec}
 
 
+def operator_backoff_limit(spec: JobSpec) -> int | None:
+    """The TFJob's runPolicy.backoffLimit for `spec`: None (left out) unless the operator is
+    the only one that can count the restarts.
+
+    In Training Operator v1.9 (pkg/controller.v1/common/job.go `ReconcileJobs`) a set limit
+    fails the job, deleting every pod, when
+    - `previousRetry + 1 > backoffLimit` at a new failed pod, where previousRetry is the TFJob
+      reconciler's work queue's `NumRequeues`, always 0 (tensorflow/tfjob_controller.go
+      `NewReconciler` gives it a `util.FakeWorkQueue`, pkg/common/util/fake_workqueue.go): so
+      only a limit of 0, at the first failed pod of any exit code, before the exit code, the
+      termination message and the log are read; or
+    - the `restartCount`s of the Running pods add up to the limit (pkg/core/job.go
+      `PastBackoffLimit`): in-place restarts only, which `ExitCode` pods (restartPolicy Never)
+      never have.
+    Under ExitCode the launcher's ledger counts restarts of the worker group (backoff.py), and
+    the operator's limit could only take a limit of 0's evidence away, so it is left out; under
+    Never nothing restarts. Under OnFailure the kubelet restarts containers in place, which
+    only the operator counts, one per container: `workers` per restart of the group, so the
+    job fails once the group restarted more than `backoff_limit` times.
+    """
+    if spec.restart_policy != "OnFailure":
+        return None
+    return spec.workers * (spec.backoff_limit + 1)
+
+
 def _run_policy(spec: JobSpec) -> dict[str, Any]:
-    policy: dict[str, Any] = {
-        "cleanPodPolicy": spec.clean_pod_policy,
-        "backoffLimit": spec.backoff_limit,
-    }
+    policy: dict[str, Any] = {"cleanPodPolicy": spec.clean_pod_policy}
+    limit = operator_backoff_limit(spec)
+    if limit is not None:
+        policy["backoffLimit"] = limit
     if spec.active_deadline_seconds is not None:
         policy["activeDeadlineSeconds"] = spec.active_deadline_seconds
     if spec.ttl_seconds_after_finished is not None:

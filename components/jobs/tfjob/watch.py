@@ -12,7 +12,7 @@ since KFP 2.5 does not retry the step inside the exit handler, which would then 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from components.jobs import follow, kube
@@ -28,11 +28,18 @@ class Watch:
     """Follows one TFJob, keeping what it learns in `state`."""
 
     def __init__(
-        self, api: TFJobApi, state: JobState, poll_seconds: int, start_grace_seconds: float
+        self,
+        api: TFJobApi,
+        state: JobState,
+        poll_seconds: int,
+        start_grace_seconds: float,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api, self.state = api, state
         self.poll_seconds = poll_seconds  # longest single watch request
         self.start_grace_seconds = start_grace_seconds  # a worker that cannot start, this long
+        self.clock = clock  # seconds, monotonic: what the start grace is measured by
 
     def until_finished(self, job: dict[str, Any], deadline: float | None) -> dict[str, Any]:
         """Follow the job until it Succeeded or Failed; return the last object seen."""
@@ -114,7 +121,7 @@ class Watch:
             if image_id:
                 state.digests[pod["metadata"]["name"]] = image_id.rsplit("@", 1)[-1]
             state.saw_exit(pod)
-        now = time.monotonic()
+        now = self.clock()
         problems = [p for pod in pods if (p := not_starting(pod, replica(pod))) is not None]
         for line in state.starts.observe(problems, now):
             self.api.say(line)

@@ -23,11 +23,12 @@ from ml_metadata.proto import metadata_store_service_pb2_grpc as service_grpc
 
 from components import lineage
 from components.lineage import ArtifactRecord
+from components.lineage.schema import PIPELINE_CONTEXT
 from components.lineage.store import RPC_TIMEOUT_S
 from contracts.errors import UserError
 from pipelines.cli import lineage as lineage_cmd
 from tests.components.lineage.fake_runs import DATASET, PIPELINE, fake_run
-from tests.doubles.mlmd.server import MetadataGrpcServer, TlsFiles, make_tls
+from tests.doubles.mlmd.server import VERSIONS, MetadataGrpcServer, TlsFiles, make_tls
 
 KFP_ENV = {
     "METADATA_GRPC_SERVICE_HOST": "metadata-grpc-service",
@@ -40,10 +41,13 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
     return make_tls(tmp_path_factory.mktemp("tls"))
 
 
-@pytest.fixture(params=["plaintext", "tls"])
+@pytest.fixture(params=["plaintext", "tls", "1.14.0"])
 def server(request, tmp_path: Path, tls: TlsFiles) -> Iterator[MetadataGrpcServer]:
+    """The service in plaintext and TLS, and in plaintext as KFP 2.5's 1.14.0 server."""
     with MetadataGrpcServer(
-        tmp_path / "served.sqlite", tls=tls if request.param == "tls" else None
+        tmp_path / "served.sqlite",
+        tls=tls if request.param == "tls" else None,
+        version=request.param if request.param[0].isdigit() else VERSIONS[0],
     ) as running:
         yield running
 
@@ -162,6 +166,62 @@ def test_server_answers_unimplemented_for_rpcs_the_store_lacks(tmp_path):
         with pytest.raises(grpc.RpcError) as raised:
             stub.GetLineageGraph(service_pb2.GetLineageGraphRequest())
     assert raised.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+# ---- ml-metadata 1.14, KFP 2.5's server ----------------------------------------------------
+
+
+def note_on_pipeline_context(address: str) -> None:
+    """Another writer of the store (a person, a tool that shares it) notes the pipeline's
+    context: the property lineage must never overwrite."""
+    store = lineage.open_store(address)
+    context = store.get_context_by_type_and_name(PIPELINE_CONTEXT, PIPELINE)
+    context.custom_properties["owner"].string_value = "team-a"
+    store.put_contexts([context])
+
+
+def owner_of_pipeline(address: str) -> str:
+    store = lineage.open_store(address)
+    context = store.get_context_by_type_and_name(PIPELINE_CONTEXT, PIPELINE)
+    return str(context.custom_properties["owner"].string_value)
+
+
+@pytest.mark.parametrize(("version", "kept"), [("1.17.1", True), ("1.14.0", False)])
+def test_a_context_put_by_id_is_overwritten_by_1_14_whatever_force_reuse_context_says(
+    tmp_path, version, kept
+):
+    """What lineage did before: link the stored context, read before another writer's change,
+    by its id with force_reuse_context. 1.17.1 links it; 1.14.0 never reads the option and
+    updates the context with the stale copy, the other writer's property lost."""
+    with MetadataGrpcServer(tmp_path / "m.sqlite", version=version) as running:
+        fake_run(running.address, tmp_path / "runs", "run-1")
+        store = lineage.open_store(running.address)
+        stale = store.get_context_by_type_and_name(PIPELINE_CONTEXT, PIPELINE)
+        note_on_pipeline_context(running.address)
+        execution = mlmd.Execution(type_id=store.get_execution_type("gptpipe.Train").id)
+        store.put_execution(
+            execution, [], [stale], reuse_context_if_already_exist=True, force_reuse_context=True
+        )
+        assert (owner_of_pipeline(running.address) == "team-a") == kept
+
+
+def test_steps_keep_what_another_writer_set_on_a_context_on_1_14(tmp_path, monkeypatch):
+    """Another writer changes the pipeline's context between everything a step reads and its
+    one write: on 1.14.0, with no force_reuse_context, the write must leave the change."""
+    with MetadataGrpcServer(tmp_path / "m.sqlite", version="1.14.0") as running:
+        fake_run(running.address, tmp_path / "runs", "run-1")
+        put_execution = lineage.store._Store.put_execution
+
+        def after_another_writer(self: Any, *args: Any, **kwargs: Any) -> Any:
+            note_on_pipeline_context(running.address)
+            return put_execution(self, *args, **kwargs)
+
+        monkeypatch.setattr(lineage.store._Store, "put_execution", after_another_writer)
+        fake_run(running.address, tmp_path / "runs", "run-2")
+        assert owner_of_pipeline(running.address) == "team-a"
+        monkeypatch.undo()
+        summary = lineage.run_summary(running.address, "run-2")
+    assert [e["step"] for e in summary["executions"]] == ["tokenize", "train", "evaluate", "push"]
 
 
 # ---- which store a step uses ---------------------------------------------------------------

@@ -60,15 +60,11 @@ class RunScript:
     outcome: str = "SUCCEEDED"  # or "FAILED"
     running_polls: int = 2  # GETs that answer RUNNING before the outcome
     failed_task: str = "train"  # the task that fails when the outcome is FAILED
-    # Its error. KFP 2.5 leaves a task's `error` empty (api_converter.go toApiPipelineTaskDetail);
-    # "" serves that, any text serves the proto's field filled in.
-    error: str = "worker 0 exited with code 137 (OOMKilled)"
     duration_s: int = 3725  # created_at to finished_at
     run_id: str = ""  # the id the run gets ("" for a fresh uuid), to seed ML Metadata with
     release_fails: bool = False  # the exit task fails (the run's state stays the steps')
     attempts: int = 1  # pods the failed task ran (KFP 2.14+ honours a retry policy)
     flaked_task: str = ""  # a task whose first pod failed and whose retry succeeded
-    release_error: str = ""  # its error, as `error` is the failed step's
 
 
 class ApiError(Exception):
@@ -90,6 +86,8 @@ class KfpApiDouble:
         self.version_yaml: dict[str, str] = {}
         self.experiments: dict[str, Any] = {}
         self.runs: dict[str, Any] = {}
+        # run id -> its namespace: model.Run's, which the v2beta1 Run does not carry
+        self.run_namespaces: dict[str, str] = {}
         self.recurring_runs: dict[str, Any] = {}
         self.run_scripts: list[RunScript] = []  # for the next created runs; then the default
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status) answered
@@ -164,13 +162,25 @@ class KfpApiDouble:
 
     # ---- pipelines and versions ----------------------------------------------------------
 
+    def namespace(self, given: str | None) -> str:
+        """resource_manager.go ReplaceNamespace: the namespace asked for in multi-user mode;
+        in single-user mode always "", whatever was asked."""
+        return (given or "") if self.multi_user else ""
+
     def list_pipelines(self, query: dict[str, str]) -> dict[str, Any]:
-        # pipeline_server.go ListPipelines: the filter (filter.proto) over display_name.
-        found = _listed(self.pipelines.values(), query)
-        return _page("pipelines", found)
+        # pipeline_server.go listPipelines: the filter (filter.proto) over display_name, in
+        # exactly the namespace (pipeline_store.go ListPipelines: Namespace = ns; "" is the
+        # shared pipelines', listed apart from any namespace's).
+        found = self._exactly_in(self.pipelines.values(), query)
+        return _page("pipelines", _listed(found, query))
+
+    def _exactly_in(self, items: Iterable[Any], query: dict[str, str]) -> list[Any]:
+        namespace = self.namespace(query.get("namespace"))
+        return [i for i in items if (i.namespace or "") == namespace]
 
     def create_pipeline(self, body: bytes) -> Any:
         pipeline = parse(body, "V2beta1Pipeline")
+        pipeline.namespace = self.namespace(pipeline.namespace) or None  # pipeline_server.go
         self._unique_pipeline(pipeline.display_name, pipeline.namespace)
         pipeline.pipeline_id = str(uuid.uuid4())
         pipeline.created_at = self.tick()
@@ -193,14 +203,14 @@ class KfpApiDouble:
         filename, data = form
         name = query.get("name") or filename
         try:
-            self._unique_pipeline(name, query.get("namespace"))
+            self._unique_pipeline(name, self.namespace(query.get("namespace")))
         except ApiError as err:
             raise ApiError(409, 6, err.message, upload=True) from None
         pipeline = kfp_server_api.V2beta1Pipeline(
             pipeline_id=str(uuid.uuid4()),
             display_name=name,
             description=query.get("description"),
-            namespace=query.get("namespace") or None,
+            namespace=self.namespace(query.get("namespace")) or None,  # upload server's
             created_at=self.tick(),
         )
         self.pipelines[pipeline.pipeline_id] = pipeline
@@ -275,12 +285,24 @@ class KfpApiDouble:
     # ---- experiments ---------------------------------------------------------------------
 
     def list_experiments(self, query: dict[str, str]) -> dict[str, Any]:
-        # experiment_server.go ListExperiments: the filter, within `namespace`.
-        return _page("experiments", _listed(self.experiments.values(), query))
+        # experiment_server.go listExperiments: the filter, in exactly the namespace
+        # (experiment_store.go ListExperiments: Namespace = ns); multi-user mode refuses ""
+        # (canAccessExperiment).
+        if self.multi_user and not query.get("namespace"):
+            raise ApiError(
+                400,
+                3,
+                "List experiments failed: Failed to authorize with API: Invalid input error: "
+                "An experiment cannot have an empty namespace in multi-user mode",
+            )
+        found = self._exactly_in(self.experiments.values(), query)
+        return _page("experiments", _listed(found, query))
 
     def create_experiment(self, body: bytes) -> Any:
+        # experiment_server.go createExperiment: the namespace through ReplaceNamespace;
         # experiment_store.go CreateExperiment: a duplicate (name, namespace) is AlreadyExists.
         experiment = parse(body, "V2beta1Experiment")
+        experiment.namespace = self.namespace(experiment.namespace) or None
         if any(
             e.display_name == experiment.display_name
             and (e.namespace or "") == (experiment.namespace or "")
@@ -300,6 +322,13 @@ class KfpApiDouble:
         # a version reference without a version id runs the newest version
         # (fetchPipelineVersionFromPipelineSpec) and the run records the version it ran.
         run = parse(body, "V2beta1Run")
+        if not run.display_name:  # run_server.go createRun
+            raise ApiError(
+                400,
+                3,
+                "Failed to create a new run: Failed to create a run due to invalid name: Invalid "
+                "input error: The run name is empty. Please specify a valid name",
+            )
         if run.experiment_id not in self.experiments:
             raise ApiError(404, 5, f"Experiment {run.experiment_id} not found")
         reference = run.pipeline_version_reference
@@ -314,8 +343,20 @@ class KfpApiDouble:
                     404, 5, f"Pipeline version {reference.pipeline_version_id} not found"
                 )
             reference.pipeline_version_id = version.pipeline_version_id
+            spec = _root_spec(self.version_yaml[version.pipeline_version_id])
         elif not run.pipeline_spec:
             raise ApiError(400, 3, "Failed to create a run: a pipeline spec source is missing")
+        else:
+            spec = run.pipeline_spec.get("pipeline_spec", run.pipeline_spec)
+        # resource_manager.go CreateRun -> v2_template.go RunWorkflow, validatePipelineJobInputs
+        problem = _invalid_inputs(spec, run.runtime_config)
+        if problem:
+            raise ApiError(
+                400,
+                3,
+                "Failed to create a new run: Failed to generate the ExecutionSpec: invalid "
+                f"pipeline job inputs: Invalid input error: {problem}",
+            )
         script = self.run_scripts.pop(0) if self.run_scripts else RunScript()
         run.run_id = script.run_id or str(uuid.uuid4())
         run.state = "PENDING"
@@ -323,6 +364,8 @@ class KfpApiDouble:
         run.created_at = self.tick()
         run.finished_at = _EPOCH  # toApiRun: an unfinished run's FinishedAtInSec is 0
         self.runs[run.run_id] = run
+        # createRun: the run's namespace is its experiment's (GetValidExperimentNamespacePair)
+        self.run_namespaces[run.run_id] = self.experiments[run.experiment_id].namespace or ""
         self._scripts[run.run_id] = (script, 0)
         return dump(run)
 
@@ -338,24 +381,82 @@ class KfpApiDouble:
         return dump(run)
 
     def list_runs(self, query: dict[str, str]) -> dict[str, Any]:
-        # run_server.go ListRuns: filter, sort_by, page_size (namespace or experiment scoped).
-        return _page("runs", _listed(self.runs.values(), query))
+        # run_server.go listRuns: filter, sort_by, page_size, within the experiment or the
+        # namespace (`_scoped`).
+        found = self._scoped(
+            self.runs.values(),
+            query,
+            lambda r: self.run_namespaces.get(r.run_id, ""),
+            "A run cannot have an empty namespace in multi-user mode",
+            "Failed to list runs",
+        )
+        return _page("runs", _listed(found, query))
+
+    def _scoped(
+        self,
+        items: Iterable[Any],
+        query: dict[str, str],
+        namespace_of: Callable[[Any], str],
+        empty: str,
+        failed: str,
+    ) -> list[Any]:
+        """Runs or recurring runs as run_server.go listRuns and job_server.go listJobs scope
+        them: an experiment's (`experiment_id`), else exactly the namespace's (run_store.go,
+        job_store.go FilterOnNamespace), else, in single-user mode, all of them
+        (FilterOnResourceReference with an empty namespace); multi-user mode refuses ""
+        (canAccessRun, canAccessJob)."""
+        experiment = query.get("experiment_id", "")
+        if experiment:
+            if experiment not in self.experiments:
+                raise ApiError(404, 5, f"{failed}: Experiment {experiment} not found")
+            return [i for i in items if i.experiment_id == experiment]
+        namespace = self.namespace(query.get("namespace"))
+        if self.multi_user and not namespace:
+            raise ApiError(400, 3, f"{failed}: Invalid input error: {empty}")
+        if not namespace and not self.multi_user:
+            return list(items)
+        return [i for i in items if namespace_of(i) == namespace]
 
     # ---- recurring runs ------------------------------------------------------------------
 
     def list_recurring_runs(self, query: dict[str, str]) -> dict[str, Any]:
-        # recurring_run.proto ListRecurringRunsResponse: the field is named `recurringRuns`.
-        return _page("recurringRuns", _listed(self.recurring_runs.values(), query))
+        # job_server.go listJobs, scoped as runs are; recurring_run.proto
+        # ListRecurringRunsResponse: the field is named `recurringRuns`.
+        found = self._scoped(
+            self.recurring_runs.values(),
+            query,
+            lambda j: j.namespace or "",
+            "a recurring run cannot have an empty namespace in multi-user mode",
+            "Failed to list jobs",
+        )
+        return _page("recurringRuns", _listed(found, query))
 
     def create_recurring_run(self, body: bytes) -> Any:
         # resource_manager.go CreateJob: a pipeline id without a version id leaves the version
-        # out (the controller's runs take the newest); the pipeline needs a version to check
-        # the parameters on. api_converter.go toModelJob checks the cron with robfig's Parse.
+        # out (the controller's runs take the newest), but the parameters are checked on the
+        # newest version (v2_template.go ScheduledWorkflow, validatePipelineJobInputs).
+        # api_converter.go toModelJob checks the cron with robfig's Parse. job_server.go
+        # createJob: the namespace is the experiment's, else the one given (ReplaceNamespace).
         job = parse(body, "V2beta1RecurringRun")
         reference = job.pipeline_version_reference
         if reference is None or not reference.pipeline_id:
             raise ApiError(400, 3, "Cannot create a job with an empty pipeline ID")
-        self.latest_version(reference.pipeline_id)
+        latest = self.latest_version(reference.pipeline_id)
+        problem = _invalid_inputs(
+            _root_spec(self.version_yaml[latest.pipeline_version_id]), job.runtime_config
+        )
+        if problem:
+            raise ApiError(
+                400,
+                3,
+                "Failed to create a recurring run: Failed to validate the input parameters on "
+                "the latest pipeline version: invalid pipeline job inputs: Invalid input "
+                f"error: {problem}",
+            )
+        experiment = self.experiments.get(job.experiment_id or "")
+        job.namespace = (experiment.namespace if experiment else None) or (
+            self.namespace(job.namespace) or None
+        )
         cron = job.trigger.cron_schedule.cron if job.trigger and job.trigger.cron_schedule else ""
         if cron and not (cron.startswith("@") or len(cron.split()) in (5, 6)):
             raise ApiError(400, 3, f"Schedule cron is not a supported format: {cron}")
@@ -407,8 +508,8 @@ def _tasks(run: Any, script: RunScript) -> list[Any]:
     outcome = "FAILED" if failed else "SUCCEEDED"
     nodes: list[dict[str, Any]] = []
 
-    def node(name: str, state: str = "SUCCEEDED", parent: Any = None, error: str = "") -> Any:
-        made = {"name": name, "state": state, "error": error, "children": []}
+    def node(name: str, state: str = "SUCCEEDED", parent: Any = None) -> Any:
+        made = {"name": name, "state": state, "children": []}
         made["id"] = f"{run.run_id[:8]}-{len(nodes)}"
         if parent is not None:
             parent["children"].append(made["id"])
@@ -423,36 +524,34 @@ def _tasks(run: Any, script: RunScript) -> list[Any]:
         fails = failed and step == script.failed_task
         state = "FAILED" if fails else "SUCCEEDED"
         task = node(step, state, node(f"{step}-driver", parent=outbound))
-        error = script.error if fails else ""
         attempts = script.attempts if fails else (2 if step == script.flaked_task else 1)
         if attempts == 1:
-            outbound = node("executor", state, task, error)
+            outbound = node("executor", state, task)
         else:  # a retryStrategy (container.go): a Retry node over pods "executor(<attempt>)"
             retry = node("executor", state, task)  # (argo operator.go processNodeRetries)
             for attempt in range(attempts):
                 last = attempt == attempts - 1
                 pod_state = state if last else "FAILED"
-                outbound = node(f"executor({attempt})", pod_state, retry, error or "pod failed")
+                outbound = node(f"executor({attempt})", pod_state, retry)
         if fails:
             break
     release_state = "FAILED" if script.release_fails else "SUCCEEDED"
     hook = node("exit-handler-1.onExit", release_state, handler)
     release = node("release", release_state, node("release-driver", parent=hook))
-    node("executor", release_state, release, script.release_error if script.release_fails else "")
+    node("executor", release_state, release)
     return [_task_detail(run, made) for made in nodes]
 
 
 def _task_detail(run: Any, made: dict[str, Any]) -> Any:
-    error = made["error"]
-    status = kfp_server_api.GooglerpcStatus(code=2, message=error) if error else None
+    """api_converter.go toApiPipelineTaskDetail: no `error`, in the task or its state history
+    (set only when the task's own record cannot be converted)."""
     return kfp_server_api.V2beta1PipelineTaskDetail(
         run_id=run.run_id,
         task_id=str(uuid.uuid4()),
         display_name=made["name"],
         state=made["state"],
         pod_name=made["id"],
-        error=status,
-        state_history=[kfp_server_api.V2beta1RuntimeStatus(state=made["state"], error=status)],
+        state_history=[kfp_server_api.V2beta1RuntimeStatus(state=made["state"])],
         child_tasks=[
             kfp_server_api.PipelineTaskDetailChildTask(pod_name=child) for child in made["children"]
         ]
@@ -469,12 +568,76 @@ def _spec_struct(text: str) -> Any:
     return {"pipeline_spec": spec, "platform_spec": platform[0]} if platform else spec
 
 
+def _root_spec(text: str) -> Any:
+    """The pipeline spec of a stored YAML, without its platform spec."""
+    spec = _spec_struct(text)
+    return spec.get("pipeline_spec", spec)
+
+
+# v2_template.go validatePipelineJobInputs: per parameter type, the JSON value (structpb.Value
+# kind) it takes, and KFP's words when it gets another.
+_PARAMETER_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "NUMBER_DOUBLE": (
+        lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+        "requires type double or integer, but the parameter value is not of number value type",
+    ),
+    "STRING": (
+        lambda v: isinstance(v, str),
+        "requires type string, but the input parameter is not of string value type",
+    ),
+    "BOOLEAN": (
+        lambda v: isinstance(v, bool),
+        "requires type bool, but the input parameter is not of bool value type",
+    ),
+    "LIST": (
+        lambda v: isinstance(v, list),
+        "requires type list, but the input parameter is not of list value type",
+    ),
+    "STRUCT": (
+        lambda v: isinstance(v, dict),
+        "requires type struct, but the input parameter is not of struct value type",
+    ),
+}
+_PARAMETER_KINDS["NUMBER_INTEGER"] = _PARAMETER_KINDS["NUMBER_DOUBLE"]
+
+
+def _invalid_inputs(spec: Any, runtime_config: Any) -> str:
+    """What v2_template.go validatePipelineJobInputs refuses in a run's parameters, or "".
+
+    Go ranges over maps in no set order, so which of several problems KFP names varies; here
+    it is the first by name, and extra parameters are listed sorted."""
+    declared = ((spec.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
+    given = (runtime_config.parameters if runtime_config is not None else None) or {}
+    for name, param in sorted(declared.items()):
+        if name not in given:
+            if not param.get("isOptional") and "defaultValue" not in param:
+                return (
+                    f"parameter {name} is not optional, yet has neither default value nor user "
+                    "provided value"
+                )
+            continue
+        ptype = param.get("parameterType", "PARAMETER_TYPE_ENUM_UNSPECIFIED")
+        if ptype == "PARAMETER_TYPE_ENUM_UNSPECIFIED":
+            return f"input parameter {name} has unspecified type"
+        if ptype == "TASK_FINAL_STATUS":
+            return (
+                f"input parameter {name} requires type TASK_FINAL_STATUS, which is invalid for "
+                "root component"
+            )
+        if ptype not in _PARAMETER_KINDS:
+            return f"input parameter {name} requires type unknown"
+        fits, refusal = _PARAMETER_KINDS[ptype]
+        if not fits(given[name]):
+            return f"input parameter {name} {refusal}"
+    extra = sorted(set(given) - set(declared))
+    if extra:
+        return f"parameter(s) provided are not required by pipeline: {', '.join(extra)}"
+    return ""
+
+
 def _listed(items: Iterable[Any], query: dict[str, str]) -> list[Any]:
-    """filter (filter.go: EQUALS on display_name), namespace, sort_by, page_size."""
+    """filter (filter.go: EQUALS on display_name), sort_by, page_size."""
     found = list(items)
-    namespace = query.get("namespace", "")
-    if namespace:
-        found = [i for i in found if (getattr(i, "namespace", None) or "") in ("", namespace)]
     for predicate in json.loads(query.get("filter") or "{}").get("predicates", []):
         if predicate.get("operation") not in (1, "EQUALS") or predicate.get("key") not in (
             "display_name",

@@ -16,7 +16,7 @@ live in k8s_store.py. Every request is recorded.
 Behind it plays one of:
 - a scripted operator (k8s_scenarios.py): a list of steps, fast and deterministic;
 - the operator for real (`FakeKube.running`): operator_double.py reconciles every TFJob as the
-  Training Operator v1.9 does, and kubelet_double.py runs each pod as a local process.
+  Training Operator v1.9 does, and kubelet.py runs each pod as a local process.
 
 Usage:
     with FakeKube(scenarios.success()) as kube:
@@ -44,6 +44,7 @@ from kubernetes import client
 from tests.doubles.kubernetes import batch_api, cluster_api
 from tests.doubles.kubernetes.job_controller import JobController
 from tests.doubles.kubernetes.kubelet import Kubelet
+from tests.doubles.kubernetes.network import ServiceNetwork
 from tests.doubles.kubernetes.scenarios import (
     COMPLETION_TIME,
     IMAGE_DIGEST,
@@ -462,6 +463,7 @@ class FakeKube:
         self.operator: TrainingOperator | None = None
         self.job_controller: JobController | None = None
         self.kubelet: Kubelet | None = None
+        self.network: ServiceNetwork | None = None  # the Services, with the kubelet
         self._player: threading.Thread | None = None
         self._existing = existing
         handler = type("Handler", (_Handler,), {"kube": self})
@@ -491,10 +493,12 @@ class FakeKube:
         """
         kube = cls(existing=existing)
         kube.cluster.default_grace_seconds = grace_seconds
-        services: dict[str, int] = {}
-        kube.operator = TrainingOperator(kube.cluster, services)
+        kube.network = ServiceNetwork(kube.cluster)
+        kube.operator = TrainingOperator(kube.cluster, kube.network)
         kube.job_controller = JobController(kube.cluster, backoff_seconds=pod_failure_backoff)
-        kube.kubelet = Kubelet(kube.cluster, root, image_env, services, image_digest=IMAGE_DIGEST)
+        kube.kubelet = Kubelet(
+            kube.cluster, root, image_env, kube.network, image_digest=IMAGE_DIGEST
+        )
         return kube
 
     def __enter__(self) -> FakeKube:
@@ -517,6 +521,8 @@ class FakeKube:
             self.job_controller.stop()
         if self.kubelet is not None:
             self.kubelet.stop()
+        if self.network is not None:
+            self.network.close()
         with self.cluster.cond:
             self.cluster.closed = True
             self.cluster.cond.notify_all()

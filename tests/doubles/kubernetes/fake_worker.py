@@ -17,6 +17,11 @@ TF_CONFIG, HOSTNAME, GPTPIPE_EXTRA) and prints "worker <index> started". Modes:
   members all started equally often runs to exit 0.
 - fail-until-<file>: every worker exits 2 while RECORDS_DIR/<file> does not exist (as the
   trainer does without its examples, naming them in its termination message); then ok.
+- serve: listen on the worker's own address in TF_CONFIG and answer each connection with
+  "worker <index>"; ignore SIGTERM (only SIGKILL stops it), so that a pod being deleted still
+  answers.
+- eat-<MiB>: every worker holds <MiB> MiB of memory it has written, then hangs (SIGTERM exits
+  143).
 - wrote-<what>: worker 1 writes its termination-message file (the path in
   GPTPIPE_TERMINATION_MESSAGE, as the trainer does) and exits 2; the others hang. <what> is
   `record` (the trainer's input-error record), `long` (its record of a 10 000-character
@@ -30,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import time
 from pathlib import Path
@@ -54,6 +60,16 @@ def tell_launcher(what: str) -> None:
     }
     if what in data:
         Path(os.environ[termination.WORKER_MESSAGE_ENV]).write_bytes(data[what])
+
+
+def serve(address: str, answer: bytes) -> None:
+    """Answer every connection to `address` ("host:port") with `answer`, forever."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_server((host, int(port))) as server:
+        while True:
+            conn, _ = server.accept()
+            with conn:
+                conn.sendall(answer)
 
 
 def starts(records: Path, index: int) -> int:
@@ -87,6 +103,12 @@ def main() -> int:
         return 0
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode == "serve":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        serve(spec["cluster"]["worker"][index], f"worker {index}\n".encode())
+    if mode.startswith("eat-"):
+        held = b"x" * (int(mode.removeprefix("eat-")) << 20)  # written, so resident
+        print(f"holding {len(held) >> 20} MiB", flush=True)
     if mode.startswith("exit-") and index == 1:
         print("ValueError: bad shard", flush=True)
         return int(mode.removeprefix("exit-"))

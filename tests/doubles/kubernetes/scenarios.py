@@ -256,7 +256,7 @@ class Script:
         record the operator's ExitedWithCode event, unless not `recorded` (the operator
         deleted the pod first, or the spam filter dropped it). `wrote` is what the container
         left in its termination-message file: the kubelet keeps its last 4096 bytes as the
-        terminated state's message (kubelet_double.py)."""
+        terminated state's message (kubelet.py)."""
         with self.cluster.cond:
             pod = self.pod(index)
             status = pod["status"]
@@ -291,6 +291,13 @@ class Script:
         with self.cluster.cond:
             self.cluster.remove_pod(self.pod(index))
             self._new_pod(index)
+
+    def launcher_lists_pods_again(self, timeout: float = 60.0) -> None:
+        """Wait until the launcher lists the job's pods after this call, so it has seen what
+        the steps before it changed (goes on as `launcher_listed_pods` does)."""
+        with self.cluster.cond:
+            self._pods_changed = len(self.pod_listings or ())
+        self.launcher_listed_pods(timeout)
 
     def launcher_listed_pods(self, timeout: float = 10.0) -> None:
         """Wait until the launcher has listed the job's pods since one was last created. It

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,16 @@ def running(tmp_path: Path, **kwargs: Any) -> FakeKube:
 
 def create(kube: FakeKube, job_spec: JobSpec) -> None:
     manifest = tfjob_manifest.build_manifest(job_spec)
+    client.CustomObjectsApi(kube.api_client()).create_namespaced_custom_object(
+        "kubeflow.org", "v1", "ml", "tfjobs", manifest
+    )
+
+
+def create_with_backoff_limit(kube: FakeKube, job_spec: JobSpec, limit: int) -> None:
+    """Create the job with runPolicy.backoffLimit, which build_manifest leaves out under
+    ExitCode (manifest.py `operator_backoff_limit`)."""
+    manifest = tfjob_manifest.build_manifest(job_spec)
+    manifest["spec"]["runPolicy"]["backoffLimit"] = limit
     client.CustomObjectsApi(kube.api_client()).create_namespaced_custom_object(
         "kubeflow.org", "v1", "ml", "tfjobs", manifest
     )
@@ -206,7 +218,7 @@ def test_a_permanent_exit_code_fails_the_job_and_stops_the_others(tmp_path, reco
 
 def test_backoff_limit_zero_fails_the_job_at_the_first_failure(tmp_path, records):
     with running(tmp_path) as kube:
-        create(kube, spec(records, "exit-137", backoff_limit=0))
+        create_with_backoff_limit(kube, spec(records, "exit-137"), 0)
         assert kube.wait_for(lambda c: condition(kube, "Failed"), timeout=30)
         failed = condition(kube, "Failed")
     assert failed is not None
@@ -214,6 +226,81 @@ def test_backoff_limit_zero_fails_the_job_at_the_first_failure(tmp_path, records
         failed["message"]
         == "Job fake has failed because it has reached the specified backoff limit"
     )
+
+
+@pytest.mark.slow
+def test_a_backoff_limit_above_zero_never_fails_an_exit_code_job(tmp_path, records):
+    """previousRetry is the TFJob reconciler's FakeWorkQueue's NumRequeues, always 0, and
+    recreated pods have no restartCount: two failures against a limit of 1, and it succeeds."""
+    with running(tmp_path) as kube:
+        create_with_backoff_limit(kube, spec(records, "flaky"), 1)
+        assert kube.wait_for(lambda c: condition(kube, "Succeeded"), timeout=60)
+    assert len(starts(records, 1)) == 3
+    assert condition(kube, "Failed") is None
+
+
+def answer(port: int) -> bytes | None:
+    """What a connection to 127.0.0.1:`port` is answered, None if it is refused or reset."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            return conn.recv(64) or None
+    except OSError:
+        return None
+
+
+def answered(port: int, expected: bytes, timeout: float = 30) -> bool:
+    """Whether `port` answers `expected` within `timeout` (the worker may not listen yet)."""
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        if answer(port) == expected:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_a_peers_service_reaches_its_pod_only_while_the_pod_is_ready(tmp_path, records):
+    """The operator's headless Services have no publishNotReadyAddresses (common/service.go),
+    so a peer's name resolves only to a pod that is Ready and not terminating (endpointslice
+    podToEndpoint). A worker's own address is its pod's; its peers' are their Services'."""
+    manifest = tfjob_manifest.build_manifest(spec(records, "serve"))
+    template = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    template["terminationGracePeriodSeconds"] = 600  # terminating, still serving, all along
+    with running(tmp_path) as kube:
+        assert kube.network is not None
+        client.CustomObjectsApi(kube.api_client()).create_namespaced_custom_object(
+            "kubeflow.org", "v1", "ml", "tfjobs", manifest
+        )
+        assert kube.wait_for(lambda c: all(starts(records, i) for i in (0, 1)), timeout=30)
+        (zero,), (one,) = starts(records, 0), starts(records, 1)
+        service = kube.network.port_of("fake-worker-1.ml")
+        own = [json.loads(r["tf_config"])["cluster"]["worker"] for r in (zero, one)]
+        assert own[0][1] == own[1][0].replace(own[1][0].split(":")[1], str(service))
+        assert answered(service, b"worker 1\n")  # Ready: the name reaches worker 1
+        pod_port = int(own[1][1].split(":")[1])  # worker 1's own address: its pod's
+        client.CoreV1Api(kube.api_client()).delete_namespaced_pod("fake-worker-1", "ml")
+        assert kube.wait_for(
+            lambda c: c.pods[("ml", "fake-worker-1")]["metadata"].get("deletionTimestamp"), 10
+        )
+        assert answer(service) is None  # terminating: not ready, so not published
+        assert answer(pod_port) == b"worker 1\n" and alive(one["pid"])  # though it serves
+
+
+def test_a_container_over_its_memory_limit_is_oom_killed(tmp_path, records):
+    """The kernel kills a container over its cgroup's memory limit; the runtime says so: exit
+    code 137, reason OOMKilled (kubelet.py)."""
+    job = spec(records, "eat-256", memory="64Mi", shm_size="", workers=1, restart_policy="Never")
+    with running(tmp_path) as kube:
+        create(kube, job)
+        assert kube.wait_for(lambda c: condition(kube, "Failed"), timeout=60)
+        (pod,) = kube.cluster.pods.values()  # cleanPodPolicy Running keeps a failed pod
+        log = list(kube.cluster.logs[pod["metadata"]["uid"]])
+    (status,) = pod["status"]["containerStatuses"]
+    terminated = status["state"]["terminated"]
+    assert (terminated["exitCode"], terminated["reason"]) == (137, "OOMKilled")
+    assert pod["status"]["phase"] == "Failed"
+    ready = next(c for c in pod["status"]["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "PodCompleted")
+    assert log[0] == "worker 0 started"
 
 
 @pytest.mark.slow

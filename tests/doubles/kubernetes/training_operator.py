@@ -24,8 +24,8 @@ components/jobs/tfjob/manifest.py writes:
   exited 0, the default success policy): tfjob_controller.go `UpdateJobStatus`; how a condition
   is set (Running and Restarting replace each other, nothing after Failed):
   util/status.go `setCondition`, `filterOutCondition`;
-- headless Services `<job>-worker-<i>` (common/service.go): here each is a local port, see
-  kubelet_double.py;
+- headless Services `<job>-worker-<i>` (common/service.go), without publishNotReadyAddresses:
+  network.py, where a Service's name reaches its pod only while the pod is Ready;
 - events on the job, through client-go's recorder (event_recorder.py): "Created pod" and
   "Deleted pod" (control/pod_control.go `CreatePodsWithControllerRef`, and `DeletePod`, which
   skips a pod already terminating), "Created service" (control/service_control.go),
@@ -42,12 +42,12 @@ from __future__ import annotations
 import calendar
 import copy
 import json
-import socket
 import threading
 import time
 from typing import Any
 
 from tests.doubles.kubernetes.events import EventRecorder
+from tests.doubles.kubernetes.network import ServiceNetwork
 from tests.doubles.kubernetes.store import Cluster, now
 
 Json = dict[str, Any]
@@ -63,12 +63,6 @@ NO_EXIT = 0xBEEF  # common/pod.go ReconcilePods: the exit code of a container no
 
 def _seconds(stamp: str) -> float:
     return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def exit_code(pod: dict[str, Any]) -> int:
@@ -123,9 +117,9 @@ def _is(status: dict[str, Any], kind: str) -> bool:
 class TrainingOperator:
     """The TFJob controller's reconcile loop, one pass over every job every RESYNC_SECONDS."""
 
-    def __init__(self, cluster: Cluster, services: dict[str, int]) -> None:
+    def __init__(self, cluster: Cluster, network: ServiceNetwork) -> None:
         self.cluster = cluster
-        self.services = services  # Service `<name>.<ns>` -> local port (shared with the kubelet)
+        self.network = network  # the headless Services (network.py), shared with the kubelet
         self._created: set[str] = set()  # job uids given their Created condition
         self.recorder = EventRecorder(cluster, CONTROLLER)
         self._last_seen: dict[str, Any] = {}  # job uid -> its and its pods' state, last pass
@@ -211,8 +205,11 @@ class TrainingOperator:
             failed = sum(1 for p in pods if p["status"].get("phase") == "Failed")
             previous = sum(r.get("failed", 0) for r in status.get("replicaStatuses", {}).values())
             total = sum(r["replicas"] for r in spec["tfReplicaSpecs"].values())
-            # previousRetry + 1 > backoffLimit, where previousRetry (the work queue's requeue
-            # count) is 0 when reconciles succeed.
+            # previousRetry + 1 > backoffLimit, where previousRetry is jc.WorkQueue.NumRequeues:
+            # the TFJob reconciler's WorkQueue is a util.FakeWorkQueue (tensorflow/
+            # tfjob_controller.go NewReconciler), whose NumRequeues is always 0 (pkg/common/util/
+            # fake_workqueue.go). Failed reconciles are requeued by controller-runtime's own
+            # queue, which job.go never reads, so they cannot bring this limit closer.
             previous_retry = 0
             exceeds = failed > previous and active != total and previous_retry + 1 > limit
             restarts = sum(
@@ -333,12 +330,19 @@ class TrainingOperator:
             port = _port(replica)
             addresses = []
             for i in range(replica["replicas"]):
-                service = f"{name}-{rt}-{i}.{ns}"
-                if service not in self.services:  # ReconcileServices (one headless Service)
-                    self.services[service] = _free_port()
-                    created = f"Created service: {name}-{rt}-{i}"  # service_control.go
+                service = f"{name}-{rt}-{i}"
+                # ReconcileServices: one headless Service per replica, selecting its pod by
+                # GenLabels plus the replica's type and index (common/service.go CreateNewService)
+                selector = {
+                    LABELS + "operator-name": CONTROLLER,
+                    LABELS + "job-name": name,
+                    LABELS + "replica-type": rt,
+                    LABELS + "replica-index": str(i),
+                }
+                if self.network.ensure(service, ns, selector):
+                    created = f"Created service: {service}"  # service_control.go
                     self._event(job, "Normal", "SuccessfulCreateService", created)
-                addresses.append(f"{service}.svc:{port}")
+                addresses.append(f"{service}.{ns}.svc:{port}")
             cluster[rt] = addresses
         task = {"type": "worker", "index": index}
         return json.dumps({"cluster": cluster, "task": task, "environment": "cloud"})

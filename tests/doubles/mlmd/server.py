@@ -9,6 +9,17 @@ store returns, errors as their gRPC status codes. This stands in for KFP's
 `metadata-grpc-service` (the C++ `metadata_store_server` over MySQL), which ml_metadata's wheel
 does not ship.
 
+`version="1.14.0"` plays the server KFP 2.5.0 deploys (manifests/kustomize/base/metadata/base/
+metadata-grpc-deployment.yaml: `ml_metadata_store_server:1.14.0`) where it differs from 1.17.1
+in what the lineage layer sends: its PutExecutionRequest.Options has only fields 1 and 2
+(ml_metadata/proto/metadata_store_service.proto at v1.14.0), so a newer client's
+`force_update_time` (3) and `force_reuse_context` (4) are unknown fields it never reads, and are
+cleared here before the 1.17.1 store runs the request. Without them 1.17.1's PutExecution takes
+the path 1.14.0's always takes (ml_metadata/metadata_store/metadata_store.cc
+`UpsertContextWithOptions`, the same function at both tags): a context given with an id is
+updated as a whole, one without is found by type and name (`reuse_context_if_already_exist`) or
+created.
+
 `make_tls` writes a throwaway CA and a certificate it signs for this host, with `cryptography`.
 """
 
@@ -45,6 +56,11 @@ mlmd: Any = metadata_store_pb2
 SERVICE = metadata_store_service_pb2.DESCRIPTOR.services_by_name["MetadataStoreService"]
 # MLMD's error codes are absl status codes, which are gRPC's.
 _GRPC_CODES = {code.value[0]: code for code in grpc.StatusCode}
+VERSIONS = ("1.17.1", "1.14.0")  # the ml_metadata package's own, and KFP 2.5.0's server
+# Per RPC, the request fields (a path of field names) that 1.17.1 has and 1.14.0 does not.
+_NEWER_THAN_1_14 = {
+    "PutExecution": (("options", "force_update_time"), ("options", "force_reuse_context")),
+}
 
 
 @dataclass(frozen=True)
@@ -104,9 +120,14 @@ class MetadataGrpcServer:
     `components.lineage` (`127.0.0.1:PORT`, or `grpcs://127.0.0.1:PORT?ca=CA_FILE` with `tls`).
     """
 
-    def __init__(self, sqlite_path: Path | str, *, tls: TlsFiles | None = None) -> None:
+    def __init__(
+        self, sqlite_path: Path | str, *, tls: TlsFiles | None = None, version: str = VERSIONS[0]
+    ) -> None:
+        if version not in VERSIONS:
+            raise ValueError(f"version {version!r} is not one of {VERSIONS}")
         self.sqlite_path = Path(sqlite_path)
         self.tls = tls
+        self.version = version  # the server's ml_metadata version (module docstring)
         self.port = 0
         self._server: grpc.Server | None = None
 
@@ -124,7 +145,7 @@ class MetadataGrpcServer:
         store = metadata_store.MetadataStore(config)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
         metadata_store_service_pb2_grpc.add_MetadataStoreServiceServicer_to_server(
-            _servicer(store), server
+            _servicer(store, self.version), server
         )
         if self.tls is None:
             self.port = server.add_insecure_port(f"{HOST}:0")
@@ -155,7 +176,7 @@ class MetadataGrpcServer:
 
 
 def _servicer(
-    store: metadata_store.MetadataStore,
+    store: metadata_store.MetadataStore, version: str
 ) -> metadata_store_service_pb2_grpc.MetadataStoreServiceServicer:
     """The generated servicer with each RPC the C++ store implements forwarded to it.
 
@@ -166,15 +187,27 @@ def _servicer(
     lock = threading.Lock()  # one store connection: calls take turns, as in-process
     for method in SERVICE.methods:
         if hasattr(cc_store, method.name):
-            setattr(servicer, method.name, _forward(store, lock, method))
+            unknown = _NEWER_THAN_1_14.get(method.name, ()) if version == "1.14.0" else ()
+            setattr(servicer, method.name, _forward(store, lock, method, unknown))
     return servicer
 
 
-def _forward(store: metadata_store.MetadataStore, lock: threading.Lock, method: Any) -> Any:
+def _forward(
+    store: metadata_store.MetadataStore,
+    lock: threading.Lock,
+    method: Any,
+    unknown: tuple[tuple[str, ...], ...],
+) -> Any:
+    """The RPC `method` run by `store`, with the request's `unknown` fields cleared first."""
     response_class = getattr(metadata_store_service_pb2, method.output_type.name)
 
     def call(request: Any, context: grpc.ServicerContext) -> Any:
         response = response_class()
+        for *parents, field in unknown:
+            message = request
+            for name in parents:
+                message = getattr(message, name)
+            message.ClearField(field)
         try:
             with lock:
                 store._call_method(method.name, request, response)

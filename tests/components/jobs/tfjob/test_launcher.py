@@ -26,7 +26,7 @@ from contracts.params import TrainJob
 from tests.components.jobs.tfjob.specs import make_spec
 from tests.doubles.kubernetes.apiserver import IMAGE_DIGEST, FakeKube, scenarios
 from tests.doubles.kubernetes.crd_schema import SCHEMA, schema_errors
-from tests.doubles.kubernetes.scenarios import Script
+from tests.doubles.kubernetes.scenarios import Script, Step
 from tests.doubles.kubernetes.store import Cluster
 
 JOB_PATH = "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-run-1"
@@ -967,9 +967,20 @@ def _said(out: io.StringIO, text: str) -> None:
         time.sleep(0.05)
 
 
-def _launcher(kube: FakeKube, out: io.StringIO, grace: float) -> tfjob.TFJobLauncher:
+class Clock:
+    """The launcher's monotonic clock, moved only by the test: its start grace then ends at a
+    step of the test's, however slow the machine."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _launcher(kube: FakeKube, out: io.StringIO, grace: float, clock: Clock) -> tfjob.TFJobLauncher:
     api = kube.api_client()
-    return tfjob.TFJobLauncher(api, out=out, poll_seconds=1, start_grace_seconds=grace)
+    return tfjob.TFJobLauncher(api, out=out, poll_seconds=1, start_grace_seconds=grace, clock=clock)
 
 
 PULL = 'Back-off pulling image "registry.example/trainer@sha256:0000": ErrImagePull: not found'
@@ -982,32 +993,40 @@ def test_a_worker_that_cannot_start_fails_the_job_after_the_grace_and_frees_its_
     """The job fails once the worker has not started for the grace, and is deleted.
 
     The worker is timed by its pod, not by the reason of the moment: a failing pull alternates
-    ErrImagePull (each try) and ImagePullBackOff (between them), here faster than the grace."""
+    ErrImagePull (each try) and ImagePullBackOff (between them). Each change waits until the
+    launcher has listed the pods, and the grace (2 s) passes on the launcher's clock only when
+    the test moves it: at 1.5 s the launcher sees ImagePullBackOff, at 3 s ErrImagePull again,
+    which it first saw at 0 s."""
+    clock, out = Clock(), io.StringIO()
 
-    def flip_until_deleted(c: Script) -> None:
-        until = time.monotonic() + 60  # past the launcher's timeout: only the grace ends it
-        while c.cluster.job_key in c.cluster.tfjobs and time.monotonic() < until:
-            for reason, message in (("ImagePullBackOff", PULL), ("ErrImagePull", TRY)):
-                if c.cluster.job_key in c.cluster.tfjobs:
-                    c.cannot_start(1, reason, message)
-                time.sleep(0.3)
+    def at(seconds: float, reason: str, message: str) -> Step:
+        def step(c: Script) -> None:
+            c.cannot_start(1, reason, message)
+            # Once a listing saw the new reason, no older one is still being judged: the
+            # launcher lists, then reads its clock, one listing at a time.
+            c.launcher_lists_pods_again()
+            clock.now = seconds
+            c.launcher_lists_pods_again()
+
+        return step
 
     steps = [
         lambda c: c.condition("Created"),
         lambda c: c.create_pods(waiting={1: ("ErrImagePull", TRY)}),  # worker 0 holds its GPU
-        flip_until_deleted,
+        lambda c: _said(out, "worker-1: ErrImagePull: "),
+        at(1.5, "ImagePullBackOff", PULL),
+        at(3.0, "ErrImagePull", TRY),
     ]
-    out = io.StringIO()
     with FakeKube(steps) as kube:
         with pytest.raises(LaunchError) as err:
-            _launcher(kube, out, grace=2).run(make_spec(), timeout_seconds=20)
+            _launcher(kube, out, grace=2, clock=clock).run(make_spec(), timeout_seconds=600)
         assert kube.calls("DELETE", JOB_PATH) and kube.cluster.tfjobs == {}
     assert (err.value.reason, err.value.replica) == ("WorkerCannotStart", "worker-1")
     message = str(err.value)
-    said = r"worker-1 could not start for \d+ s \((ImagePullBackOff|ErrImagePull): "
-    assert re.search(said, message) and "; deleted it" in message, message
+    assert f"worker-1 could not start for 3 s (ErrImagePull: {TRY}); deleted it" in message
     assert "pull secret" in message and "\n" not in message
     assert out.getvalue().count("worker-1: ErrImagePull: ") == 1  # said once, not at each flip
+    assert "worker-1: ImagePullBackOff" not in out.getvalue()  # the same worker, the same wait
     assert "deleted TFJob ml/train-run-1 (WorkerCannotStart)" in out.getvalue()
 
 
@@ -1028,7 +1047,7 @@ def test_a_pull_that_recovers_within_the_grace_and_a_pod_waiting_for_a_node_do_n
         *scenarios.success()[2:],
     ]
     with FakeKube(steps) as kube:
-        result = _launcher(kube, out, grace=60).run(make_spec())
+        result = _launcher(kube, out, grace=60, clock=Clock()).run(make_spec())
     assert result.restarts == 0
     said = out.getvalue()
     assert said.count(f"worker-1: RegistryUnavailable: {unavailable} (failing the job") == 1

@@ -23,9 +23,8 @@ def test_manifest_has_the_operator_layout():
     assert manifest["apiVersion"] == "kubeflow.org/v1" and manifest["kind"] == "TFJob"
     spec = manifest["spec"]
     assert set(spec) == {"runPolicy", "tfReplicaSpecs"}  # nothing of runPolicy at spec's top
-    assert spec["runPolicy"] == {
+    assert spec["runPolicy"] == {  # no backoffLimit: the launcher counts (backoff.py)
         "cleanPodPolicy": "Running",
-        "backoffLimit": 2,
         "activeDeadlineSeconds": 7200,
         "ttlSecondsAfterFinished": 3600,
     }
@@ -159,6 +158,24 @@ def test_the_pod_security_check_catches_each_violation(change, check):
     change(pod, pod["containers"][0])
     violations = restricted_violations(pod)
     assert any(v.startswith(check) for v in violations), violations
+
+
+@pytest.mark.parametrize(
+    ("policy", "workers", "limit", "expected"),
+    [
+        ("ExitCode", 2, 0, None),  # 0 would delete every pod at the first failed one
+        ("ExitCode", 2, 3, None),  # the operator never counts recreated pods
+        ("Never", 2, 3, None),  # nothing restarts
+        ("OnFailure", 1, 0, 1),  # in-place restarts: one per container, only the operator sees
+        ("OnFailure", 4, 3, 16),  # the 4th restart of 4 containers is the 16th
+    ],
+)
+def test_the_operators_backoff_limit_is_set_only_where_only_it_counts(
+    policy, workers, limit, expected
+):
+    spec = make_spec(restart_policy=policy, workers=workers, backoff_limit=limit)
+    run_policy = tfjob_manifest.build_manifest(spec)["spec"]["runPolicy"]
+    assert run_policy.get("backoffLimit") == expected
 
 
 @pytest.mark.parametrize(
