@@ -74,9 +74,10 @@ def job_spec(
 ) -> JobSpec:
     """The benchmark's TFJob: one worker with `gpus` GPUs. Under the `ExitCode` policy a worker
     that exits 1-127 fails the job at once and its pod stays, log included; one killed by a
-    signal (preemption, out of memory) is tried once more. Not a backoff limit of 0: the
-    operator deletes every pod of a job past its limit, so the first failure would take the log
-    with it (common/job.go; tests/doubles/kubernetes/training_operator.py `_past_limits`).
+    signal (preemption, out of memory) is restarted by the operator until the deadline: under
+    `ExitCode` the manifest sets no operator backoff limit (`manifest.operator_backoff_limit`:
+    v1.9's is never counted past 0, and at 0 the operator deletes every pod, log included, at
+    the first failure), and this job, applied with kubectl, has no launcher to count.
     `allow_cpu` is the dry run on a CPU node, with no GPU asked for. `placement` is JobSpec's
     scheduling fields (node_selector, tolerations, service_account, image_pull_secrets, cpu, memory,
     allow_unpinned)."""
