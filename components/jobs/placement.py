@@ -14,6 +14,16 @@ from components.jobs import kube
 from components.jobs.spec import OwnerPod
 from contracts.errors import UserError
 
+SINGLE_USER_NAMESPACE = "kubeflow"  # where a single-user KFP runs its steps
+
+
+def kfp_step_account(namespace: str) -> str:
+    """The service account KFP 2.5 runs a run's step pods as: `pipeline-runner` in `kubeflow`
+    (single-user), `default-editor` in a profile namespace (multi-user; the profile
+    controller makes it). A TFJob's pods get it too, unless train_job.service_account names
+    another (`cluster_placement`)."""
+    return "pipeline-runner" if namespace == SINGLE_USER_NAMESPACE else "default-editor"
+
 
 def cluster_placement(
     pod: kube.PodIdentity, service_account: str = "", api_client: Any = None

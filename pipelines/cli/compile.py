@@ -52,6 +52,12 @@ def _add_tfjob_manifest(sub: Any) -> None:
     tfjob.add_argument("--model-dir", default="gs://BUCKET/model", help="Model artifact URI")
     tfjob.add_argument("--work-dir", default="gs://BUCKET/work/RUN/train", help="checkpoints")
     tfjob.add_argument("--run-id", default="manual", help="pipeline run id (names the job)")
+    tfjob.add_argument(
+        "--namespace",
+        default="kubeflow",
+        help="the run's namespace (default kubeflow: single-user KFP; else your profile): the "
+        "job's, and whose KFP step account its pods run as",
+    )
     tfjob.add_argument("--allow-unpinned", action="store_true", help="allow an image by tag")
     tfjob.set_defaults(func=_cmd_tfjob_manifest)
 
@@ -72,6 +78,7 @@ def _cmd_compile(args: argparse.Namespace) -> int:
 
 
 def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
+    from components.jobs.placement import kfp_step_account
     from components.jobs.tfjob import manifest as tfjob_manifest
     from components.train import executor
     from pipelines import compiler
@@ -84,6 +91,9 @@ def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
     ]
     job = apply_overrides({"train_job": TrainJob()}, [*shortcuts, *args.params])["train_job"]
     assert isinstance(job, TrainJob)
+    # What the train step gives the job in a step pod of `--namespace` (cluster_placement):
+    # the namespace, and the run's account or the step's own, KFP's; not the owner reference
+    # to the step pod, which only a running step has.
     spec = executor.job_spec(
         args.examples,
         args.model_dir,
@@ -92,7 +102,8 @@ def _cmd_tfjob_manifest(args: argparse.Namespace) -> int:
         launcher="tfjob",
         run_id=args.run_id,
         image=image,
-        service_account=job.service_account or None,
+        namespace=args.namespace,
+        service_account=job.service_account or kfp_step_account(args.namespace),
         **job.job_fields(),
     )
     if args.allow_unpinned:

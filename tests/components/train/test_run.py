@@ -7,6 +7,7 @@ import json
 import sys
 
 import pytest
+import yaml
 
 from components.jobs import kube
 from components.jobs.local import LocalLauncher
@@ -232,3 +233,65 @@ def test_the_plan_check_needs_a_gpu_label_for_memory_and_checks_the_batch_always
     with pytest.raises(UserError, match="seq_len 1024 x 3 replicas"):
         executor.check_plan(xl, TrainJob(launcher="local", workers=3, gpus_per_worker=2))
     executor.check_plan(xl, TrainJob(launcher="local", workers=2, gpus_per_worker=3))
+
+
+@pytest.mark.slow
+def test_tfjob_manifest_prints_the_job_the_train_step_submits(tmp_path, monkeypatch, capsys):
+    """For the same parameters, `gptpipe tfjob-manifest` is the TFJob the step POSTs from a
+    KFP step pod (KFP's own account, in its namespace), but for the owner reference to that
+    pod, which only a running step has: the deadline, the identity and every default alike."""
+    from kubernetes.config import kube_config
+
+    from components import provenance, step, storage
+    from components.jobs.errors import LaunchError
+    from components.jobs.placement import kfp_step_account
+    from components.train.executor import step_work_dir
+    from pipelines.cli.main import main
+    from tests.doubles.cluster import write_kubeconfig
+    from tests.doubles.kubernetes.apiserver import scenarios
+    from trainer.config import config_to_dict
+
+    namespace, run_id = "team-a", "run-7"
+    root, model, examples = "gs://b/root", "gs://b/root/model", "gs://b/root/examples"
+    inputs = {
+        "examples_uri": examples,
+        "dataset_version": "d" * 64,
+        "config": config_to_dict(resolve_config("tiny")),
+        "train_job": {"workers": 3, "gpus_per_worker": 2},
+        "trainer_image": PINNED,
+        "artifact_root": root,
+        "model": _Artifact(model),
+        "metadata": str(tmp_path / "metadata.sqlite"),
+        "pipeline_name": "gptpipe",
+        "image": provenance.LOCAL_IMAGE,
+    }
+    monkeypatch.setenv("KFP_RUN_ID", run_id)
+    monkeypatch.setenv(kube.POD_NAME_ENV, "run-7-train")
+    monkeypatch.setenv(kube.POD_UID_ENV, "uid-7")
+    monkeypatch.setenv(kube.POD_NAMESPACE_ENV, namespace)
+    monkeypatch.setattr(executor, "check_cache_inputs", lambda *args: None)
+    monkeypatch.setattr(step.Step, "check_shared", lambda *args: None)
+    with FakeKube(scenarios.failure(index=0, code=1)) as cluster:
+        cluster.cluster.add_pod(
+            namespace, "run-7-train", {"main": (PINNED, PINNED)},
+            service_account=kfp_step_account(namespace),
+        )  # fmt: skip
+        kubeconfig = str(write_kubeconfig(tmp_path / "kc", cluster.host))
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", kubeconfig)
+        with pytest.raises(LaunchError, match="worker-0, exit code: 1"):  # scripted to fail
+            step.run("train", executor.execute, inputs)
+        (created,) = cluster.calls("POST", "/tfjobs")
+    submitted = created.body
+    assert submitted["metadata"].pop("ownerReferences")[0]["name"] == "run-7-train"
+    args = ["tfjob-manifest", "--image", PINNED, "--config", "tiny", "--namespace", namespace]
+    args += ["--examples", examples, "--model-dir", model, "--run-id", run_id]
+    args += ["--work-dir", storage.join(root, step_work_dir(run_id, "train"))]
+    args += ["--workers", "3", "--gpus-per-worker", "2"]
+    capsys.readouterr()
+    assert main(args) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed == submitted
+    spec = printed["spec"]
+    assert spec["runPolicy"]["activeDeadlineSeconds"] == 24 * 3600
+    worker = spec["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["serviceAccountName"] == "default-editor"
