@@ -9,7 +9,8 @@ at once rather than after Kubernetes' backoff, up to `backoff_limit_per_index` t
 which the index is failed and the job fails once every index has ended. Each run of index i
 keeps its output in `<log_dir>/index-<i>/attempt-<n>.log` and its termination-message file
 (`WORKER_MESSAGE_ENV`) beside it. SIGTERM (a cancelled run) and the deadline stop every part
-and its children (components/jobs/local.py `stop_groups`).
+and its children (components/jobs/local.py `stop_groups`); a launcher killed outright takes its
+parts with it (their parent-death signal, components/jobs/lifeline.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, i
 from components.jobs.indexed.launcher import IndexedResult
 from components.jobs.indexed.spec import INDEX_ENV, IndexedJobSpec
 from components.jobs.indexed.status import format_indexes
+from components.jobs.lifeline import die_with_parent
 from components.jobs.local import POLL_SECONDS, exit_code_of, exited, stop_groups, tail_lines
 from contracts.termination import INPUT_ERROR_EXIT, WORKER_MESSAGE_ENV, read
 
@@ -207,6 +209,7 @@ class _Parts:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so children die with it
+                preexec_fn=die_with_parent(os.getpid()),  # and it dies with this launcher
             )
         except BaseException:
             log.close()
