@@ -12,10 +12,11 @@ The whole group is restarted at most `backoff_limit` times; `active_deadline_sec
 whole job. Worker 0's output goes to our stdout with a prefix; every worker's output is kept in
 `<log_dir>/attempt-<n>/worker-<i>.log`. Each worker's termination-message file is
 `worker-<i>.termination-log` beside it (contracts/termination.py): a worker that exits 2 having
-written there that it stopped on a mistake in its input (a bad config, damaged Examples) fails
-the job with that message as its first line, so the train step's error names the input and the
-fix. No worker outlives its attempt: each attempt's workers are started from a thread of their
-own, and die with it (components/jobs/lifeline.py), even when the launcher is SIGKILLed.
+written there that it stopped on a mistake in its input (a bad config, damaged Examples), or 3
+on a failure no restart can mend (a full disk), fails the job with that message as its first
+line, so the train step's error names the input or the path, and the fix. No worker outlives
+its attempt: each attempt's workers are started from a thread of their own, and die with it
+(components/jobs/lifeline.py), even when the launcher is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -37,7 +38,13 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from components.jobs.cancel import cancel_on_sigterm
-from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.errors import (
+    LaunchError,
+    LaunchTimeout,
+    format_failure,
+    told,
+    told_error,
+)
 from components.jobs.launcher import LaunchResult
 from components.jobs.lifeline import Lifeline, die_with_parent
 from components.jobs.spec import JobSpec, is_retryable_exit_code
@@ -306,6 +313,7 @@ class LocalLauncher:
                     break
                 if ended.kind == "deadline":
                     raise self._deadline_error(spec, group)
+                ended = self._cause(group, ended)
                 retryable = self._retryable(spec, ended.code)
                 if not retryable or restarts >= spec.backoff_limit:
                     raise self._failure(spec, group, ended, retryable, restarts)
@@ -327,6 +335,19 @@ class LocalLauncher:
             wall_seconds=wall,
             gpu_hours=0.0,
         )
+
+    @staticmethod
+    def _cause(group: _WorkerGroup, seen: _Exit) -> _Exit:
+        """The worker that failed the attempt: one that said why it stopped (exit 2 or 3 with
+        its termination record), whichever exit was seen first, since its peers exit 143 as
+        soon as they lose it; else the exit seen first."""
+        for index, proc in enumerate(group.procs):
+            if proc.returncode is None:  # not reaped: still running after the stop
+                continue
+            code = exit_code_of(proc.returncode)
+            if told(code, read(str(group.message_path(index)))):
+                return _Exit("failed", index, code)
+        return seen
 
     @staticmethod
     def _retryable(spec: JobSpec, code: int) -> bool:
@@ -355,8 +376,8 @@ class LocalLauncher:
                 f"job {spec.name} failed: worker-{ended.index} exited with retryable code "
                 f"{ended.code} after {restarts} restarts (backoff_limit={spec.backoff_limit})"
             )
-        elif told := input_error(spec, f"job {spec.name}", replica, ended.code, said, tail):
-            return told
+        elif error := told_error(spec, f"job {spec.name}", replica, ended.code, said, tail):
+            return error
         else:
             reason = "WorkerFailed"
             head = (

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from components.jobs.cancel import cancel_on_sigterm
-from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, told_error
 from components.jobs.indexed.launcher import IndexedResult
 from components.jobs.indexed.spec import INDEX_ENV, IndexedJobSpec
 from components.jobs.indexed.status import format_indexes
@@ -126,7 +126,7 @@ class LocalIndexedLauncher:
         spec, tail = parts.spec, self._tail(run)
         replica = f"index-{run.index}"
         said = read(str(run.message_path))
-        if told := input_error(spec, f"job {spec.name}", replica, code, said, tail):
+        if told := told_error(spec, f"job {spec.name}", replica, code, said, tail):
             return told
         head = (
             f"job {spec.name} failed: index {run.index} exited with code {code} (bad input), "
