@@ -3,8 +3,9 @@
 The codes are the launchers' contract (docs/training.md, "Exit codes"): below 128 the
 operator's ExitCode policy fails the job at once, 128 and above it restarts every worker.
 - 2: a mistake in the input (`UserError`), with an `input_error` record naming it;
-- 3: a failure no restart can mend (`trainer.unmendable`), with a `permanent_error` record
-  naming where and the fix;
+- 3: a failure no restart can mend (`trainer.unmendable`), or restarts that lost more
+  training than the run's length (`trainer.restarts`), with a `permanent_error` record naming
+  where and the fix;
 - 143: preempted after the backup, a failed export, a lost peer: a restart resumes from the
   backup;
 - anything else is raised again: a bug, exit 1.
@@ -19,7 +20,7 @@ import tensorflow as tf
 
 from contracts import termination
 from contracts.errors import UserError
-from trainer import unmendable
+from trainer import restarts, unmendable
 from trainer.export import ExportFailed
 from trainer.preemption import EXIT_PREEMPTED, Preempted
 
@@ -33,6 +34,8 @@ def exit_code(err: Exception, message_file: str | None) -> int:
         return _stop(termination.INPUT_ERROR, str(err), message_file)
     if isinstance(err, Preempted):
         return EXIT_PREEMPTED
+    if isinstance(err, restarts.LostTooMuch):
+        return _stop(termination.PERMANENT_ERROR, str(err), message_file)
     permanent = unmendable.describe(err)
     if permanent is not None:
         return _stop(termination.PERMANENT_ERROR, permanent, message_file)

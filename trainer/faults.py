@@ -1,7 +1,8 @@
 """Test-only fault injection: a worker sends itself SIGKILL or SIGTERM after a given step, or
 once it has written its export (the chief: the Model) and before the export barrier; or, with
 `no_space`, the backup after that step or the export itself fails to be written as on a full
-disk, with the error TensorFlow's file system raises then (ENOSPC).
+disk, with the error TensorFlow's file system raises then (ENOSPC); with `lose_backup`, the
+backup folder is removed before the signal, so that the restart finds none.
 
 Set by the trainer's `--fault-*` flags; tests/faults/test_worker_faults.py and
 tests/faults/test_tfjob_faults.py use it to check that a job survives losing a worker. It is
@@ -38,6 +39,7 @@ class Fault:
     signal_name: str = "KILL"  # one of FAULT_SIGNALS
     at_export: bool = False  # signal once the export is written, before the export barrier
     no_space: bool = False  # instead of a signal, that write (the backup, the export) fails: ENOSPC
+    lose_backup: bool = False  # before the signal, remove the backup, as a lost volume would
 
 
 class InjectFault(StepCallback):
@@ -85,6 +87,9 @@ class InjectFault(StepCallback):
         if self.fault.no_space:
             log.warning("fault injection: no space left on device %s", when)
             raise tf.errors.ResourceExhaustedError(None, None, f"{path}; No space left on device")
+        if self.fault.lose_backup and tf.io.gfile.exists(self.backup_dir):
+            log.warning("fault injection: removing the backup %s", self.backup_dir)
+            tf.io.gfile.rmtree(self.backup_dir)
         name = self.fault.signal_name
         log.warning("fault injection: SIG%s %s", name, when)
         os.kill(os.getpid(), getattr(signal, f"SIG{name}"))

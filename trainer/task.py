@@ -46,6 +46,7 @@ from trainer import (
     flops,
     model,
     precision,
+    restarts,
     run_plan,
     train_step,
 )
@@ -105,6 +106,10 @@ def train(
         plan = budget.with_kept_plan(plan, work_dir)
     global_batch = plan.global_batch
     resume_step = backed_up_step(_backup_dir(work_dir))
+    is_chief = cluster.is_chief(tf_config)
+    if is_chief:  # a restart that cannot resume says so, and counts what it lost
+        backup_every = cfg.train.checkpoint_every
+        restarts.begin(work_dir, _backup_dir(work_dir), resume_step, backup_every, plan.steps)
     checked = posixpath.join(work_dir, CHECKED_SHARDS_DIR)
     datasets = data.distributed_datasets(
         strategy, examples_dir, manifest, cfg, plan, resume_step, checked
@@ -118,7 +123,6 @@ def train(
         cfg.train.recompute,
         plan.describe(),
     )
-    is_chief = cluster.is_chief(tf_config)
     telemetry = _telemetry(is_chief, work_dir, progress, metrics_port)
     monitor = _monitor(cfg, plan, work_dir, schedule, telemetry, jit, workers)
     backup = PreemptibleBackup(
@@ -449,6 +453,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="send the fault signal once this worker has written its export (before the barrier)",
     )
     testing.add_argument(
+        "--fault-lose-backup",
+        action="store_true",
+        help="remove the backup folder before sending the fault signal",
+    )
+    testing.add_argument(
         "--fault-no-space",
         action="store_true",
         help="instead of a signal, fail that write as a full disk does: the backup after "
@@ -495,6 +504,7 @@ def _run(
             args.fault_signal,
             args.fault_at_export,
             args.fault_no_space,
+            args.fault_lose_backup,
         )
         if args.fault_at_step > 0 or args.fault_at_export
         else None

@@ -206,3 +206,33 @@ def test_a_full_disk_fails_the_job_once_naming_the_path(tmp_path, examples, wher
     assert [p.name for p in logs.iterdir()] == ["attempt-1"]  # no restart
     assert "Traceback" not in (logs / "attempt-1" / "worker-0.log").read_text()
     assert not model.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.fault("every attempt loses its backup, then its worker (SIGKILL at step 30)")
+def test_restarts_that_cannot_resume_say_so_and_stop_once_they_lost_a_runs_length(
+    tmp_path, examples
+):
+    """Each restart finds no backup, says so and trains from step 1 again, losing the 20 steps
+    the job had validated: the third would take the loss past the run's own 40 steps, so it
+    stops at once (exit 3), well within backoff_limit."""
+    model, work, logs = tmp_path / "model", tmp_path / "work", tmp_path / "launcher-logs"
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    spec = train_step.job_spec(
+        str(examples), str(model), str(work), cfg, launcher="local", run_id="lost", workers=1
+    )
+    flags = ["--fault-at-step", "30", "--fault-worker", "0", "--fault-lose-backup"]
+    spec = dataclasses.replace(spec, command=[*spec.command, *flags], backoff_limit=10)
+    out = io.StringIO()
+    with pytest.raises(WorkerPermanentError) as raised:
+        LocalLauncher(log_dir=logs, out=out).run(spec)
+    assert sorted(p.name for p in logs.iterdir()) == [f"attempt-{n}" for n in (1, 2, 3, 4)]
+    said = f"restarting from step 1: no backup could be read in {work / 'backup'}: "
+    for attempt, lost in ((2, 20), (3, 40)):
+        text = (logs / f"attempt-{attempt}" / "worker-0.log").read_text()
+        assert said in text and f"20 steps lost, {lost} in all (about " in text, text[-3000:]
+    assert "restarting from step 1" in out.getvalue()  # worker 0's lines are the run's
+    assert str(raised.value).startswith(
+        f"job {spec.name} failed: worker-0 exited with code 3: restarts lost 60 steps of "
+        f"training, more than the run's own {STEPS}: no backup could be read in {work}/backup"
+    ), str(raised.value)
