@@ -183,8 +183,10 @@ def test_sigterm_at_the_last_step_lets_training_end_and_export(tmp_path, example
 @pytest.mark.fault("the disk fills as the chief writes the Model, or its backup (ENOSPC)")
 @pytest.mark.parametrize("where", ["export", "backup"])
 def test_a_full_disk_fails_the_job_once_naming_the_path(tmp_path, examples, where):
-    """No restart (each would train again first): the one error line names the path and the
-    fix, whichever worker's exit the launcher saw first."""
+    """The job fails without a restart, its one error line naming the path and the fix.
+
+    A restart would train again before failing the same way. Worker 1, which loses the chief,
+    exits 143; the launcher blames the chief whichever exit it saw first."""
     model, work, logs = tmp_path / "model", tmp_path / "work", tmp_path / "launcher-logs"
     at = ["--fault-at-export"] if where == "export" else ["--fault-at-step", str(BACKUP_EVERY)]
     cfg = resolve_config("tiny", TINY_OVERRIDES)
@@ -213,9 +215,11 @@ def test_a_full_disk_fails_the_job_once_naming_the_path(tmp_path, examples, wher
 def test_restarts_that_cannot_resume_say_so_and_stop_once_they_lost_a_runs_length(
     tmp_path, examples
 ):
-    """Each restart finds no backup, says so and trains from step 1 again, losing the 20 steps
-    the job had validated: the third would take the loss past the run's own 40 steps, so it
-    stops at once (exit 3), well within backoff_limit."""
+    """Each restart says it starts from step 1; the one past the run's length fails the job.
+
+    Each restart finds no backup, says so and trains from step 1 again, losing the 20 steps the
+    job had validated: the third would take the loss past the run's own 40 steps, so it stops
+    at once (exit 3), well within backoff_limit."""
     model, work, logs = tmp_path / "model", tmp_path / "work", tmp_path / "launcher-logs"
     cfg = resolve_config("tiny", TINY_OVERRIDES)
     spec = train_step.job_spec(

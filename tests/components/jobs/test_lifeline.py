@@ -109,6 +109,7 @@ def _waiting(tmp_path: Path) -> list[int]:
     "sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name
 )
 def test_no_worker_outlives_a_launcher_stopped_at_the_rendezvous(tmp_path, sig):
+    """Every worker is gone soon after, though deaf to SIGTERM in the rendezvous."""
     launcher, worker = _start(tmp_path, workers=2)
     try:
         _wait_for(
@@ -137,8 +138,10 @@ def test_no_worker_outlives_a_launcher_stopped_at_the_rendezvous(tmp_path, sig):
 
 @pytest.mark.fault("the local launcher SIGKILLed as its first worker runs, others starting")
 def test_no_worker_outlives_a_launcher_killed_while_it_starts_them(tmp_path):
-    """The kill falls wherever the start has got to (before a fork, between a fork and the
-    exec, after): nothing started is left, and a child not yet armed kills itself."""
+    """Nothing it started is left, wherever the start had got to.
+
+    The kill falls before a fork, between a fork and the exec, or after: a child not yet armed
+    finds itself re-parented and kills itself."""
     launcher, worker = _start(tmp_path, workers=6)
     try:
         _wait_for(

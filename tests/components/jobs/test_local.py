@@ -229,8 +229,10 @@ def test_a_permanent_exit_code_fails_with_worker_index_and_log_tail(job, tmp_pat
 
 @pytest.mark.fault("a worker finds the disk full (exit 3, its record) and its peer exits 143 first")
 def test_a_full_disk_fails_the_job_at_once_whichever_exit_came_first(job, tmp_path):
-    """Worker 0 exits 143 before worker 1's exit 3: the launcher sees it first, yet blames the
-    worker that said why it stopped, and does not restart."""
+    """The job fails at once, blaming the worker that said why it stopped.
+
+    Worker 0 exits 143 before worker 1's exit 3: the launcher sees it first, yet does not
+    restart."""
     # Worker 1 outlasts the launcher's SIGTERM until worker 0 has gone: a grace it cannot
     # run past on a loaded machine (the wait ends when it exits).
     launcher = LocalLauncher(log_dir=tmp_path / "logs", out=io.StringIO(), kill_grace_seconds=600)

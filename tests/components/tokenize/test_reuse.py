@@ -74,6 +74,7 @@ def _grow(shard: Path) -> None:
 def test_a_damaged_dataset_is_said_and_tokenized_again_whole(
     stored, tmp_path, capsys, damage, said
 ):
+    """It is said to be damaged, tokenized again to the same manifest, and trains."""
     shard = stored.manifest.splits["train"].shards[2]
     damage(Path(stored.uri) / shard)
     capsys.readouterr()
@@ -112,6 +113,7 @@ def test_an_unreadable_manifest_is_damage_too(stored, tmp_path):
 
 @pytest.mark.fault("a shard of a stored gs:// dataset rewritten with other bytes of its size")
 def test_a_gcs_shard_of_another_crc32c_is_tokenized_again(gcs, tmp_path, capsys):
+    """Its crc32c, listed by GCS, tells it apart: it is tokenized again, then reused."""
     gcs.put("corpus/tiny.txt", tiny_corpus().encode("utf-8"))
     corpus, root = gcs.uri("corpus/tiny.txt"), gcs.uri("datasets")
     first = tokenize.run_content_addressed(corpus, root, **OPTIONS)

@@ -953,10 +953,11 @@ def test_a_job_the_operator_failed_on_exit_2_reads_the_failed_workers_message(wr
     assert (err.value.replica, err.value.exit_code) == ("worker-1", 2)
 
 
-@pytest.mark.fault("a full disk: the chief exits 3 with its record, its peer 143 when it goes")
+@pytest.mark.fault("a full disk: a worker exits 3 with its record, its peer 143 when it goes")
 def test_a_job_failed_on_a_full_disk_names_it_though_a_peers_143_is_listed_first():
-    """Pods list in name order: worker-0's 143 (it lost its peer) comes before worker-1's exit
-    3, whose record names the path; the error is that record, one line, a user error."""
+    """The error is the record of the worker that exited 3, one line naming the path.
+
+    Pods list in name order: worker-0's 143 (it lost its peer) comes before worker-1's exit 3."""
     steps = [*scenarios.failure(code=3)]
     steps[-2:-1] = [
         lambda c: c.exit(1, 3, wrote=PERMANENT_ERROR),
