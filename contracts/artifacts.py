@@ -45,6 +45,8 @@ TENSORBOARD_DIR = "logs"  # in train's work folder: TensorBoard event files
 WORKER_LOGS_DIR = "worker-logs"  # in train's work folder: each local worker's log
 # in train's work folder: the steps train.max_minutes planned ({"steps": N, "final": bool})
 TIME_BUDGET_PLAN = "time_budget.json"
+# in train's work folder: the attempts started there, and the training restarts lost
+RESTARTS_FILE = "restarts.json"
 # Non-chief workers' scratch, each removed by its worker; the train step sweeps what a worker
 # that died left (components/train/executor.run): `<work>/<prefix><random>` for the model a
 # worker writes and throws away, `<work>/checkpoints/<prefix><random>` for its checkpoints.

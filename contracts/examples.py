@@ -58,6 +58,12 @@ class SplitStats:
     # Windows in each shard, in order (each unit's last shard of a split is partly filled);
     # () in a hand-made manifest: every shard full but the last.
     shard_windows: tuple[int, ...] = ()
+    # Bytes of each shard, in order, which a reuse of the dataset checks; () in manifests
+    # written before they were recorded (and in a part's own record)
+    shard_bytes: tuple[int, ...] = ()
+    # CRC32C of each shard as GCS reports it (base64), in order, when the shards were written
+    # to gs://, whose listing gives it free; () on local disk, where it would cost a read
+    shard_crc32c: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,12 @@ file of its own in its attempt folder. A worker reads the variable once, at its 
 
 The record is a `TerminationMessage`; exit code `INPUT_ERROR_EXIT` with kind `INPUT_ERROR`
 means the worker stopped on a mistake in its input (a bad config, damaged Examples) and the
-message names the input and the fix. A file that holds anything else (a user's own image writing
-text there) is no record: `parse` returns None, and the job fails as any failed worker does.
+message names the input and the fix; exit code `PERMANENT_ERROR_EXIT` with kind
+`PERMANENT_ERROR`, that it stopped on a failure no restart can mend (a full disk, a read-only
+file system, a denied permission, a spent retry budget), and the message names where and the
+fix. Both codes are below 128, so the operator's ExitCode policy fails the job at once. A file
+that holds anything else (a user's own image writing text there) is no record: `parse` returns
+None, and the job fails as any failed worker does.
 """
 
 from __future__ import annotations
@@ -27,7 +31,10 @@ TERMINATION_MESSAGE_PATH = "/dev/termination-log"  # Kubernetes' default termina
 MAX_MESSAGE_BYTES = 4096  # what the kubelet keeps of the file: its last 4096 bytes
 INPUT_ERROR = "input_error"  # the kind of a mistake in the worker's input
 INPUT_ERROR_EXIT = 2  # the exit code that goes with it (docs/training.md)
-KINDS = (INPUT_ERROR,)
+PERMANENT_ERROR = "permanent_error"  # the kind of a failure no restart can mend
+PERMANENT_ERROR_EXIT = 3  # the exit code that goes with it
+KINDS = (INPUT_ERROR, PERMANENT_ERROR)
+EXIT_CODES = {INPUT_ERROR: INPUT_ERROR_EXIT, PERMANENT_ERROR: PERMANENT_ERROR_EXIT}  # by kind
 
 
 @dataclass(frozen=True)

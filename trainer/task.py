@@ -37,7 +37,19 @@ from contracts.errors import UserError
 from contracts.process import exit_without_final_gc
 from contracts.progress import Progress
 from contracts.training import TrainMetrics, parse_metrics
-from trainer import budget, cluster, data, export, flops, model, precision, run_plan, train_step
+from trainer import (
+    budget,
+    cluster,
+    data,
+    exits,
+    export,
+    flops,
+    model,
+    precision,
+    restarts,
+    run_plan,
+    train_step,
+)
 from trainer import config as config_lib
 from trainer.budget import UNPLANNED_STEPS, TimeBudget
 from trainer.callbacks import Measured, PeriodicCheckpoint, TrainMonitor
@@ -47,7 +59,6 @@ from trainer.history import TrainHistory
 from trainer.metrics_server import MetricsServer
 from trainer.optimization import WarmupCosine, build_optimizer
 from trainer.preemption import (
-    EXIT_PREEMPTED,
     Agreement,
     Preempted,
     PreemptibleBackup,
@@ -95,6 +106,10 @@ def train(
         plan = budget.with_kept_plan(plan, work_dir)
     global_batch = plan.global_batch
     resume_step = backed_up_step(_backup_dir(work_dir))
+    is_chief = cluster.is_chief(tf_config)
+    if is_chief:  # a restart that cannot resume says so, and counts what it lost
+        backup_every = cfg.train.checkpoint_every
+        restarts.begin(work_dir, _backup_dir(work_dir), resume_step, backup_every, plan.steps)
     checked = posixpath.join(work_dir, CHECKED_SHARDS_DIR)
     datasets = data.distributed_datasets(
         strategy, examples_dir, manifest, cfg, plan, resume_step, checked
@@ -108,7 +123,6 @@ def train(
         cfg.train.recompute,
         plan.describe(),
     )
-    is_chief = cluster.is_chief(tf_config)
     telemetry = _telemetry(is_chief, work_dir, progress, metrics_port)
     monitor = _monitor(cfg, plan, work_dir, schedule, telemetry, jit, workers)
     backup = PreemptibleBackup(
@@ -118,7 +132,11 @@ def train(
         agree,
         check_every=cfg.train.preemption_check_every,
     )
-    fault_cb = InjectFault(fault, cluster.task_index(tf_config)) if fault else None
+    fault_cb = (
+        InjectFault(fault, cluster.task_index(tf_config), _backup_dir(work_dir), model_dir)
+        if fault
+        else None
+    )
     planner = _budget(cfg, plan, work_dir, is_chief, agree, workers, schedule, monitor)
     callbacks = _callbacks(cfg, work_dir, is_chief, monitor, backup, fault_cb, planner)
     try:
@@ -140,6 +158,8 @@ def train(
     parts = export.ModelParts(
         gpt, cfg, tokenizer_path, metrics, monitor.history, _extras(examples_dir)
     )
+    if fault_cb:
+        fault_cb.before_export()
     export.write_model_artifact(parts, model_dir, work_dir, is_chief)
     if fault_cb:
         fault_cb.after_export()
@@ -432,6 +452,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="store_true",
         help="send the fault signal once this worker has written its export (before the barrier)",
     )
+    testing.add_argument(
+        "--fault-lose-backup",
+        action="store_true",
+        help="remove the backup folder before sending the fault signal",
+    )
+    testing.add_argument(
+        "--fault-no-space",
+        action="store_true",
+        help="instead of a signal, fail that write as a full disk does: the backup after "
+        "--fault-at-step, or the export with --fault-at-export",
+    )
     return p.parse_args(argv)
 
 
@@ -467,7 +498,14 @@ def _run(
     if not tf.io.gfile.isdir(args.examples):
         raise UserError(f"examples: folder {args.examples!r} not found; pass --examples DIR")
     fault = (
-        Fault(args.fault_at_step, args.fault_worker, args.fault_signal, args.fault_at_export)
+        Fault(
+            args.fault_at_step,
+            args.fault_worker,
+            args.fault_signal,
+            args.fault_at_export,
+            args.fault_no_space,
+            args.fault_lose_backup,
+        )
         if args.fault_at_step > 0 or args.fault_at_export
         else None
     )
@@ -485,20 +523,9 @@ def _run(
     )
 
 
-def _tell_launcher(path: str | None, error: UserError) -> None:
-    """Name the bad input in this worker's termination-message file, where the launcher reads
-    why it stopped (contracts/termination.py), if the launcher gave one."""
-    if not path:
-        return
-    said = termination.TerminationMessage(termination.INPUT_ERROR, str(error))
-    try:
-        termination.write(path, said)
-    except OSError as e:
-        print(f"could not write the termination message to {path}: {e}", file=sys.stderr)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI: user errors print one line to stderr and exit 2; retryable failures exit 143."""
+    """CLI: user errors print one line to stderr and exit 2, failures no restart can mend exit
+    3, retryable ones exit 143 (docs/training.md, "Exit codes")."""
     args = parse_args(argv)
     exit_without_final_gc()  # a worker's end is the train step's wall time too
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -510,20 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     watch.install()
     try:
         _run(args, tf_config, watch, progress, port_env)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)  # for people reading the log
-        _tell_launcher(message_file, e)
-        return termination.INPUT_ERROR_EXIT
-    except Preempted:
-        return EXIT_PREEMPTED
-    except export.ExportFailed as e:
-        log.error("export failed (%s); exiting %d to retry from the backup", e, EXIT_PREEMPTED)
-        return EXIT_PREEMPTED
-    except (tf.errors.UnavailableError, tf.errors.AbortedError) as e:
-        # How collectives report a lost peer worker. The whole group must restart, so this one
-        # exits retryably too; exit 1 would make the operator fail the job.
-        log.error("lost a peer worker or the cluster (%s); exiting %d", e.message, EXIT_PREEMPTED)
-        return EXIT_PREEMPTED
+    except Exception as e:  # noqa: BLE001 -- raised again unless it is one a worker exits on
+        return exits.exit_code(e, message_file)
     return 0
 
 

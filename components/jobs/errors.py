@@ -1,5 +1,6 @@
-"""How a training job fails: `LaunchError` and its kinds (a worker's bad input, a timeout, a
-cancel), and the one message format for a failed worker (its exit code and last log lines).
+"""How a training job fails: `LaunchError` and its kinds (a worker's bad input or permanent
+failure, a timeout, a cancel), and the one message format for a failed worker (its exit code
+and last log lines).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from contracts.errors import UserError
-from contracts.termination import INPUT_ERROR, INPUT_ERROR_EXIT, TerminationMessage
+from contracts.termination import EXIT_CODES, INPUT_ERROR, TerminationMessage
 
 
 class LaunchError(RuntimeError):
@@ -38,6 +39,12 @@ class WorkerInputError(LaunchError, UserError):
     error's message is that one line, so the train step prints it as a user error."""
 
 
+class WorkerPermanentError(LaunchError, UserError):
+    """A worker stopped on a failure no restart can mend (a full disk, a read-only file system,
+    a denied permission, a spent retry budget): it exited 3 and named where and the fix in its
+    termination message. Not retried; one line, as a user error, since the fix is the user's."""
+
+
 class Named(Protocol):
     """A job spec, as an error names it (`JobSpec`, indexed `IndexedJobSpec`)."""
 
@@ -45,25 +52,32 @@ class Named(Protocol):
     def name(self) -> str: ...
 
 
-def input_error(
+def told(exit_code: int | None, said: TerminationMessage | None) -> bool:
+    """True if a worker that exited `exit_code` said why in its termination record (`said`):
+    an input error with exit 2, or a permanent failure with exit 3."""
+    return said is not None and exit_code == EXIT_CODES[said.kind]
+
+
+def told_error(
     spec: Named,
     what: str,
     replica: str | None,
     exit_code: int | None,
     said: TerminationMessage | None,
     tail: Sequence[str],
-) -> WorkerInputError | None:
-    """The error for a worker that exited 2 having named its bad input in its termination
-    message (`said`); None otherwise.
+) -> WorkerInputError | WorkerPermanentError | None:
+    """The error for a worker that exited 2 or 3 having said why in its termination message
+    (`said`): a `WorkerInputError` or a `WorkerPermanentError`; None otherwise.
 
     `what` names the job as the launcher does ("job <name>", "TFJob <namespace>/<name>");
     `replica` the part that failed ("worker-1", "index-3").
     """
-    if exit_code != INPUT_ERROR_EXIT or said is None or said.kind != INPUT_ERROR:
+    if said is None or not told(exit_code, said):
         return None
-    return WorkerInputError(
-        f"{what} failed: {replica or 'a worker'} exited with code 2: {said.message}",
-        reason="WorkerInputError",
+    error = WorkerInputError if said.kind == INPUT_ERROR else WorkerPermanentError
+    return error(
+        f"{what} failed: {replica or 'a worker'} exited with code {exit_code}: {said.message}",
+        reason=error.__name__,
         job_name=spec.name,
         replica=replica,
         exit_code=exit_code,

@@ -12,9 +12,11 @@ The whole group is restarted at most `backoff_limit` times; `active_deadline_sec
 whole job. Worker 0's output goes to our stdout with a prefix; every worker's output is kept in
 `<log_dir>/attempt-<n>/worker-<i>.log`. Each worker's termination-message file is
 `worker-<i>.termination-log` beside it (contracts/termination.py): a worker that exits 2 having
-written there that it stopped on a mistake in its input (a bad config, damaged Examples) fails
-the job with that message as its first line, so the train step's error names the input and the
-fix.
+written there that it stopped on a mistake in its input (a bad config, damaged Examples), or 3
+on a failure no restart can mend (a full disk), fails the job with that message as its first
+line, so the train step's error names the input or the path, and the fix. No worker outlives
+its attempt: each attempt's workers are started from a thread of their own, and die with it
+(components/jobs/lifeline.py), even when the launcher is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -36,8 +38,15 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from components.jobs.cancel import cancel_on_sigterm
-from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.errors import (
+    LaunchError,
+    LaunchTimeout,
+    format_failure,
+    told,
+    told_error,
+)
 from components.jobs.launcher import LaunchResult
+from components.jobs.lifeline import Lifeline, die_with_parent
 from components.jobs.spec import JobSpec, is_retryable_exit_code
 from contracts.process import running_processes
 from contracts.termination import WORKER_MESSAGE_ENV, read
@@ -128,22 +137,27 @@ class _Exit:
 
 
 class _WorkerGroup:
-    """One attempt: N worker processes, each in its own process group."""
+    """One attempt: N worker processes, each in its own process group, started from a
+    `Lifeline` thread, so that none outlives the attempt, whatever ends it."""
 
     def __init__(self, spec: JobSpec, attempt_dir: Path, ports: Sequence[int], out: TextIO):
         self.spec, self.dir, self.out = spec, attempt_dir, out
         self.procs: list[subprocess.Popen[bytes]] = []
         self.files: list[IO[bytes]] = []
         self.pump: threading.Thread | None = None
+        self.lifeline = Lifeline(f"{spec.name}-workers")
+        self._stopping = threading.Event()
         attempt_dir.mkdir(parents=True, exist_ok=True)
         base = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+        envs = []
+        for index in range(spec.workers):
+            env = {**base, "PYTHONUNBUFFERED": "1", **spec.env}
+            if spec.workers > 1:
+                env["TF_CONFIG"] = tf_config(ports, index)
+            env[WORKER_MESSAGE_ENV] = str(self.message_path(index))
+            envs.append(env)
         try:
-            for index in range(spec.workers):
-                env = {**base, "PYTHONUNBUFFERED": "1", **spec.env}
-                if spec.workers > 1:
-                    env["TF_CONFIG"] = tf_config(ports, index)
-                env[WORKER_MESSAGE_ENV] = str(self.message_path(index))
-                self._start(index, env)
+            self.lifeline.submit(lambda: self._start_all(envs)).result()
         except BaseException:
             self.stop(grace=0)  # a worker that could not start must not strand the others
             raise
@@ -156,6 +170,13 @@ class _WorkerGroup:
         terminationMessagePath), which it writes when it stops on a bad input."""
         return self.dir / f"worker-{index}.termination-log"
 
+    def _start_all(self, envs: Sequence[Mapping[str, str]]) -> None:
+        """Start the workers, in the lifeline's thread; stop starting once told to stop."""
+        for index, env in enumerate(envs):
+            if self._stopping.is_set():
+                return
+            self._start(index, env)
+
     def _start(self, index: int, env: Mapping[str, str]) -> None:
         log_file = self.log_path(index).open("wb")
         self.files.append(log_file)
@@ -166,6 +187,7 @@ class _WorkerGroup:
             stdout=subprocess.PIPE if index == 0 else log_file,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so children die with it
+            preexec_fn=die_with_parent(os.getpid()),  # and it dies with the lifeline
         )
         self.procs.append(proc)
         if index == 0:
@@ -201,10 +223,17 @@ class _WorkerGroup:
             time.sleep(POLL_SECONDS)
 
     def stop(self, grace: float) -> None:
-        """Stop every worker and its children (`stop_groups`), then close the logs."""
+        """Stop every worker and its children (`stop_groups`), then close the logs.
+
+        The workers still starting are let finish starting first (no fork is cut short), and
+        stopped with the others; the lifeline is released last, killing anything left.
+        """
+        self._stopping.set()
         try:
+            self.lifeline.drain()
             stop_groups(self.procs, grace)
         finally:
+            self.lifeline.release()
             if self.pump is not None:
                 self.pump.join(timeout=5)
             for f in self.files:
@@ -284,6 +313,7 @@ class LocalLauncher:
                     break
                 if ended.kind == "deadline":
                     raise self._deadline_error(spec, group)
+                ended = self._cause(group, ended)
                 retryable = self._retryable(spec, ended.code)
                 if not retryable or restarts >= spec.backoff_limit:
                     raise self._failure(spec, group, ended, retryable, restarts)
@@ -305,6 +335,19 @@ class LocalLauncher:
             wall_seconds=wall,
             gpu_hours=0.0,
         )
+
+    @staticmethod
+    def _cause(group: _WorkerGroup, seen: _Exit) -> _Exit:
+        """The worker that failed the attempt: one that said why it stopped (exit 2 or 3 with
+        its termination record), whichever exit was seen first, since its peers exit 143 as
+        soon as they lose it; else the exit seen first."""
+        for index, proc in enumerate(group.procs):
+            if proc.returncode is None:  # not reaped: still running after the stop
+                continue
+            code = exit_code_of(proc.returncode)
+            if told(code, read(str(group.message_path(index)))):
+                return _Exit("failed", index, code)
+        return seen
 
     @staticmethod
     def _retryable(spec: JobSpec, code: int) -> bool:
@@ -333,8 +376,8 @@ class LocalLauncher:
                 f"job {spec.name} failed: worker-{ended.index} exited with retryable code "
                 f"{ended.code} after {restarts} restarts (backoff_limit={spec.backoff_limit})"
             )
-        elif told := input_error(spec, f"job {spec.name}", replica, ended.code, said, tail):
-            return told
+        elif error := told_error(spec, f"job {spec.name}", replica, ended.code, said, tail):
+            return error
         else:
             reason = "WorkerFailed"
             head = (

@@ -29,7 +29,10 @@ METRICS_PORT = 9090  # the port TFJob trainers serve /metrics on (prometheus-cli
 
 
 def is_retryable_exit_code(code: int) -> bool:
-    """True for exit codes the operator's ExitCode policy restarts (128-255: killed by a signal)."""
+    """True for exit codes the operator's ExitCode policy restarts (128-255: killed by a signal;
+    kubeflow/training-operator pkg/util/train/train_util.go `IsRetryableExitCode`, as
+    pkg/controller.v1/common/pod.go `ReconcilePods` applies it). The trainer exits 2 and 3 on
+    what no restart can mend (contracts/termination.py)."""
     return code >= 128
 
 

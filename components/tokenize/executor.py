@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import sentencepiece as spm
 
 from components import storage
-from components.tokenize import bpe, phases
+from components.tokenize import bpe, phases, reuse
 from components.tokenize.corpus import CHUNK_BYTES, check_not_blank, list_sources, train_bytes
 from components.tokenize.dataset import (
     DocumentCounts,
@@ -345,6 +346,7 @@ class Dataset:
     uri: str  # the Examples folder
     manifest: ExamplesManifest  # its manifest.json, with `sources` as listed by this run
     reused: bool  # True when the folder already existed and nothing was tokenized
+    damage: str = ""  # what was wrong with a stored folder this run tokenized again; "": none
 
 
 def execute(
@@ -431,7 +433,9 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
     lets KFP's cache key for train follow the data (docs/lineage.md). A folder is complete
     once its manifest.json exists: atomic_dir writes the manifest last. Runs on the same data
     at the same time tokenize it once: one holds the version's lease
-    (`<datasets_root>/.<version>.lease`), the others wait for its manifest.
+    (`<datasets_root>/.<version>.lease`), the others wait for its manifest. A complete folder
+    that a shard is missing from, or of another size or crc32c than its manifest records, is
+    not reused: the lease's holder says so, discards it and tokenizes it again (reuse.py).
     """
     version, sources = dataset_version_of(
         corpus, **{k: v for k, v in options.items() if k not in NOT_VERSIONED}
@@ -456,15 +460,23 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
         listed = tuple(source_entry(f) for f in sources)
         return Dataset(uri, dataclasses.replace(manifest, sources=listed), True)
 
+    def whole() -> bool:  # complete, and nothing of it missing or cut (reuse.py)
+        return storage.has_content(manifest_uri) and reuse.damage(uri, manifest_uri) is None
+
     lease = storage.join(datasets_root, f".{version}.lease")
-    with storage.hold_or_wait(lease, done=lambda: storage.has_content(manifest_uri)) as holder:
-        if not holder:  # a concurrent run on the same data tokenized it while we waited
+    damage = ""
+    with storage.hold_or_wait(lease, done=whole) as holder:
+        if not holder:  # stored whole, or a concurrent run tokenized it while we waited
             return stored()
         # A run killed while copying this version into place on gs:// left its staging
         # upload; finish it (or clean up an abandoned one) so the folder is not "taken".
         storage.finish_publishes(datasets_root, ready=EXAMPLES_MANIFEST)
         if storage.has_content(manifest_uri):
-            return stored()
+            damage = reuse.damage(uri, manifest_uri) or ""
+            if not damage:
+                return stored()
+            _say(options, f"dataset {version[:12]} is damaged ({damage}): tokenizing it again")
+            reuse.discard(uri, manifest_uri)
         try:
             manifest = run(corpus, uri, expected_version=version, **options)
         except FileExistsError:
@@ -474,7 +486,16 @@ def run_content_addressed(corpus: str, datasets_root: str, **options: Any) -> Da
             if not storage.has_content(manifest_uri):
                 raise
             return stored()
-    return Dataset(uri, manifest, False)
+    return Dataset(uri, manifest, False, damage)
+
+
+def _say(options: dict[str, Any], message: str) -> None:
+    """A line for the step's log (always: it explains a tokenize nobody expected) and the run
+    view."""
+    print(f"tokenize: {message}", file=sys.stderr, flush=True)
+    reporter = options.get("reporter")
+    if reporter is not None:
+        reporter.note(message)
 
 
 def write_reference(folder: str, dataset: Dataset) -> None:

@@ -131,6 +131,7 @@ def merge(
     include: dict[str, str] = {}
     stats: dict[str, SplitStats] = {}
     documents = dict.fromkeys(SPLITS, 0)
+    listed = _listed(work, units)
     for split in SPLITS:
         shards = [
             storage.join(unit_uri(work, PHASES[1], unit), shard)
@@ -146,10 +147,23 @@ def merge(
             sum(s.tokens for s in parts),
             sum(s.chars for s in parts),
             tuple(n for s in parts for n in s.shard_windows),
+            tuple(listed[uri].size for uri in shards),
+            tuple(listed[uri].crc32c for uri in shards) if storage.is_gcs(work) else (),
         )
         documents[split] = sum(record.documents[split] for record in records)
         check_one_window(corpus, split, stats[split], plan)
     return stats, documents, include
+
+
+def _listed(work: str, units: range) -> dict[str, storage.FileInfo]:
+    """The encoded units' files by URI, as the store lists them: their sizes, and on gs://
+    their crc32c, for the manifest (no shard is read again)."""
+    found = {}
+    for unit in units:
+        folder = unit_uri(work, PHASES[1], unit)
+        for relative, info in storage.list_tree(folder).items():
+            found[storage.join(folder, relative)] = info
+    return found
 
 
 def write_merged(plan: Plan, work: str, folder: Path) -> None:

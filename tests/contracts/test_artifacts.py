@@ -62,7 +62,15 @@ TODAY_MANIFEST = """{
         64,
         64,
         35
-      ]
+      ],
+      "shard_bytes": [
+        1569,
+        1575,
+        1617,
+        1636,
+        975
+      ],
+      "shard_crc32c": []
     },
     "eval": {
       "shards": [
@@ -73,7 +81,11 @@ TODAY_MANIFEST = """{
       "chars": 577,
       "shard_windows": [
         31
-      ]
+      ],
+      "shard_bytes": [
+        888
+      ],
+      "shard_crc32c": []
     }
   },
   "tokenizer": {

@@ -7,6 +7,7 @@ step 0, so the restarted job runs clean. The tiny config trains 40 steps with a 
 validation every 20.
 """
 
+import dataclasses
 import io
 import json
 import math
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from components.jobs.errors import WorkerPermanentError
 from components.jobs.launcher import LaunchResult
 from components.jobs.local import LocalLauncher
 from components.jobs.spec import JobSpec
+from components.train import executor as train_step
 from components.train.executor import trainer_command
 from contracts.artifacts import TRAIN_HISTORY
 from tests.tiny import TINY_OVERRIDES
@@ -174,3 +177,66 @@ def test_sigterm_at_the_last_step_lets_training_end_and_export(tmp_path, example
     assert written["tokens_per_second"] > 0
     assert job.final_val_loss() > 0  # the last validation ran
     assert (job.model / "Format-Serving" / "saved_model.pb").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.fault("the disk fills as the chief writes the Model, or its backup (ENOSPC)")
+@pytest.mark.parametrize("where", ["export", "backup"])
+def test_a_full_disk_fails_the_job_once_naming_the_path(tmp_path, examples, where):
+    """The job fails without a restart, its one error line naming the path and the fix.
+
+    A restart would train again before failing the same way. Worker 1, which loses the chief,
+    exits 143; the launcher blames the chief whichever exit it saw first."""
+    model, work, logs = tmp_path / "model", tmp_path / "work", tmp_path / "launcher-logs"
+    at = ["--fault-at-export"] if where == "export" else ["--fault-at-step", str(BACKUP_EVERY)]
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    spec = train_step.job_spec(
+        str(examples), str(model), str(work), cfg, launcher="local", run_id="full", workers=2
+    )
+    flags = ["--fault-no-space", "--fault-worker", "0", *at]
+    spec = dataclasses.replace(spec, command=[*spec.command, *flags], backoff_limit=3)
+    launcher = LocalLauncher(log_dir=logs, out=io.StringIO(), kill_grace_seconds=2)
+    with pytest.raises(WorkerPermanentError) as raised:
+        train_step.run(spec, cfg, str(model), str(work), launcher)
+    e = raised.value
+    assert (e.replica, e.exit_code) == ("worker-0", 3)
+    path = model / "Format-Serving" if where == "export" else work / "backup" / "chief"
+    assert str(e).startswith(
+        f"job {spec.name} failed: worker-0 exited with code 3: no space left on device at {path}/"
+    ), str(e)
+    assert "\n" not in str(e) and str(e).endswith("or give the run a root with room")
+    assert [p.name for p in logs.iterdir()] == ["attempt-1"]  # no restart
+    assert "Traceback" not in (logs / "attempt-1" / "worker-0.log").read_text()
+    assert not model.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.fault("every attempt loses its backup, then its worker (SIGKILL at step 30)")
+def test_restarts_that_cannot_resume_say_so_and_stop_once_they_lost_a_runs_length(
+    tmp_path, examples
+):
+    """Each restart says it starts from step 1; the one past the run's length fails the job.
+
+    Each restart finds no backup, says so and trains from step 1 again, losing the 20 steps the
+    job had validated: the third would take the loss past the run's own 40 steps, so it stops
+    at once (exit 3), well within backoff_limit."""
+    model, work, logs = tmp_path / "model", tmp_path / "work", tmp_path / "launcher-logs"
+    cfg = resolve_config("tiny", TINY_OVERRIDES)
+    spec = train_step.job_spec(
+        str(examples), str(model), str(work), cfg, launcher="local", run_id="lost", workers=1
+    )
+    flags = ["--fault-at-step", "30", "--fault-worker", "0", "--fault-lose-backup"]
+    spec = dataclasses.replace(spec, command=[*spec.command, *flags], backoff_limit=10)
+    out = io.StringIO()
+    with pytest.raises(WorkerPermanentError) as raised:
+        LocalLauncher(log_dir=logs, out=out).run(spec)
+    assert sorted(p.name for p in logs.iterdir()) == [f"attempt-{n}" for n in (1, 2, 3, 4)]
+    said = f"restarting from step 1: no backup could be read in {work / 'backup'}: "
+    for attempt, lost in ((2, 20), (3, 40)):
+        text = (logs / f"attempt-{attempt}" / "worker-0.log").read_text()
+        assert said in text and f"20 steps lost, {lost} in all (about " in text, text[-3000:]
+    assert "restarting from step 1" in out.getvalue()  # worker 0's lines are the run's
+    assert str(raised.value).startswith(
+        f"job {spec.name} failed: worker-0 exited with code 3: restarts lost 60 steps of "
+        f"training, more than the run's own {STEPS}: no backup could be read in {work}/backup"
+    ), str(raised.value)

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from components.jobs import kube
-from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, told_error
 from components.jobs.indexed.api import JobApi
 from components.jobs.indexed.launcher import IndexedResult
 from components.jobs.indexed.manifest import CONTAINER, INDEX_ANNOTATION
@@ -76,7 +76,7 @@ def failure(api: JobApi, job: Mapping[str, Any]) -> LaunchError:
     code, replica = int(ended["exitCode"]), f"index-{_index(pod)}"
     tail = api.log_tail(pod["metadata"]["name"])
     said = termination.parse(ended.get("message") or "")
-    if error := input_error(api.spec, api.what, replica, code, said, tail):
+    if error := told_error(api.spec, api.what, replica, code, said, tail):
         return error
     return LaunchError(
         format_failure(head, replica, code, tail),

@@ -9,7 +9,8 @@ at once rather than after Kubernetes' backoff, up to `backoff_limit_per_index` t
 which the index is failed and the job fails once every index has ended. Each run of index i
 keeps its output in `<log_dir>/index-<i>/attempt-<n>.log` and its termination-message file
 (`WORKER_MESSAGE_ENV`) beside it. SIGTERM (a cancelled run) and the deadline stop every part
-and its children (components/jobs/local.py `stop_groups`).
+and its children (components/jobs/local.py `stop_groups`); a launcher killed outright takes its
+parts with it (their parent-death signal, components/jobs/lifeline.py).
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from pathlib import Path
 from typing import IO, TextIO
 
 from components.jobs.cancel import cancel_on_sigterm
-from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, told_error
 from components.jobs.indexed.launcher import IndexedResult
 from components.jobs.indexed.spec import INDEX_ENV, IndexedJobSpec
 from components.jobs.indexed.status import format_indexes
+from components.jobs.lifeline import die_with_parent
 from components.jobs.local import POLL_SECONDS, exit_code_of, exited, stop_groups, tail_lines
 from contracts.termination import INPUT_ERROR_EXIT, WORKER_MESSAGE_ENV, read
 
@@ -124,7 +126,7 @@ class LocalIndexedLauncher:
         spec, tail = parts.spec, self._tail(run)
         replica = f"index-{run.index}"
         said = read(str(run.message_path))
-        if told := input_error(spec, f"job {spec.name}", replica, code, said, tail):
+        if told := told_error(spec, f"job {spec.name}", replica, code, said, tail):
             return told
         head = (
             f"job {spec.name} failed: index {run.index} exited with code {code} (bad input), "
@@ -207,6 +209,7 @@ class _Parts:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # its own process group, so children die with it
+                preexec_fn=die_with_parent(os.getpid()),  # and it dies with this launcher
             )
         except BaseException:
             log.close()

@@ -30,11 +30,17 @@ from contracts.errors import UserError
 
 T = TypeVar("T")
 # The errors by which the launcher ends a job the operator would go on running (restarts past
-# the backoff limit; a worker's permanent exit, or its exit 2 naming its bad input, while the
-# job is Restarting: kubeflow/trainer#2044; a worker that cannot start: start.py): the job is
+# the backoff limit; a worker's permanent exit, or its exit 2 or 3 saying why, while the job
+# is Restarting: kubeflow/trainer#2044; a worker that cannot start: start.py): the job is
 # deleted, its workers' GPUs freed.
 ENDED_BY_US = frozenset(
-    {"BackoffLimitExceeded", "PermanentWorkerError", "WorkerInputError", "WorkerCannotStart"}
+    {
+        "BackoffLimitExceeded",
+        "PermanentWorkerError",
+        "WorkerInputError",
+        "WorkerPermanentError",
+        "WorkerCannotStart",
+    }
 )
 
 

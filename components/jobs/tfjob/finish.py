@@ -14,6 +14,7 @@ from components.jobs.tfjob.status import (
     BACKOFF_MESSAGE,
     JobState,
     failure_error,
+    said_why,
     terminated_exit,
 )
 
@@ -29,7 +30,11 @@ def failure(
 ) -> LaunchError:
     """The error for a Failed job, with the failing worker's log (worker 0's if none)."""
     failed = [pod for pod in api.pods() if terminated_exit(pod)]
-    failed.sort(key=lambda pod: (pod.get("status") or {}).get("phase") != "Failed")
+    # A worker that said why it stopped (exit 2 or 3 with its record) first: its peers exit
+    # 143 once they lose it, and the operator may list theirs first.
+    failed.sort(
+        key=lambda pod: (not said_why(pod), (pod.get("status") or {}).get("phase") != "Failed")
+    )
     tail = list(worker0_tail)
     cause = None
     if failed:

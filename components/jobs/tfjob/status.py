@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from components.jobs.errors import LaunchError, LaunchTimeout, format_failure, input_error
+from components.jobs.errors import (
+    LaunchError,
+    LaunchTimeout,
+    format_failure,
+    told,
+    told_error,
+)
 from components.jobs.spec import JobSpec
 from components.jobs.tfjob.manifest import CONTAINER, LABEL_REPLICA_INDEX, LABEL_REPLICA_TYPE
 from components.jobs.tfjob.restarts import RestartLedger
@@ -60,6 +66,13 @@ def _failed_state(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
             if terminated and terminated.get("exitCode"):
                 return dict(terminated)
     return None
+
+
+def said_why(pod: Mapping[str, Any]) -> bool:
+    """True if the pod's `tensorflow` container exited 2 or 3 with its termination record
+    saying why (components/jobs/errors.py `told`)."""
+    ended = terminated_exit(pod)
+    return ended is not None and told(ended[0], worker_said(pod))
 
 
 def terminated_exit(pod: Mapping[str, Any]) -> tuple[int, str] | None:
@@ -235,7 +248,7 @@ def failure_error(
         name, exit_code, tail_of = cause.replica, cause.code, "worker-0"
     job = f"TFJob {spec.namespace}/{spec.name}"
     said = worker_said(failed_pod) if failed_pod is not None else None
-    if told := input_error(spec, job, name, exit_code, said, tail):
+    if told := told_error(spec, job, name, exit_code, said, tail):
         return told
     reason = condition.get("reason", "Failed")
     message = condition.get("message", "")
@@ -275,7 +288,7 @@ def permanent_error(
 ) -> LaunchError:
     """The error for a worker that exited with a permanent code while the job was Restarting."""
     job = f"TFJob {spec.namespace}/{spec.name}"
-    if told := input_error(spec, job, replica(pod), code, worker_said(pod), tail):
+    if told := told_error(spec, job, replica(pod), code, worker_said(pod), tail):
         return told
     return LaunchError(
         format_failure(

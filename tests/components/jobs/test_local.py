@@ -32,6 +32,7 @@ import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
 mode, out = sys.argv[1], Path(sys.argv[2])
+FULL_DISK = "no space left on device at /runs/x/model: a restart cannot mend this; free space"
 tf_config = os.environ.get("TF_CONFIG")
 index = json.loads(tf_config)["task"]["index"] if tf_config else 0
 record = {"pid": os.getpid(), "tf_config": tf_config,
@@ -43,7 +44,16 @@ print(f"worker {index} started", flush=True)
 
 def starts(i):
     path = out / f"starts-{i}.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    text = path.read_text() if path.exists() else ""
+    return text.count("\n")  # whole lines only: a start may be midway through its record
+
+
+def running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def block():
@@ -97,6 +107,23 @@ if mode == "leave-child":  # worker 1 exits 1, leaving a child that ignores SIGT
     block()
 if mode == "hang":
     block()
+if mode == "full-disk":  # worker 1 finds the disk full (exit 3, its record); worker 0 loses it
+    said = out / "said-1"
+    if index == 1:
+        record = {"kind": "permanent_error", "message": FULL_DISK}
+        Path(os.environ["GPTPIPE_TERMINATION_MESSAGE"]).write_text(json.dumps(record))
+        print(f"error: {FULL_DISK}", flush=True)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # it ends by itself, after worker 0
+        said.touch()
+        while starts(0) < 1:  # a whole line: its start is recorded
+            time.sleep(0.01)
+        peer = json.loads((out / "starts-0.jsonl").read_text().splitlines()[0])["pid"]
+        while running(peer):  # it exits 143 first, as a peer that lost this one does
+            time.sleep(0.01)
+        sys.exit(3)
+    while not said.exists():
+        time.sleep(0.01)
+    sys.exit(143)
 if mode == "stubborn":  # ignores SIGTERM: stopped only by SIGKILL, after the grace period
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     block()
@@ -198,6 +225,28 @@ def test_a_permanent_exit_code_fails_with_worker_index_and_log_tail(job, tmp_pat
     assert "worker-1 exited with code 1" in str(e) and "ValueError: bad shard" in str(e)
     assert len(starts(tmp_path, 1)) == 1  # no restart
     assert not any(alive(p) for p in recorded_pids(tmp_path))
+
+
+@pytest.mark.fault("a worker finds the disk full (exit 3, its record) and its peer exits 143 first")
+def test_a_full_disk_fails_the_job_at_once_whichever_exit_came_first(job, tmp_path):
+    """The job fails at once, blaming the worker that said why it stopped.
+
+    Worker 0 exits 143 before worker 1's exit 3: the launcher sees it first, yet does not
+    restart."""
+    # Worker 1 outlasts the launcher's SIGTERM until worker 0 has gone: a grace it cannot
+    # run past on a loaded machine (the wait ends when it exits).
+    launcher = LocalLauncher(log_dir=tmp_path / "logs", out=io.StringIO(), kill_grace_seconds=600)
+    with pytest.raises(LaunchError) as err:
+        launcher.run(job("full-disk", backoff_limit=3))
+    e = err.value
+    assert isinstance(e, UserError) and e.reason == "WorkerPermanentError"
+    assert (e.replica, e.exit_code) == ("worker-1", 3)
+    assert str(e) == (
+        "job local-test failed: worker-1 exited with code 3: no space left on device at "
+        "/runs/x/model: a restart cannot mend this; free space"
+    )
+    assert len(starts(tmp_path, 0)) == len(starts(tmp_path, 1)) == 1  # no restart
+    assert not (tmp_path / "logs" / "attempt-2").exists()
 
 
 @pytest.mark.parametrize(

@@ -684,28 +684,37 @@ BAD_SHARD = "shard train-00001 is not a GZIP TFRecord file"
 INPUT_ERROR = termination.encode(
     termination.TerminationMessage(termination.INPUT_ERROR, BAD_SHARD)
 ).decode()
+FULL_DISK = (
+    "no space left on device at gs://b/runs/r/model/Format-Serving/variables/v.data: a "
+    "restart cannot mend this; free space there, or give the run a root with room"
+)
+PERMANENT_ERROR = termination.encode(
+    termination.TerminationMessage(termination.PERMANENT_ERROR, FULL_DISK)
+).decode()
 
 
 @pytest.mark.fault("a worker exits permanently while its TFJob is Restarting")
 @pytest.mark.parametrize(
-    ("last_line", "wrote", "reason"),
+    ("last_line", "code", "wrote", "reason"),
     [
-        ("ValueError: bad shard", "", "PermanentWorkerError"),
+        ("ValueError: bad shard", 2, "", "PermanentWorkerError"),
         # The trainer's exit 2 naming its bad input in its termination message (a user error,
         # no traceback), which the launcher turns into a WorkerInputError: the job must go all
         # the same.
-        (f"error: {BAD_SHARD}", INPUT_ERROR, "WorkerInputError"),
+        (f"error: {BAD_SHARD}", 2, INPUT_ERROR, "WorkerInputError"),
+        # Its exit 3 naming a full disk, which no restart can mend.
+        (f"error: {FULL_DISK}", 3, PERMANENT_ERROR, "WorkerPermanentError"),
     ],
-    ids=["a traceback", "the trainer's input-error record"],
+    ids=["a traceback", "the trainer's input-error record", "the trainer's full-disk record"],
 )
-def test_permanent_exit_while_restarting_fails_and_deletes_the_job(last_line, wrote, reason):
+def test_permanent_exit_while_restarting_fails_and_deletes_the_job(last_line, code, wrote, reason):
     """The run fails naming the worker's exit, and the job is deleted, freeing its workers.
 
     The operator would keep it Restarting (kubeflow/trainer#2044)."""
     steps = [
         *scenarios.hang(),
         lambda c: c.log(1, last_line),
-        lambda c: c.exit(1, 2, wrote=wrote),
+        lambda c: c.exit(1, code, wrote=wrote),
         lambda c: c.condition("Restarting"),
     ]
     with FakeKube(steps) as kube:
@@ -714,9 +723,10 @@ def test_permanent_exit_while_restarting_fails_and_deletes_the_job(last_line, wr
         assert (err.value.reason, err.value.replica, err.value.exit_code) == (
             reason,
             "worker-1",
-            2,
+            code,
         )
-        assert (BAD_SHARD if wrote else "ValueError: bad shard") in str(err.value)
+        said = {INPUT_ERROR: BAD_SHARD, PERMANENT_ERROR: FULL_DISK}.get(wrote, "ValueError")
+        assert said in str(err.value)
         assert kube.calls("DELETE", JOB_PATH)
         assert f"deleted TFJob ml/train-run-1 ({reason})" in kube.output
 
@@ -941,6 +951,24 @@ def test_a_job_the_operator_failed_on_exit_2_reads_the_failed_workers_message(wr
     assert isinstance(err.value, error)
     assert (BAD_SHARD in str(err.value)) == (error is UserError)
     assert (err.value.replica, err.value.exit_code) == ("worker-1", 2)
+
+
+@pytest.mark.fault("a full disk: a worker exits 3 with its record, its peer 143 when it goes")
+def test_a_job_failed_on_a_full_disk_names_it_though_a_peers_143_is_listed_first():
+    """The error is the record of the worker that exited 3, one line naming the path.
+
+    Pods list in name order: worker-0's 143 (it lost its peer) comes before worker-1's exit 3."""
+    steps = [*scenarios.failure(code=3)]
+    steps[-2:-1] = [
+        lambda c: c.exit(1, 3, wrote=PERMANENT_ERROR),
+        lambda c: c.exit(0, 143),
+    ]
+    with FakeKube(steps) as kube, pytest.raises(LaunchError) as err:
+        run_tfjob(kube)
+    e = err.value
+    assert isinstance(e, UserError) and e.reason == "WorkerPermanentError"
+    assert (e.replica, e.exit_code) == ("worker-1", 3)
+    assert str(e) == f"TFJob ml/train-run-1 failed: worker-1 exited with code 3: {FULL_DISK}"
 
 
 def test_the_message_of_a_container_restarted_in_place_is_its_last_states():
