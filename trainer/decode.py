@@ -7,8 +7,9 @@ sampled one, and what each row adds is masked out of the buffer at the end. Posi
 the shortest prompt are prefilled in one forward pass.
 
 For a gptpipe GPT (trainer/model.py) each step runs one position through the blocks with the
-keys and values of the earlier positions kept per layer (the cache: (B, H, seq_len, hd) each,
-static in size, so the loop keeps its shapes). Once a row reaches seq_len tokens the context is
+keys and values of the earlier positions kept per layer (the cache: (B, H, L, hd) each, L the
+call's longest row, at most seq_len; its size is fixed for the loop, so the loop keeps its
+shapes, and a short call reads a short cache). Once a row reaches seq_len tokens the context is
 the last seq_len, whose positions shift at every step, so from there each step runs the model
 over that window, as the uncached path always does; so does any other Keras model (B, T) ->
 (B, T, V). The result is the uncached path's: greedy decoding takes the same tokens, and seeded
@@ -58,18 +59,20 @@ class Decoder:
         )
 
     def cache_shapes(self) -> list[tf.TensorShape]:
-        """The cache's shapes: keys and values for every block, each (B, H, seq_len, hd)."""
+        """The cache's shapes: keys and values for every block, each (B, H, L, hd)."""
         if not self.cached:
             return []
         shapes = []
         for block in self.blocks:
             h = block.n_head
-            shapes += [tf.TensorShape([None, h, self.seq_len, block.d_model // h])] * 2
+            shapes += [tf.TensorShape([None, h, None, block.d_model // h])] * 2
         return shapes
 
-    def empty_cache(self, batch: tf.Tensor) -> list[tf.Tensor]:
-        """Zeroed keys and values for every block (`cache_shapes`)."""
-        return [tf.zeros(tf.stack([batch, *s[1:]]), tf.float32) for s in self.cache_shapes()]
+    def empty_cache(self, batch: tf.Tensor, length: tf.Tensor) -> list[tf.Tensor]:
+        """Zeroed keys and values for every block (`cache_shapes`), `length` positions."""
+        return [
+            tf.zeros(tf.stack([batch, s[1], length, s[3]]), tf.float32) for s in self.cache_shapes()
+        ]
 
     def window(self, tokens: tf.Tensor, end: tf.Tensor) -> tf.Tensor:
         """Logits (B, V) for position `end` from the seq_len tokens before it (fewer at the
@@ -77,9 +80,9 @@ class Decoder:
         context = tokens[:, tf.maximum(end - self.seq_len, 0) : end]  # (B, T<=seq_len)
         return tf.cast(self.model(context, training=False)[:, -1], tf.float32)
 
-    def prefill(self, tokens: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """tokens (B, T<=seq_len) at positions 0..T-1 -> logits (B, V) for position T, and the
-        cache with their keys and values."""
+    def prefill(self, tokens: tf.Tensor, length: tf.Tensor) -> tuple[tf.Tensor, list[tf.Tensor]]:
+        """tokens (B, T<=length) at positions 0..T-1 -> logits (B, V) for position T, and the
+        cache of `length` (<= seq_len) positions with their keys and values."""
         t = tf.shape(tokens)[1]
         x = self._embed(tokens, 0)  # (B, T, C)
         causal = tf.linalg.band_part(tf.ones((t, t), x.dtype), -1, 0)
@@ -88,27 +91,28 @@ class Decoder:
             q, k, v = block.attn.heads(block.ln_1(x))  # each (B, H, T, hd)
             x = x + block.attn.merge(block.attn.attend(q, k, v, causal))
             x = x + block.mlp(x)
-            pad = [[0, 0], [0, 0], [0, self.seq_len - t], [0, 0]]
-            cache += [tf.pad(k, pad), tf.pad(v, pad)]  # (B, H, seq_len, hd) each
+            pad = [[0, 0], [0, 0], [0, length - t], [0, 0]]
+            cache += [tf.pad(k, pad), tf.pad(v, pad)]  # (B, H, L, hd) each
         return self._logits(x[:, -1:]), cache
 
     def step(
         self, token: tf.Tensor, position: tf.Tensor, cache: list[tf.Tensor]
     ) -> tuple[tf.Tensor, list[tf.Tensor]]:
-        """token (B,) at `position` (< seq_len) -> logits (B, V) for the next position, and the
-        cache with its keys and values added."""
+        """token (B,) at `position` (< the cache's length) -> logits (B, V) for the next
+        position, and the cache with its keys and values added."""
         x = self._embed(token[:, tf.newaxis], position)  # (B, 1, C)
         b = tf.shape(token)[0]
         heads = self.blocks[0].n_head  # every block's: the model's n_head
         bi, hi = tf.meshgrid(tf.range(b), tf.range(heads), indexing="ij")  # (B, H) each
         at = tf.stack([bi, hi, tf.fill(tf.shape(bi), position)], axis=-1)  # (B, H, 3)
-        visible = tf.cast(tf.range(self.seq_len) <= position, x.dtype)[tf.newaxis]  # (1, S)
+        length = tf.shape(cache[0])[2]
+        visible = tf.cast(tf.range(length) <= position, x.dtype)[tf.newaxis]  # (1, L)
         new_cache = []
         for i, block in enumerate(self.blocks):
             q, k, v = block.attn.heads(block.ln_1(x), start=position)  # each (B, H, 1, hd)
             # A scatter, not a one-hot sum over the cache: TensorFlow updates the buffer in
             # place when nothing else holds it (measured 1.2x at batch 8, bench/generate_bench).
-            keys = tf.tensor_scatter_nd_update(cache[2 * i], at, k[:, :, 0])  # (B, H, S, hd)
+            keys = tf.tensor_scatter_nd_update(cache[2 * i], at, k[:, :, 0])  # (B, H, L, hd)
             values = tf.tensor_scatter_nd_update(cache[2 * i + 1], at, v[:, :, 0])
             x = x + block.attn.merge(block.attn.attend(q, keys, values, visible))
             x = x + block.mlp(x)
@@ -180,10 +184,11 @@ def _start(decoder: Decoder, tokens: tf.Tensor, first: tf.Tensor) -> tuple[tf.Te
     if not decoder.cached:
         return decoder.window(tokens, first), []
     batch = tf.shape(tokens)[0]
+    length = tf.minimum(tf.shape(tokens)[1], decoder.seq_len)  # the positions ever cached
     return tf.cond(
         first <= decoder.seq_len,
-        lambda: decoder.prefill(tokens[:, :first]),
-        lambda: (decoder.window(tokens, first), decoder.empty_cache(batch)),
+        lambda: decoder.prefill(tokens[:, :first], length),
+        lambda: (decoder.window(tokens, first), decoder.empty_cache(batch, length)),
     )
 
 

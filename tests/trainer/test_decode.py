@@ -126,10 +126,12 @@ class _Counting(decode.Decoder):
     def __init__(self, *args):
         super().__init__(*args)
         self.calls = {"prefill": 0, "step": 0, "window": 0}
+        self.lengths = []  # the cache's positions, per prefill
 
-    def prefill(self, tokens):
+    def prefill(self, tokens, length):
         self.calls["prefill"] += 1
-        return super().prefill(tokens)
+        self.lengths.append(int(length))
+        return super().prefill(tokens, length)
 
     def step(self, token, position, cache):
         self.calls["step"] += 1
@@ -147,18 +149,25 @@ def _count(module, prompt_ids, n):
     sampling = decode.Sampling(tf.constant(n), tf.constant(0.0), None, tf.constant(False))
     new = decode.generate_ids(decoder, prompts, lengths, sampling, eos_id=-1)
     assert new.row_lengths().numpy().tolist() == [n] * len(prompt_ids)
-    return decoder.calls
+    return {**decoder.calls, "cached": decoder.lengths}
 
 
 def test_the_prompt_is_prefilled_once_then_one_position_per_token(module):
-    # Two rows of 3 tokens, 5 new: one prefill, then a step per position but the last.
-    assert _count(module, [[5, 6, 7], [8, 9, 10]], 5) == {"prefill": 1, "step": 4, "window": 0}
+    # Two rows of 3 tokens, 5 new: one prefill, then a step per position but the last, in a
+    # cache of the 8 positions the call can reach.
+    calls = _count(module, [[5, 6, 7], [8, 9, 10]], 5)
+    assert calls == {"prefill": 1, "step": 4, "window": 0, "cached": [8]}
 
 
 def test_past_the_window_each_token_runs_the_window(module):
     # 10 prompt tokens + 10 new: positions 10..15 step in the cache, 16..18 run the window.
     calls = _count(module, [list(range(3, 13))], 10)
-    assert calls == {"prefill": 1, "step": SEQ_LEN - 10, "window": 19 - SEQ_LEN}
+    assert calls == {
+        "prefill": 1,
+        "step": SEQ_LEN - 10,
+        "window": 19 - SEQ_LEN,
+        "cached": [SEQ_LEN],  # no more than seq_len positions, ever
+    }
 
 
 def test_any_keras_model_decodes_uncached(modules):
