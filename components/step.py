@@ -5,7 +5,8 @@ inputs being its `locals()`. `run` reads the step's edge (run id, provenance, th
 address, the pod), records the execution with the step's parameters (every input that is neither
 an artifact, nor the edge's own, nor an upstream task's output), and calls the executor's
 `execute(step, **inputs)` inside that record: COMPLETE when it returns, FAILED with its error
-when it raises. Every executor has that entry point shape.
+when it raises. Every executor has that entry point shape. A step of a local run ends with the
+run, however the run ended (components/runner_watch.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from components import lineage, step_edge, storage
+from components import lineage, runner_watch, step_edge, storage
 from components.step_edge import StepEdge
 from contracts.params import params_class
 from contracts.progress import Progress
@@ -58,6 +59,7 @@ def run(name: str, execute: Callable[..., T], arguments: Mapping[str, Any]) -> T
         if key not in UPSTREAM_INPUTS and not _is_artifact(value)
     }
     edge = step_edge.read(name, image, metadata, os.environ)
+    runner_watch.end_with(edge.runner)
     progress = Progress.from_env(os.environ, name)
     with lineage.step(
         edge.store, name, pipeline_name, edge.run_id, parameters, edge.provenance

@@ -15,6 +15,9 @@ whole launcher dies (SIGKILL ends every thread), the kernel SIGKILLs whatever it
 nobody stopped. SIGKILL, not SIGTERM: the worker may be in the rendezvous. A child whose parent
 died before the signal was armed finds itself re-parented and kills itself.
 
+The launcher itself, in a local run's step, ends with the run that started the step
+(components/runner_watch.py): a `gptpipe run --local` killed outright takes the workers too.
+
 Only the worker process itself is covered: its own children die with it when the launcher
 stops its group (components/jobs/local.py `stop_groups`); the trainer starts none. Outside Linux
 there is no parent-death signal, and only that stop applies.

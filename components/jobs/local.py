@@ -9,14 +9,15 @@ reports as 128 + signal number, are retryable; 1-127 are permanent). Unlike the 
 recreates only the failed pod, a retryable exit restarts ALL workers: the collective ops of
 MultiWorkerMirroredStrategy cannot take back one worker, and the survivors would hang or fail.
 The whole group is restarted at most `backoff_limit` times; `active_deadline_seconds` bounds the
-whole job. Worker 0's output goes to our stdout with a prefix; every worker's output is kept in
-`<log_dir>/attempt-<n>/worker-<i>.log`. Each worker's termination-message file is
-`worker-<i>.termination-log` beside it (contracts/termination.py): a worker that exits 2 having
-written there that it stopped on a mistake in its input (a bad config, damaged Examples), or 3
-on a failure no restart can mend (a full disk), fails the job with that message as its first
-line, so the train step's error names the input or the path, and the fix. No worker outlives
-its attempt: each attempt's workers are started from a thread of their own, and die with it
-(components/jobs/lifeline.py), even when the launcher is SIGKILLed.
+whole job. Worker 0's output goes to our stdout with a prefix, while someone reads it (`Echo`);
+every worker's output is kept in `<log_dir>/attempt-<n>/worker-<i>.log`. Each worker's
+termination-message file is `worker-<i>.termination-log` beside it (contracts/termination.py):
+a worker that exits 2 having written there that it stopped on a mistake in its input (a bad
+config, damaged Examples), or 3 on a failure no restart can mend (a full disk), fails the job
+with that message as its first line, so the train step's error names the input or the path,
+and the fix. No worker outlives its attempt: each attempt's workers are started from a thread
+of their own, and die with it (components/jobs/lifeline.py), even when the launcher is
+SIGKILLed.
 """
 
 from __future__ import annotations
@@ -127,6 +128,29 @@ def group_alive(pgid: int) -> bool:
     return any(pgrp == pgid for _parent, pgrp in running_processes().values())
 
 
+class Echo:
+    """Where the launcher shows its own lines and worker 0's: its output, until that is gone.
+
+    A local run reads the train step's output through a pipe (components/runner_watch.py); a
+    run killed outright closes it, and writes fail from then on. They are dropped: the logs
+    keep every line, and neither the job nor worker 0 waits on a reader that left (the pump
+    goes on reading worker 0's pipe, which would otherwise fill and block it).
+    """
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.gone = False  # the output failed once: nothing more is written to it
+
+    def line(self, text: str) -> None:
+        if self.gone:
+            return
+        try:
+            self.out.write(f"{text}\n")
+            self.out.flush()
+        except (OSError, ValueError):  # a pipe with no reader (EPIPE), a closed file
+            self.gone = True
+
+
 @dataclass(frozen=True)
 class _Exit:
     """How an attempt ended: worker 0 succeeded, a worker failed, or the deadline passed."""
@@ -140,8 +164,8 @@ class _WorkerGroup:
     """One attempt: N worker processes, each in its own process group, started from a
     `Lifeline` thread, so that none outlives the attempt, whatever ends it."""
 
-    def __init__(self, spec: JobSpec, attempt_dir: Path, ports: Sequence[int], out: TextIO):
-        self.spec, self.dir, self.out = spec, attempt_dir, out
+    def __init__(self, spec: JobSpec, attempt_dir: Path, ports: Sequence[int], echo: Echo):
+        self.spec, self.dir, self.echo = spec, attempt_dir, echo
         self.procs: list[subprocess.Popen[bytes]] = []
         self.files: list[IO[bytes]] = []
         self.pump: threading.Thread | None = None
@@ -199,8 +223,7 @@ class _WorkerGroup:
         for raw in proc.stdout:
             log_file.write(raw)
             log_file.flush()
-            self.out.write(f"[worker-0] {raw.decode('utf-8', errors='replace').rstrip()}\n")
-            self.out.flush()
+            self.echo.line(f"[worker-0] {raw.decode('utf-8', errors='replace').rstrip()}")
 
     def wait(self, deadline: float | None, grace: float) -> _Exit:
         """Wait until worker 0 succeeds, any worker fails, or the deadline passes."""
@@ -283,6 +306,7 @@ class LocalLauncher:
     ) -> None:
         self.log_dir = Path(log_dir) if log_dir else None
         self.out = out if out is not None else sys.stdout
+        self.echo = Echo(self.out)
         self.kill_grace_seconds = kill_grace_seconds  # SIGTERM to SIGKILL, and success grace
         self.log_tail_lines = log_tail_lines
 
@@ -304,7 +328,7 @@ class LocalLauncher:
                 ports = free_ports(spec.workers, used_ports)
                 used_ports.update(ports)
                 self._say(f"attempt {attempt}: {spec.workers} workers, logs in {log_dir}")
-                group = _WorkerGroup(spec, log_dir / f"attempt-{attempt}", ports, self.out)
+                group = _WorkerGroup(spec, log_dir / f"attempt-{attempt}", ports, self.echo)
                 try:
                     ended = group.wait(deadline, self.kill_grace_seconds)
                 finally:
@@ -361,7 +385,7 @@ class LocalLauncher:
                 lines = tail_lines(group.log_path(index), self.log_tail_lines)
                 self._say(f"last lines of worker-{index} ({group.log_path(index)}):")
                 for line in lines:
-                    self.out.write(f"[worker-{index}] {line}\n")
+                    self.echo.line(f"[worker-{index}] {line}")
 
     def _failure(
         self, spec: JobSpec, group: _WorkerGroup, ended: _Exit, retryable: bool, restarts: int
@@ -410,5 +434,4 @@ class LocalLauncher:
         )
 
     def _say(self, message: str) -> None:
-        self.out.write(f"[local] {message}\n")
-        self.out.flush()
+        self.echo.line(f"[local] {message}")

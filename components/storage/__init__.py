@@ -21,7 +21,8 @@ names (`from components import storage; storage.join(...)`), never its submodule
 - `lease`: `hold_or_wait`, so one of several concurrent callers does a piece of work (a dataset
   version's tokenize) while the others wait for it, with a heartbeat to notice a dead holder;
   `this_process` and `holder_gone`, which tell a dead holder on this machine at once (serving's
-  version claims use them too);
+  version claims use them too), and `process_gone`, the same for any process so recorded (a
+  local run's steps watch the run with it);
 - `publish`: folders that appear whole: `atomic_dir`, `publish_dir`, and on gs:// the staging
   protocol with `staging_uri`, `names_taken` and `finish_publishes`.
 
@@ -63,7 +64,7 @@ from components.storage.gcs import (
     set_client,
     upload_file,
 )
-from components.storage.lease import hold_or_wait, holder_gone, this_process
+from components.storage.lease import hold_or_wait, holder_gone, process_gone, this_process
 from components.storage.local import glob_root
 from components.storage.publish import (
     atomic_dir,
@@ -114,6 +115,7 @@ __all__ = [
     "local_copy",
     "names_taken",
     "open_read",
+    "process_gone",
     "publish_dir",
     "read_bytes",
     "same_files",

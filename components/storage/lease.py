@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from components.storage import gcs, local
 from components.storage.files import create_exclusive, update_bytes
@@ -144,14 +145,24 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def holder_gone(data: bytes, here: dict[str, object] | None) -> bool:
-    """True only if the lease in `data` names a process that shares `SAME` with `here` (this
-    process) and is no longer running: exited, a zombie, or its PID reused. Anything it cannot
-    tell is False: the waiter then goes by the heartbeat."""
+    """True only if the lease in `data` names a process that is gone (`process_gone`) from the
+    machine of `here` (this process). Anything it cannot tell is False: the waiter then goes by
+    the heartbeat."""
     try:
         there = json.loads(data)["process"]
+    except (ValueError, TypeError, KeyError, RecursionError):  # not a lease of ours
+        return False
+    return process_gone(there, here)
+
+
+def process_gone(there: Any, here: dict[str, object] | None) -> bool:
+    """True only if `there`, a `this_process()` record, names a process that shares `SAME` with
+    `here` (this process) and is no longer running: exited, a zombie, or its PID reused.
+    Anything it cannot tell (another machine, a record that is not one) is False."""
+    try:
         pid, start = int(there["pid"]), there["start"]
         same = here is not None and pid > 0 and all(there[k] == here[k] for k in SAME)
-    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):  # not a lease of ours
+    except (ValueError, TypeError, KeyError, OverflowError):  # not a record of ours
         return False
     if not same:
         return False

@@ -33,13 +33,19 @@ def call_push(tmp_path, metadata: str) -> None:
         ({}, "store.sqlite", "KFP_RUN_ID is not set"),
         ({"KFP_RUN_ID": "run-1"}, "", "METADATA_GRPC_SERVICE_HOST"),
         ({"KFP_RUN_ID": "run-1"}, "ftp://store:8080", "ftp://store:8080"),
+        (
+            {"KFP_RUN_ID": "run-1", "GPTPIPE_RUNNER_PROCESS": "pid 42"},
+            "store.sqlite",
+            "GPTPIPE_RUNNER_PROCESS is not a process record",
+        ),
     ],
-    ids=["no-run-id", "no-store-address", "bad-store-address"],
+    ids=["no-run-id", "no-store-address", "bad-store-address", "bad-run-process"],
 )
 def test_a_misconfigured_step_fails_in_one_line(
     tmp_path, monkeypatch, capsys, env, metadata, message
 ):
-    for name in ("KFP_RUN_ID", "METADATA_GRPC_SERVICE_HOST", "METADATA_GRPC_SERVICE_PORT"):
+    unset = ("KFP_RUN_ID", "METADATA_GRPC_SERVICE_HOST", "METADATA_GRPC_SERVICE_PORT")
+    for name in (*unset, "GPTPIPE_RUNNER_PROCESS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)

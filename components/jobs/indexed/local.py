@@ -34,7 +34,14 @@ from components.jobs.indexed.launcher import IndexedResult
 from components.jobs.indexed.spec import INDEX_ENV, IndexedJobSpec
 from components.jobs.indexed.status import format_indexes
 from components.jobs.lifeline import die_with_parent
-from components.jobs.local import POLL_SECONDS, exit_code_of, exited, stop_groups, tail_lines
+from components.jobs.local import (
+    POLL_SECONDS,
+    Echo,
+    exit_code_of,
+    exited,
+    stop_groups,
+    tail_lines,
+)
 from contracts.termination import INPUT_ERROR_EXIT, WORKER_MESSAGE_ENV, read
 
 
@@ -63,6 +70,7 @@ class LocalIndexedLauncher:
     ) -> None:
         self.log_dir = Path(log_dir) if log_dir else None
         self.out = out if out is not None else sys.stdout
+        self.echo = Echo(self.out)  # dropped once nobody reads it: the job goes on regardless
         self.kill_grace_seconds = kill_grace_seconds  # SIGTERM to SIGKILL
         self.log_tail_lines = log_tail_lines
 
@@ -169,8 +177,7 @@ class LocalIndexedLauncher:
         )
 
     def _say(self, message: str) -> None:
-        self.out.write(f"[local] {message}\n")
-        self.out.flush()
+        self.echo.line(f"[local] {message}")
 
 
 class _Parts:

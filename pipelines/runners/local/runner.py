@@ -21,7 +21,7 @@ from typing import TextIO
 
 from kfp import local
 
-from components import lineage, provenance, storage
+from components import lineage, provenance, runner_watch, storage
 from components.provenance import LOCAL_IMAGE
 from contracts.artifacts import WORKER_LOGS_DIR, step_work_dir
 from contracts.errors import UserError
@@ -170,7 +170,8 @@ def run_local(run: LocalRun, *, run_id: str = "", progress_file: Path | None = N
     corpus = _absolute(run.corpus)
     pipeline = build(LOCAL_TARGET, run.config)
     run_id = run_id or new_run_id()
-    environment = {provenance.RUN_ID_ENV: run_id}
+    # The run's own process too: each step ends with the run, even a SIGKILLed one.
+    environment = {provenance.RUN_ID_ENV: run_id, **runner_watch.announce()}
     if progress_file is not None:
         environment[PROGRESS_ENV] = str(progress_file)
     try:
@@ -348,8 +349,8 @@ def _absolute_tokenizer(params: TokenizeParams) -> TokenizeParams:
 
 @contextlib.contextmanager
 def _in_environment(values: Mapping[str, str]) -> Iterator[None]:
-    """Give every step the run id (and where to report progress) as KFP gives it in a
-    cluster: environment variables.
+    """Give every step the run id (and where to report progress, and which process the run
+    is) as KFP gives it in a cluster: environment variables.
 
     kfp.local starts each step as a subprocess of this one, so the steps inherit them.
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import json
 import os
@@ -124,6 +125,10 @@ if mode == "full-disk":  # worker 1 finds the disk full (exit 3, its record); wo
     while not said.exists():
         time.sleep(0.01)
     sys.exit(143)
+if mode == "chatty":  # more than a pipe holds (64 KiB), then done
+    for line in range(4000):
+        print(f"line {line:04d} " + "x" * 60)
+    sys.exit(0)
 if mode == "stubborn":  # ignores SIGTERM: stopped only by SIGKILL, after the grace period
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     block()
@@ -205,6 +210,24 @@ def test_two_workers_get_the_operators_tf_config_and_the_parent_env(job, tmp_pat
 def test_one_worker_gets_no_tf_config_like_the_operator(job, tmp_path):
     run_local(job("ok", workers=1), tmp_path)
     assert starts(tmp_path, 0)[0]["tf_config"] is None
+
+
+@pytest.mark.fault("the launcher's output closed (its local run killed) while worker 0 talks")
+def test_a_launcher_whose_output_is_gone_still_drains_worker_0_and_finishes(job, tmp_path):
+    """The job finishes on its workers alone, worker 0's whole output in its log."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # nobody reads: every write fails with EPIPE (Python ignores SIGPIPE)
+    with open(write_end, "w", encoding="utf-8") as closed:
+        launcher = LocalLauncher(log_dir=tmp_path / "logs", out=closed, kill_grace_seconds=2)
+        # the deadline only stops a regression from hanging: worker 0 blocked on a full pipe
+        result = launcher.run(job("chatty", workers=1), timeout_seconds=600)
+        assert launcher.echo.gone
+        with contextlib.suppress(BrokenPipeError):
+            closed.close()  # its buffer cannot be flushed either
+    assert result.attempts == 1
+    log = (tmp_path / "logs/attempt-1/worker-0.log").read_text().splitlines()
+    assert len([line for line in log if line.startswith("line ")]) == 4000
+    assert log[-1].startswith("line 3999 ")
 
 
 def test_a_worker_killed_once_restarts_all_workers_on_fresh_ports(job, tmp_path):
