@@ -1,7 +1,8 @@
 """trainer.export's publication of the Model: MODEL_COMPLETE goes last, and first goes away.
 
 The SavedModel itself is stubbed (`save_serving`), so these run without a network to save;
-tests/trainer/test_gcs.py watches the same order in TensorFlow's own requests to GCS.
+tests/components/train/test_run_on_gcs.py watches the same order in TensorFlow's own requests
+to GCS.
 """
 
 import pytest

@@ -24,8 +24,10 @@ that real GCS does not have (pinned in tests/doubles/gcs/test_googleapis.py):
   decoded, as HTTP/1.1 says; the emulator reads Content-Length bytes of the raw chunks;
 - a media upload of an empty object (`CreateDir`'s `<dir>/` marker) crashes the emulator, so
   it goes as the equivalent multipart upload, the request google-cloud-storage makes;
-- the emulator names itself `http://<Host>` in a resumable upload's `Location`; it becomes
-  `https://`, so the upload's PUTs come back through this proxy.
+- the emulator names itself after the request's `Host` in the links it stores (`mediaLink`,
+  which google-cloud-storage downloads from) and in a resumable upload's `Location`: it is
+  sent its own address, and the `Location` is given back as `https://<the host TensorFlow
+  asked>`, so the upload's PUTs come back through this proxy.
 
 Everything a request asks of GCS is the emulator's to answer. The requests are logged in order
 (`log`: method and path), so a test can see what TensorFlow asked for and when.
@@ -175,14 +177,16 @@ def _tunnel_handler(front: GoogleApis, upstream: str) -> type[BaseHTTPRequestHan
                 path, headers, body = as_multipart(path, headers)
             if body is not None:
                 headers["Content-Length"] = str(len(body))
+            host = headers.pop("Host", HOSTS[0])
+            headers["Host"] = urlsplit(upstream).netloc  # the emulator's links name itself
             front.log.append((self.command, path))
             status, reply_headers, data = forward(upstream, self.command, path, headers, body)
             self.send_response(status)
             for name, value in reply_headers:
                 if name.lower() in _HOP_BY_HOP:
                     continue
-                if name.lower() == "location" and value.startswith("http://"):
-                    value = "https://" + value[len("http://") :]
+                if name.lower() == "location" and value.startswith(upstream):
+                    value = f"https://{host}{value[len(upstream) :]}"
                 self.send_header(name, value)
             if status != 304:
                 self.send_header("Content-Length", str(len(data)))

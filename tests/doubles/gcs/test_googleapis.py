@@ -50,6 +50,9 @@ def test_tensorflow_reads_and_writes_the_emulator_through_gcs_own_hosts(gcs, goo
     # makedirs left an empty marker per folder it created; the rename moved them with the file.
     assert gcs.names() == ["c/", "c/b/", "c/b/x.txt"]
     assert gcs.get("c/b/x.txt") == b"hello"  # the chunked upload, decoded
+    # Listed objects download from their own links (as KFP's launcher double fetches them).
+    listed = gcs.client.list_blobs(gcs.bucket.name, prefix="c/b/x")
+    assert [blob.download_as_bytes() for blob in listed] == [b"hello"]
     assert gcs.bucket.get_blob("c/b/").size == 0
     # A folder rename is a copy and a delete per object (gcs_file_system.cc, RenameFile).
     moves = [path for method, path in googleapis.log if "/rewriteTo/" in path]
