@@ -45,15 +45,6 @@ Service addresses: the operator writes TF_CONFIG with the Services' DNS names
 (`<job>-worker-<i>.<ns>.svc:2222`). Here every Service is a free port on 127.0.0.1 (the
 `services` map), and the kubelet rewrites each address to it when it starts a process; the pod
 object keeps the operator's TF_CONFIG.
-
-GCS, opt-in (`gcs_stand_in`, tests/tf_gcs_stand_in.py): this stands in for TensorFlow's own GCS
-file system, which cannot reach the emulator; it is NOT something Kubernetes does. Before a
-pod's process starts (the pod stays Pending meanwhile, as while a real one is
-ContainerCreating), its gs:// `--examples` and `--work-dir` are downloaded into the pod's folder
-and the arguments rewritten to the copies, `--model-dir` becomes a local folder; after the
-process exits, the work folder's changes are written back and, for worker 0 exiting 0, the
-model folder is uploaded. The pod turns terminal only after that. Without it (the default),
-arguments are passed as they are.
 """
 
 from __future__ import annotations
@@ -68,7 +59,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.doubles.gcs.tf_stand_in import StagedPod, TfGcsStandIn
 from tests.doubles.kubernetes.store import Cluster, now, owner_uid
 from tests.processes import signal_group, signal_leader, wait_unreaped
 
@@ -127,7 +117,6 @@ class Kubelet:
         services: Mapping[str, int],
         *,
         image_digest: str,
-        gcs_stand_in: TfGcsStandIn | None = None,
     ) -> None:
         self.cluster = cluster
         self.root = Path(root)
@@ -139,10 +128,6 @@ class Kubelet:
         self.message_files: dict[str, tuple[Path, str]] = {}
         self.stopping: dict[str, float] = {}  # pod uid -> when to SIGKILL it
         self.all_pids: list[int] = []  # every process started, for tests to check they are gone
-        # Stands in for TensorFlow's GCS file system, not for Kubernetes (module docstring).
-        self.gcs_stand_in = gcs_stand_in
-        self._staging: set[str] = set()  # pod uids whose GCS copies are downloading
-        self._staged: dict[str, StagedPod | Exception] = {}  # pod uid -> its copies, or why not
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
         cluster.on_pod_deleting = self._deleting
@@ -185,11 +170,6 @@ class Kubelet:
             env["TF_CONFIG"] = self._local_tf_config(env["TF_CONFIG"])
         workdir = self.root / f"{meta['name']}-{meta['uid'][:8]}"
         argv = [*container.get("command", []), *container.get("args", [])]
-        staged = None
-        if self.gcs_stand_in is not None:
-            staged = self._staged_copies(pod, argv, workdir)
-            if staged is None:
-                return  # still downloading: the pod stays Pending
         workdir.mkdir(parents=True, exist_ok=True)
         env = self._mount_message_file(pod, container, workdir, env)
         stamp = now()
@@ -204,10 +184,8 @@ class Kubelet:
         pod["status"] = {"phase": "Running", "startTime": stamp, "podIP": "127.0.0.1"}
         pod["status"]["containerStatuses"] = [status]
         try:
-            if isinstance(staged, Exception):
-                raise OSError(f"GCS stand-in: {staged!r}")
             proc = subprocess.Popen(
-                staged.argv if staged is not None else argv,
+                argv,
                 cwd=workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -222,7 +200,7 @@ class Kubelet:
         self.procs[meta["uid"]] = proc
         self.all_pids.append(proc.pid)
         status.update(ready=True, started=True, state={"running": {"startedAt": stamp}})
-        threading.Thread(target=self._watch, args=(pod, proc, stamp, staged), daemon=True).start()
+        threading.Thread(target=self._watch, args=(pod, proc, stamp), daemon=True).start()
 
     def _mount_message_file(
         self, pod: dict[str, Any], container: dict[str, Any], workdir: Path, env: dict[str, str]
@@ -236,33 +214,6 @@ class Kubelet:
         host.chmod(0o666)
         self.message_files[pod["metadata"]["uid"]] = (host, policy)
         return {k: str(host) if v == path else v for k, v in env.items()}
-
-    def _staged_copies(
-        self, pod: dict[str, Any], argv: list[str], workdir: Path
-    ) -> StagedPod | Exception | None:
-        """The GCS stand-in's copies for `pod`; None while they download (in a thread)."""
-        uid = pod["metadata"]["uid"]
-        if uid in self._staged:
-            return self._staged.pop(uid)
-        if uid not in self._staging:
-            self._staging.add(uid)
-            labels = pod["metadata"].get("labels") or {}
-            index = int(labels.get("training.kubeflow.org/replica-index", "0"))
-            args = (uid, argv, workdir / "tf-gcs", index)
-            threading.Thread(target=self._stage, args=args, daemon=True).start()
-        return None
-
-    def _stage(self, uid: str, argv: list[str], folder: Path, index: int) -> None:
-        assert self.gcs_stand_in is not None
-        staged: StagedPod | Exception
-        try:
-            staged = self.gcs_stand_in.stage(argv, folder, index)
-        except Exception as exc:  # noqa: BLE001 -- the container fails to start, as it says
-            staged = exc
-        with self.cluster.cond:
-            self._staging.discard(uid)
-            self._staged[uid] = staged
-            self.cluster.cond.notify_all()
 
     def _local_tf_config(self, text: str) -> str:
         config = json.loads(text)
@@ -280,10 +231,8 @@ class Kubelet:
         pod: dict[str, Any],
         proc: subprocess.Popen[bytes],
         started: str,
-        staged: StagedPod | None = None,
     ) -> None:
-        """Copy the output into the pod's log; record the exit once the process is gone (and,
-        with the GCS stand-in, its writes are on GCS)."""
+        """Copy the output into the pod's log; record the exit once the process is gone."""
         uid = pod["metadata"]["uid"]
         reader = threading.Thread(target=self._read, args=(uid, proc), daemon=True)
         reader.start()
@@ -292,12 +241,6 @@ class Kubelet:
         returncode = proc.wait()
         reader.join(timeout=10)
         code = exit_code_of(returncode)
-        if staged is not None:
-            try:
-                staged.finish(code)
-            except Exception as exc:  # noqa: BLE001 -- shown in the pod's log, as TF would log it
-                with self.cluster.cond:
-                    self.cluster.logs[uid].append(f"GCS stand-in: write-back failed: {exc!r}")
         with self.cluster.cond:
             self.procs.pop(uid, None)
             self._terminated(pod, code, "Completed" if code == 0 else "Error", started)
