@@ -63,6 +63,11 @@ def step_work_dir(run_id: str, step: str) -> str:
 SERVING_DIR = "Format-Serving"  # the SavedModel inside the Model artifact (TFX Model layout)
 MODEL_CONFIG = "config.json"  # the resolved Config (trainer.config.config_to_dict)
 TRAIN_METRICS = "train_metrics.json"  # steps, final loss, divergence, throughput
+# An empty file the export writes last, once the rest of the Model is in place (and removes
+# first when it replaces a Model): its presence marks the Model complete, as EXAMPLES_MANIFEST
+# marks an Examples folder. On GCS a folder moves object by object (trainer/export.py), so
+# every reader requires it (components/model_artifact.py).
+MODEL_COMPLETE = "COMPLETE"
 # Inside the SavedModel (so a served version carries it for the next run's report): the curve
 # of training, {"points": [{"step", "tokens", "loss", "learning_rate", "tokens_per_s", ...}],
 # "eval_points": [{"step", "tokens", "val_loss"}], "wall_s", "device", ...}. TF Serving

@@ -11,6 +11,10 @@ the fixtures tests in several folders use.
 - `gcs_faults` (function): as `gcs_strict`, and yields `(Gcs, FaultProxy)` so a test can make
   chosen requests fail (tests/doubles/gcs/proxy.py); `proxy.gate.refused` lists the requests
   refused for a precondition.
+- `googleapis` (function): GCS's public HTTPS hosts in front of the `gcs` bucket's emulator
+  (tests/doubles/gcs/googleapis.py), for TensorFlow's own gs:// file system; pass its `env` to
+  a TensorFlow subprocess (TensorFlow in this process would block the emulator's threads).
+  Yields a `GoogleApis` whose `log` lists the requests TensorFlow made.
 - `examples` (session): a tiny Examples artifact (tests/tiny.py), tokenized once for the
   session. Read-only: copy it into tmp_path before changing it.
 - `tiny_model` (session): a Model artifact trained briefly on `examples`. Read-only too.
@@ -137,6 +141,14 @@ def gcs_faults(gcs, monkeypatch: pytest.MonkeyPatch):
     proxy = FaultProxy(gcs.endpoint)
     with behind(gcs, proxy, monkeypatch) as faulty:
         yield faulty, proxy
+
+
+@pytest.fixture
+def googleapis(gcs, tmp_path: Path):
+    from tests.doubles.gcs import googleapis
+
+    with googleapis.serving(gcs.endpoint, tmp_path / "googleapis") as front:
+        yield front
 
 
 # ---- a tiny dataset and model, made once per session ------------------------------------------

@@ -28,6 +28,7 @@ from components.tokenize.bpe import SENTENCEPIECE_TRAINER_OPTIONS
 from contracts.artifacts import (
     EVAL_TEXT,
     EXAMPLES_MANIFEST,
+    MODEL_COMPLETE,
     SERVING_DIR,
     TOKENIZER_FILE,
     TRAIN_TEXT_SKETCH,
@@ -296,6 +297,7 @@ def make_unlinked_op_model(tmp_path: Path) -> Path:
     model_dir = Path(tmp_path) / "model"
     signatures = {"serving_default": model.bits}
     tf.saved_model.save(model, str(model_dir / SERVING_DIR), signatures=signatures)
+    (model_dir / MODEL_COMPLETE).write_text("")
     return model_dir
 
 

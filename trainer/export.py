@@ -8,9 +8,22 @@ Signatures (the contract in docs/design.md):
   serving_default = generate
 The Model artifact holds the SavedModel, the resolved config and the train metrics
 (contracts.artifacts: SERVING_DIR, MODEL_CONFIG, TRAIN_METRICS), written to a temp sibling and
-renamed into place. The SavedModel also carries the training curve (TRAIN_HISTORY, under
-assets.extra/, which TF Serving ignores), so that a served model brings it to the next run's
-evaluation as its baseline.
+renamed into place, then marked complete (MODEL_COMPLETE). The SavedModel also carries the
+training curve (TRAIN_HISTORY, under assets.extra/, which TF Serving ignores), so that a served
+model brings it to the next run's evaluation as its baseline.
+
+What is atomic where. On local disk, renaming a folder is atomic: the Model appears whole at
+its path or not at all. On GCS there are no folders, only objects named with slashes, and
+TensorFlow's file system renames a folder one object at a time: a copy (`rewriteTo`) and a
+delete per object (tsl/platform/cloud/gcs_file_system.cc, `RenameFile`). A reader listing the
+Model meanwhile sees part of it, and a writer that dies midway leaves part of it under each
+name. What GCS makes atomic is one object: it appears whole when its upload finishes, or not at
+all, and every read and listing after that sees it. So the Model is published by one object
+written last: MODEL_COMPLETE, once the rest is in place, and it is the first thing removed when
+a Model is replaced. Every reader requires it and refuses a Model without it
+(components/model_artifact.py); none needs to wait for it, since each starts after the worker
+that wrote the Model has exited. TensorFlow also leaves an empty `<folder>/` object for each
+folder it creates, the temp sibling's among them (moved with it); the train step removes them.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ import tensorflow_text as tf_text
 import tf_keras as keras
 
 from contracts.artifacts import (
+    MODEL_COMPLETE,
     MODEL_CONFIG,
     SERVING_DIR,
     TRAIN_HISTORY,
@@ -247,10 +261,29 @@ def export_model(
     history: TrainHistory | None = None,
     extras: Mapping[str, str] | None = None,
 ) -> str:
-    """Write the serving SavedModel to export_dir atomically (temp sibling, then rename), with
-    the training curve at TRAIN_HISTORY when there is one, and each file of `extras` (a path
-    inside the SavedModel: the file to copy there; under assets.extra/, which TF Serving
-    ignores)."""
+    """Write the serving SavedModel to export_dir through a temp sibling and a rename (atomic on
+    local disk only: module docstring), with what `save_serving` adds."""
+    export_dir = export_dir.rstrip("/")
+    tmp = _temp_sibling(export_dir)
+    try:
+        save_serving(keras_model, cfg, tokenizer_model_path, tmp, history, extras)
+        _move_into_place(tmp, export_dir)
+    finally:
+        _remove_if_present(tmp)  # only left when the save failed
+    return export_dir
+
+
+def save_serving(
+    keras_model: keras.Model,
+    cfg: Config,
+    tokenizer_model_path: str,
+    saved_model_dir: str,
+    history: TrainHistory | None = None,
+    extras: Mapping[str, str] | None = None,
+) -> None:
+    """Save the serving SavedModel into `saved_model_dir` in place, with the training curve at
+    TRAIN_HISTORY when there is one, and each file of `extras` (a path inside the SavedModel:
+    the file to copy there; under assets.extra/, which TF Serving ignores)."""
     module = GPTServing(keras_model, cfg.model.seq_len, tokenizer_model_path)
     generate = module.generate.get_concrete_function()
     signatures = {
@@ -259,19 +292,12 @@ def export_model(
         "generate_seeded": module.generate_seeded.get_concrete_function(),
         "score": module.score.get_concrete_function(),
     }
-    export_dir = export_dir.rstrip("/")
-    tmp = _temp_sibling(export_dir)
-    try:
-        tf.saved_model.save(module, tmp, signatures=signatures)
-        if history is not None:
-            _write_history(history, tmp)
-        for inside, source in (extras or {}).items():
-            tf.io.gfile.makedirs(posixpath.dirname(posixpath.join(tmp, inside)))
-            tf.io.gfile.copy(source, posixpath.join(tmp, inside))
-        _move_into_place(tmp, export_dir)
-    finally:
-        _remove_if_present(tmp)  # only left when the save failed
-    return export_dir
+    tf.saved_model.save(module, saved_model_dir, signatures=signatures)
+    if history is not None:
+        _write_history(history, saved_model_dir)
+    for inside, source in (extras or {}).items():
+        tf.io.gfile.makedirs(posixpath.dirname(posixpath.join(saved_model_dir, inside)))
+        tf.io.gfile.copy(source, posixpath.join(saved_model_dir, inside))
 
 
 def _write_history(history: TrainHistory, saved_model_dir: str) -> None:
@@ -333,13 +359,21 @@ def _write_for_role(parts: ModelParts, model_dir: str, work_dir: str, is_chief: 
 
 
 def write_model_dir(parts: ModelParts, model_dir: str) -> None:
-    """Assemble the Model artifact in a temp sibling, then move it into place."""
+    """Assemble the Model artifact in a temp sibling, move it into place, then mark it complete.
+
+    MODEL_COMPLETE is removed first and written last (module docstring: on GCS the move is not
+    atomic, and readers take a Model only with the marker). The SavedModel is saved straight
+    into the temp sibling, already private: on GCS each rename copies every object once more.
+    """
     model_dir = model_dir.rstrip("/")
+    complete = posixpath.join(model_dir, MODEL_COMPLETE)
+    if tf.io.gfile.exists(complete):
+        tf.io.gfile.remove(complete)  # the Model being replaced is no longer complete
     tf.io.gfile.makedirs(posixpath.dirname(model_dir) or ".")
     tmp = _temp_sibling(model_dir)
     tf.io.gfile.makedirs(tmp)
     try:
-        export_model(
+        save_serving(
             parts.gpt,
             parts.cfg,
             parts.tokenizer_path,
@@ -360,6 +394,8 @@ def write_model_dir(parts: ModelParts, model_dir: str) -> None:
         _move_into_place(tmp, model_dir)
     finally:
         _remove_if_present(tmp)  # a failed export leaves nothing a later step could read
+    with tf.io.gfile.GFile(complete, "w") as f:
+        f.write("")  # last: the Model is complete
 
 
 def _temp_sibling(path: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components import overlap, serving, storage
+from components import model_artifact, overlap, serving, storage
 from components.evaluate import report
 from components.evaluate.results import SEEN_MEANS, EvalResult, RunFacts, Scores
 from components.evaluate.scoring import score_eval_text, signature_scorer
@@ -127,14 +127,15 @@ def run(
     a model is in service at `serving_dir`, at most the baseline's times `1 + policy.tolerance`.
     A model whose training diverged (a NaN or infinite loss) never is.
 
-    The blessing is written last, whole or not at all: a failure before it (a damaged
-    SavedModel, a baseline removed meanwhile) raises a UserError naming the model and leaves no
-    ModelBlessing, which push refuses.
+    The blessing is written last, whole or not at all: a failure before it (an incomplete
+    Model, a damaged SavedModel, a baseline removed meanwhile) raises a UserError naming the
+    model and leaves no ModelBlessing, which push refuses.
 
     With `html_report_path`, the HTML report is written there too: both models' training
     curves, `COMPARE_PROMPTS` continued by each, and this run's steps from `run_facts`.
     """
     eval_uri = _eval_text_uri(examples_uri)
+    model_artifact.require_complete(model_dir)
     candidate_model = _load(Path(model_dir) / SERVING_DIR, "the candidate model", _RETRAIN)
     candidate, candidate_seen = _measure(
         candidate_model, eval_uri, storage.join(model_dir, SERVING_DIR)

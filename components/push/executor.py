@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from components import servability, serving, storage
+from components import model_artifact, servability, serving, storage
 from contracts import progress as events
 from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, write_pushed
 from contracts.blessing import ModelBlessing, read_blessing
@@ -86,7 +86,8 @@ def run(
     failed, unless `already_pushed(version_uri)`: lineage holds an earlier push of it (a run
     whose train KFP served from its cache), and then nothing is pushed.
 
-    A blessed model TF Serving could not load is refused first (`servability.check`, a
+    An incomplete Model (no MODEL_COMPLETE: components/model_artifact.py) is refused, blessed
+    or not. A blessed model TF Serving could not load is refused first (`servability.check`, a
     UserError naming the op), so the destination is never touched.
 
     The version is one more than the highest at the destination. The copy is written beside
@@ -98,6 +99,7 @@ def run(
     reporter = reporter or events.Progress(None, "push")
     destination = serving.normalize(destination)
     blessing = read_blessing(blessing_dir)
+    model_artifact.require_complete(model_dir)
     blessed = bool(blessing.blessed)
     saved_model = Path(model_dir) / SERVING_DIR
     if blessed:

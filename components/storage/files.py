@@ -193,11 +193,12 @@ def download_dir(
 
 
 def delete_tree(uri: str, workers: int = gcs.WORKERS) -> None:
-    """Delete a folder and everything under it; a missing one is fine."""
+    """Delete a folder and everything under it, folder markers too; a missing one is fine."""
     if not is_gcs(uri):
         shutil.rmtree(uri, ignore_errors=True)
         return
-    gcs.parallel(lambda info: gcs.delete_object(info.uri), list_tree(uri).values(), workers)
+    objects = [info.uri for info in list_tree(uri).values()] + gcs.folder_markers(uri)
+    gcs.parallel(gcs.delete_object, objects, workers)
 
 
 def delete_file(uri: str) -> None:

@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from components import storage
+from components import model_artifact, storage
 from components.jobs.launcher import Launcher, LaunchResult
 from components.jobs.naming import job_name, run_label
 from components.jobs.placement import cluster_placement
@@ -233,6 +233,7 @@ def run(
     # KFP's launcher, downloading the Model for evaluate and push, would make each a file and
     # then fail to create the folder of the same name.
     storage.delete_folder_markers(model_uri)
+    model_artifact.require_complete(model_uri)
     metrics_uri = storage.join(model_uri, TRAIN_METRICS)
     metrics = parse_metrics(storage.read_bytes(metrics_uri), metrics_uri)
     return TrainResult(config_hash(cfg), metrics, launched)

@@ -18,7 +18,7 @@ from components.push import executor as push
 from components.storage import gcs as storage_gcs
 from components.storage.publish import STAGING_PREFIX
 from components.tokenize import executor as tokenize
-from contracts.artifacts import RETIRED_FILE
+from contracts.artifacts import MODEL_COMPLETE, RETIRED_FILE
 from contracts.errors import UserError
 from contracts.eval_text import EvalPiece, piece_line
 from contracts.examples import GcsSource, parse_manifest
@@ -196,6 +196,7 @@ def _model(tmp_path: Path, name: str, label: str = "graph") -> str:
     (saved / "variables" / "variables.index").write_bytes(f"index {label}".encode())
     (saved / "variables" / "variables.data-00000-of-00001").write_bytes(f"data {label}".encode())
     (saved / "fingerprint.pb").write_bytes(f"fp {label}".encode())
+    (tmp_path / name / MODEL_COMPLETE).write_text("")
     return str(tmp_path / name)
 
 

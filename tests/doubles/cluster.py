@@ -14,9 +14,10 @@ What runs, and which double stands for what:
 - Kubernetes: the API server double with the Training Operator v1.9 behind it and a kubelet that
   runs the TFJob's worker pods as processes (tests/doubles/kubernetes/), reached by the steps
   through KUBECONFIG (`config.load_incluster_config()` fails in a step: no service account);
-- TensorFlow's GCS file system in the workers: the kubelet's opt-in stand-in
-  (tests/doubles/gcs/tf_stand_in.py), which ignores the STORAGE_EMULATOR_HOST that the
-  tokenize parts' pods (google-cloud-storage) read from the image's environment.
+- TensorFlow's GCS file system in the workers: TensorFlow's own, reaching the emulator
+  through GCS's hosts (tests/doubles/gcs/googleapis.py, given to the workers in the image's
+  environment); it ignores the STORAGE_EMULATOR_HOST that the tokenize parts' pods
+  (google-cloud-storage) read from the same environment.
 
 The harness runs each step's pod as a process but creates no pod object in the Kubernetes double,
 while the steps read their own pod through the API (the train step its service account and image
@@ -47,7 +48,7 @@ from components.jobs.naming import run_label
 from components.jobs.tfjob.manifest import LABEL_RUN_ID
 from contracts.params import EvalPolicy, TokenizeParams, TrainJob
 from pipelines.cli import main as cli
-from tests.doubles.gcs.tf_stand_in import TfGcsStandIn
+from tests.doubles.gcs import googleapis
 from tests.doubles.kfp import argo as kfp_argo
 from tests.doubles.kfp.backend import CacheStore, KfpBackend
 from tests.doubles.kfp.launcher import VENV_BIN
@@ -251,20 +252,29 @@ def local_cluster(
     bucket = gcs.create_bucket(f"e2e-{secrets.token_hex(6)}")
     upload_corpus(bucket)
     yaml = compile_pipeline(folder / "gptpipe.yaml", f"gs://{bucket.name}/root", overrides)
-    # The tokenize parts' pods read and write gs:// with google-cloud-storage, as the steps do,
-    # so the image's environment names the emulator; TensorFlow's GCS file system in the
-    # trainer workers does not read the variable (they reach GCS through the stand-in).
-    trainer_env = {**TRAINER_ENV, "HOME": str(folder), "STORAGE_EMULATOR_HOST": gcs_endpoint}
-    kube = FakeKube.running(folder / "nodes", trainer_env, grace_seconds=GRACE_SECONDS)
-    assert kube.kubelet is not None
-    kube.kubelet.gcs_stand_in = TfGcsStandIn(gcs)
+    with googleapis.serving(gcs_endpoint, folder / "googleapis") as google:
+        # The tokenize parts' pods read and write gs:// with google-cloud-storage, as the steps
+        # do, so the image's environment names the emulator; TensorFlow's GCS file system in
+        # the trainer workers ignores the variable and reaches it through GCS's own hosts.
+        trainer_env = {**TRAINER_ENV, "HOME": str(folder), "STORAGE_EMULATOR_HOST": gcs_endpoint}
+        trainer_env.update(google.env)
+        kube = FakeKube.running(folder / "nodes", trainer_env, grace_seconds=GRACE_SECONDS)
+        with _doubles(folder, gcs, bucket.name, yaml, kube, gcs_endpoint) as cluster:
+            yield cluster
+
+
+@contextlib.contextmanager
+def _doubles(
+    folder: Path, gcs: gcs_lib.Client, bucket: str, yaml: Path, kube: FakeKube, endpoint: str
+) -> Iterator[LocalCluster]:
+    """Start ML Metadata, the Kubernetes double and KFP's backend around `kube`."""
     with (
         MetadataGrpcServer(folder / "mlmd.sqlite", version="1.14.0") as mlmd,  # KFP 2.5's
         kube,
         pytest.MonkeyPatch.context() as monkeypatch,
     ):
-        backend = _backend(folder, f"gs://{bucket.name}/root", gcs_endpoint, kube, mlmd)
-        cluster = LocalCluster(kube, backend, mlmd, gcs, bucket.name, yaml)
+        backend = _backend(folder, f"gs://{bucket}/root", endpoint, kube, mlmd)
+        cluster = LocalCluster(kube, backend, mlmd, gcs, bucket, yaml)
         record_created_pods(monkeypatch, kube, cluster.created_pods)
         register_step_pods(monkeypatch, kube)
         yield cluster

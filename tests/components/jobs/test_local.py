@@ -424,6 +424,7 @@ model.mkdir(parents=True)
 metrics = {"steps": 10, "final_loss": 1.5, "diverged": False, "diverged_at_step": None}
 metrics.update(tokens_per_second=9.5, global_batch_size=8, replicas=2, workers=2)
 (model / "train_metrics.json").write_text(json.dumps({**metrics, "precision_policy": "float32"}))
+(model / "COMPLETE").write_text("")  # last, as trainer/export.py writes it
 """
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from components import serving
 from components.push import executor
-from contracts.artifacts import RETIRED_FILE
+from contracts.artifacts import MODEL_COMPLETE, RETIRED_FILE
 from contracts.errors import UserError
 from tests.tiny import UNLINKED_TF_TEXT_OP, saved_model_graph
 
@@ -18,6 +18,7 @@ def make_model(tmp_path, name="model"):
     (saved / "variables").mkdir(parents=True)
     (saved / "saved_model.pb").write_bytes(saved_model_graph("graph"))
     (saved / "variables" / "variables.index").write_bytes(b"index")
+    (tmp_path / name / MODEL_COMPLETE).write_text("")
     return str(tmp_path / name)
 
 

@@ -365,6 +365,15 @@ def test_folder_markers_are_deleted_and_nothing_else(gcs):
     assert storage.delete_folder_markers(gcs.uri("model")) == 0
 
 
+def test_deleting_a_tree_deletes_its_folder_markers_too(gcs):
+    # A backup TensorFlow wrote: left behind, its markers would still make the folder exist.
+    for name in ("work/backup/", "work/backup/chief/", "work/backup/chief/ckpt.index"):
+        gcs.put(name, b"" if name.endswith("/") else b"index")
+    gcs.put("work/backups-other/kept", b"x")
+    storage.delete_tree(gcs.uri("work/backup"))
+    assert gcs.names("work/") == ["work/backups-other/kept"]
+
+
 @pytest.mark.slow
 def test_no_credentials_is_one_user_error_saying_how_to_provide_them(monkeypatch, tmp_path):
     from components.storage import gcs as storage_gcs_module

@@ -54,12 +54,16 @@ class BucketConfig:
 
 
 def download(client: gcs_lib.Client, uri: str, local: str) -> None:
-    """DownloadBlob: every object whose key starts with the artifact's key (no trailing slash)."""
+    """DownloadBlob: every object whose key starts with the artifact's key (no trailing slash),
+    each read by its key (downloadFile's bucket.NewReader), into the file its key names
+    relative to the artifact's. An empty `<folder>/` object is a file too: the artifact's
+    own makes `local` a file, a sub-folder's a file where that folder must go
+    (kubeflow/pipelines#13476)."""
     bucket, _, key = uri[len("gs://") :].partition("/")
     for blob in client.list_blobs(bucket, prefix=key):
         target = os.path.normpath(os.path.join(local, os.path.relpath(blob.name, key)))
         Path(target).parent.mkdir(parents=True, exist_ok=True)
-        blob.download_to_filename(target)
+        client.bucket(bucket).blob(blob.name).download_to_filename(target)
 
 
 def upload(client: gcs_lib.Client, bucket: str, local: str, key: str) -> None:

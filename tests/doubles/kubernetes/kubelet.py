@@ -59,14 +59,6 @@ pod only while it is Ready, as the cluster DNS answers only for ready endpoints;
 rewrites TF_CONFIG's addresses to these ports when it starts a process, and the pod object
 keeps the operator's TF_CONFIG.
 
-GCS, opt-in (`gcs_stand_in`, tests/tf_gcs_stand_in.py): this stands in for TensorFlow's own GCS
-file system, which cannot reach the emulator; it is NOT something Kubernetes does. Before a
-pod's process starts (the pod stays Pending meanwhile, as while a real one is
-ContainerCreating), its gs:// `--examples` and `--work-dir` are downloaded into the pod's folder
-and the arguments rewritten to the copies, `--model-dir` becomes a local folder; after the
-process exits, the work folder's changes are written back and, for worker 0 exiting 0, the
-model folder is uploaded. The pod turns terminal only after that. Without it (the default),
-arguments are passed as they are.
 """
 
 from __future__ import annotations
@@ -84,7 +76,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.doubles.gcs.tf_stand_in import StagedPod, TfGcsStandIn
 from tests.doubles.kubernetes.network import ServiceNetwork
 from tests.doubles.kubernetes.store import Cluster, now, owner_uid
 from tests.processes import signal_group, signal_leader, wait_unreaped
@@ -198,7 +189,6 @@ class Kubelet:
         network: ServiceNetwork,
         *,
         image_digest: str,
-        gcs_stand_in: TfGcsStandIn | None = None,
     ) -> None:
         self.cluster = cluster
         self.root = Path(root)
@@ -212,10 +202,6 @@ class Kubelet:
         self.memory_limits: dict[str, int] = {}  # pod uid -> its container's limit, bytes
         self.oom_killed: set[str] = set()  # pod uids whose container the OOM killer ended
         self.all_pids: list[int] = []  # every process started, for tests to check they are gone
-        # Stands in for TensorFlow's GCS file system, not for Kubernetes (module docstring).
-        self.gcs_stand_in = gcs_stand_in
-        self._staging: set[str] = set()  # pod uids whose GCS copies are downloading
-        self._staged: dict[str, StagedPod | Exception] = {}  # pod uid -> its copies, or why not
         self._halt = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="kubelet", daemon=True)
         self._oom = threading.Thread(target=self._oom_killer, name="oom-killer", daemon=True)
@@ -261,11 +247,6 @@ class Kubelet:
             env["TF_CONFIG"] = self._local_tf_config(env["TF_CONFIG"], meta["uid"])
         workdir = self.root / f"{meta['name']}-{meta['uid'][:8]}"
         argv = [*container.get("command", []), *container.get("args", [])]
-        staged = None
-        if self.gcs_stand_in is not None:
-            staged = self._staged_copies(pod, argv, workdir)
-            if staged is None:
-                return  # still downloading: the pod stays Pending
         workdir.mkdir(parents=True, exist_ok=True)
         env = self._mount_message_file(pod, container, workdir, env)
         stamp = now()
@@ -281,10 +262,8 @@ class Kubelet:
         pod["status"]["containerStatuses"] = [status]
         limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
         try:
-            if isinstance(staged, Exception):
-                raise OSError(f"GCS stand-in: {staged!r}")
             proc = subprocess.Popen(
-                staged.argv if staged is not None else argv,
+                argv,
                 cwd=workdir,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -302,7 +281,7 @@ class Kubelet:
             self.memory_limits[meta["uid"]] = quantity_bytes(str(limit))
         status.update(ready=True, started=True, state={"running": {"startedAt": stamp}})
         set_pod_conditions(pod["status"], ready=True)
-        threading.Thread(target=self._watch, args=(pod, proc, stamp, staged), daemon=True).start()
+        threading.Thread(target=self._watch, args=(pod, proc, stamp), daemon=True).start()
 
     def _mount_message_file(
         self, pod: dict[str, Any], container: dict[str, Any], workdir: Path, env: dict[str, str]
@@ -316,33 +295,6 @@ class Kubelet:
         host.chmod(0o666)
         self.message_files[pod["metadata"]["uid"]] = (host, policy)
         return {k: str(host) if v == path else v for k, v in env.items()}
-
-    def _staged_copies(
-        self, pod: dict[str, Any], argv: list[str], workdir: Path
-    ) -> StagedPod | Exception | None:
-        """The GCS stand-in's copies for `pod`; None while they download (in a thread)."""
-        uid = pod["metadata"]["uid"]
-        if uid in self._staged:
-            return self._staged.pop(uid)
-        if uid not in self._staging:
-            self._staging.add(uid)
-            labels = pod["metadata"].get("labels") or {}
-            index = int(labels.get("training.kubeflow.org/replica-index", "0"))
-            args = (uid, argv, workdir / "tf-gcs", index)
-            threading.Thread(target=self._stage, args=args, daemon=True).start()
-        return None
-
-    def _stage(self, uid: str, argv: list[str], folder: Path, index: int) -> None:
-        assert self.gcs_stand_in is not None
-        staged: StagedPod | Exception
-        try:
-            staged = self.gcs_stand_in.stage(argv, folder, index)
-        except Exception as exc:  # noqa: BLE001 -- the container fails to start, as it says
-            staged = exc
-        with self.cluster.cond:
-            self._staging.discard(uid)
-            self._staged[uid] = staged
-            self.cluster.cond.notify_all()
 
     def _local_tf_config(self, text: str, uid: str) -> str:
         """TF_CONFIG with the pod's own address its own port, the others their Services'."""
@@ -365,10 +317,8 @@ class Kubelet:
         pod: dict[str, Any],
         proc: subprocess.Popen[bytes],
         started: str,
-        staged: StagedPod | None = None,
     ) -> None:
-        """Copy the output into the pod's log; record the exit once the process is gone (and,
-        with the GCS stand-in, its writes are on GCS)."""
+        """Copy the output into the pod's log; record the exit once the process is gone."""
         uid = pod["metadata"]["uid"]
         reader = threading.Thread(target=self._read, args=(uid, proc), daemon=True)
         reader.start()
@@ -377,12 +327,6 @@ class Kubelet:
         returncode = proc.wait()
         reader.join(timeout=10)
         code = exit_code_of(returncode)
-        if staged is not None:
-            try:
-                staged.finish(code)
-            except Exception as exc:  # noqa: BLE001 -- shown in the pod's log, as TF would log it
-                with self.cluster.cond:
-                    self.cluster.logs[uid].append(f"GCS stand-in: write-back failed: {exc!r}")
         with self.cluster.cond:
             self.procs.pop(uid, None)
             self.memory_limits.pop(uid, None)
