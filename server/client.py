@@ -28,7 +28,7 @@ from contracts.errors import UserError
 DEFAULT_NAME = "gpt"  # the model name when the URL has none (`gptpipe serve`'s default)
 REQUEST_TIMEOUT_S = 600.0  # the longest a request may take: a long generate on a CPU
 # http://HOST:PORT/v1/models/NAME[/versions/N], a trailing slash allowed
-_MODEL_PATH = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d+))?/?")
+_MODEL_PATH = re.compile(r"/v1/models/([^/:]+)(?:/versions/(\d{1,18}))?/?")
 # numpy's dtype for each DataType name a gptpipe signature has
 _NUMPY = {
     "DT_FLOAT": np.float32,

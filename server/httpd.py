@@ -21,6 +21,7 @@ status is a 500 with a one-line JSON error; its traceback goes to the server's l
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import zlib
 from collections.abc import Callable
@@ -130,10 +131,11 @@ class _Handler(BaseHTTPRequestHandler):
         size = 0
         while True:
             line = self.rfile.readline(1024).split(b";", 1)[0].strip()
-            try:
-                chunk = int(line, 16)
-            except ValueError:
-                raise ValueError(f"chunk size {line[:20]!r} is not a hexadecimal number") from None
+            # Hex digits only: int(, 16) also takes "-1", "+ff" and "f_f", and a negative size
+            # would lower the running total under the limit and read to the end of the stream.
+            if not re.fullmatch(rb"[0-9A-Fa-f]{1,16}", line):
+                raise ValueError(f"chunk size {line[:20]!r} is not a hexadecimal number")
+            chunk = int(line, 16)
             if chunk == 0:
                 while self.rfile.readline(1024).strip():  # trailer fields, then the blank line
                     pass

@@ -163,7 +163,8 @@ def _model_spec(name: str | None, version: str | None, label: str | None) -> Mod
     """ParseModelInfo: the name and label percent-decoded, the version an int64."""
     number = None
     if version:
-        if int(version) > INT64_MAX:
+        # More digits than an int64 has can only overflow (and past 4300, int() refuses them).
+        if len(version.lstrip("0")) > len(str(INT64_MAX)) or int(version) > INT64_MAX:
             raise invalid_argument(f"Failed to convert version: {version} to numeric.")
         number = int(version)
     return ModelSpec(unquote(name or ""), number, unquote(label) if label else None)

@@ -138,7 +138,11 @@ def generate_ids(
     """Continue every prompt (prompts (B, P) int32, padded; lengths (B,) >= 1) by up to
     max_new_tokens ids each, fewer for a row that samples EOS when `s.stop_at_eos` (the EOS left
     out) -> the new ids, ragged (B, None)."""
-    first, longest = tf.reduce_min(lengths), tf.reduce_max(lengths)
+    # An empty batch decodes to nothing: its bounds are 1 (not the int32 extremes), and the
+    # loop, whose every row has finished, never runs.
+    bounds = tf.concat([lengths, [1]], axis=0)
+    first = tf.where(tf.size(lengths) > 0, tf.reduce_min(lengths), 1)
+    longest = tf.reduce_max(bounds)
     ends = lengths + s.max_new_tokens  # (B,): a row's buffer ends here
     width = longest + s.max_new_tokens
     tokens = tf.pad(prompts, [[0, 0], [0, width - tf.shape(prompts)[1]]])  # (B, W)

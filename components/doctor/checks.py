@@ -46,6 +46,23 @@ class Finding:
     fix: str = ""  # what to do about it (a blocker, or a check that could not be made)
 
 
+def guarded(check: str, make: Callable[[], Finding]) -> Finding:
+    """`make()`, or a blocker naming what it raised: one check that fails to run must not
+    hide the others' lines. A UserError (a bad input, such as a missing namespace) still ends
+    doctor with its one line."""
+    try:
+        return make()
+    except UserError:
+        raise
+    except Exception as err:  # the check's own failure is its finding
+        return Finding(
+            check,
+            False,
+            f"could not be checked: {type(err).__name__}: {_first_line(err)}",
+            "see the error; run doctor again once it is mended",
+        )
+
+
 def report(findings: Sequence[Finding], say: Callable[[str], None] = print) -> int:
     """Print one line per finding, then a summary; return how many are blockers."""
     for f in findings:
@@ -162,8 +179,10 @@ def pipeline_root(root: str) -> Finding:
             return Finding(check, False, f"{probe} read back other bytes", fix)
         step = "delete"
         storage.delete_file(probe)
-    except (UserError, OSError) as err:
-        return Finding(check, False, f"cannot {step} {probe}: {err}", fix)
+    except Exception as err:  # a UserError from storage, or google.auth's RefreshError (a
+        # Workload Identity binding missing), a transport error: each is the finding
+        why = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+        return Finding(check, False, f"cannot {step} {probe}: {_first_line(Exception(why))}", fix)
     return Finding(check, True, f"{root} takes a write, a read and a delete")
 
 
@@ -281,7 +300,12 @@ def gpus(
                 "ask an admin for `kubectl get nodes -o wide`, or run doctor as one",
             )
         raise
-    fit = [n for n in nodes if _selected(n, node_selector) and _tolerated(n, tolerations)]
+    # A pod asking for nvidia.com/gpu gets a toleration of the nvidia.com/gpu taint from the
+    # ExtendedResourceToleration admission plugin (plugin/pkg/admission/
+    # extendedresourcetoleration/admission.go), which GKE turns on for its GPU node pools.
+    granted = [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    allowed = [*tolerations, *granted]
+    fit = [n for n in nodes if _selected(n, node_selector) and _tolerated(n, allowed)]
     slots = sum(_allocatable_gpus(n) // gpus_per_worker for n in fit)
     total = sum(_allocatable_gpus(n) for n in fit)
     need = f"{workers} worker(s) x {gpus_per_worker} {GPU_RESOURCE}"

@@ -27,15 +27,20 @@ def run(pipeline_root: str, train_job: Mapping[str, Any], env: Mapping[str, str]
     if not namespace:
         raise UserError("doctor's pod has no namespace: run it as `gptpipe doctor --in-cluster`")
     api = kube.default_api_client()
-    findings = [
-        checks.tfjob_crd(api),
-        checks.access(api, namespace),
-        checks.pipeline_root(pipeline_root),
-        checks.metadata(lineage_store.store_address("", env)),
-        checks.metadata_version(api),
-        checks.gpus(api, job.workers, job.gpus_per_worker, job.node_selector, job.tolerations),
+    made = [
+        ("TFJob CRD", lambda: checks.tfjob_crd(api)),
+        (f"access in {namespace}", lambda: checks.access(api, namespace)),
+        ("pipeline root", lambda: checks.pipeline_root(pipeline_root)),
+        ("metadata service", lambda: checks.metadata(lineage_store.store_address("", env))),
+        ("metadata version", lambda: checks.metadata_version(api)),
+        (
+            "GPU nodes",
+            lambda: checks.gpus(
+                api, job.workers, job.gpus_per_worker, job.node_selector, job.tolerations
+            ),
+        ),
     ]
-    return checks.report(findings)
+    return checks.report([checks.guarded(name, make) for name, make in made])
 
 
 def main(pipeline_root: str, train_job: Mapping[str, Any], env: Mapping[str, str]) -> None:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -50,8 +52,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument(
         "--service-account",
         default="",
-        help="the steps' service account (default: train_job.service_account, else KFP's: "
-        "default-editor in a profile namespace, pipeline-runner in kubeflow)",
+        help="the steps' service account (default KFP's: default-editor in a profile "
+        "namespace, pipeline-runner in kubeflow); train_job.service_account, the TFJob "
+        "pods', is checked too where it names another",
     )
     p.add_argument(
         "--lock", type=Path, default=None, help="image digest lock (default images/digests.json)"
@@ -65,6 +68,12 @@ def add_parser(subparsers: Any) -> None:
     )
     p.add_argument(
         "--poll", type=float, default=5.0, help="--in-cluster: seconds between checks of the run"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="--in-cluster: seconds to wait for the run to end (default 900)",
     )
     p.set_defaults(func=cmd_doctor)
 
@@ -84,7 +93,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         findings = run_checks(
             [
                 lambda: _image_lock(args.lock),
-                lambda: _in_cluster(where, args.lock, args.pipeline_root, train_job, args.poll),
+                lambda: _in_cluster(
+                    where, args.lock, args.pipeline_root, train_job, args.poll, args.timeout
+                ),
             ]
         )
         from components.doctor.checks import report
@@ -161,7 +172,9 @@ def _kfp(where: Any) -> Any:
     return Finding("KFP API", True, f"{where.host} answers and accepts {who}")
 
 
-def _in_cluster(where: Any, lock: Path | None, root: str, train_job: Any, poll: float) -> Any:
+def _in_cluster(
+    where: Any, lock: Path | None, root: str, train_job: Any, poll: float, timeout: float
+) -> Any:
     """The checks as a step's identity: a one-step run of pipelines/doctor.py, followed to
     its end. Its step's log has one line per check."""
     import tempfile
@@ -181,7 +194,25 @@ def _in_cluster(where: Any, lock: Path | None, root: str, train_job: Any, poll: 
             params = {"pipeline_root": root, "train_job": train_job.to_dict()}
             source = ops.source_from_file(path)
             run = ops.start_run(api, source, doctor_pipeline.NAME, params, root, "gptpipe doctor")
-        done = ops.wait(api, run.run_id, poll, on_state=lambda state: None)
+        deadline = time.monotonic() + timeout
+
+        def sleep(seconds: float) -> None:
+            if time.monotonic() + seconds > deadline:
+                raise TimeoutError
+            time.sleep(seconds)
+
+        def said(state: str) -> None:
+            print(f"  doctor run {run.run_id}: {state}", file=sys.stderr)
+
+        done = ops.wait(api, run.run_id, poll, on_state=said, sleep=sleep)
+    except TimeoutError:
+        return Finding(
+            check,
+            False,
+            f"run {run.run_id} did not end within {timeout:.0f} s",
+            "its pod may not start (image pull, pull secret, no schedulable node): "
+            "`kubectl -n NS describe pod` of the run's doctor step",
+        )
     except UserError as err:
         return Finding(check, False, str(err), "check --host, --token-file and --namespace")
     state = str(done.state)
@@ -195,39 +226,16 @@ def _in_cluster(where: Any, lock: Path | None, root: str, train_job: Any, poll: 
     )
 
 
-def steps_account(namespace: str, train_job: Any, given: str) -> str:
-    """The service account the steps (and so the TFJob workers) run as: KFP's runner
-    account, `default-editor` in a profile namespace (multi-user) and `pipeline-runner` in
-    `kubeflow` (single-user), unless the run names one."""
-    return (
-        given
-        or train_job.service_account
-        or ("pipeline-runner" if namespace == "kubeflow" else "default-editor")
-    )
-
-
 def _cluster_checks(kube: Any, namespace: str, train_job: Any, account: str) -> list[Any]:
     from kubernetes.client.exceptions import ApiException
     from urllib3.exceptions import HTTPError
 
     from components.doctor import checks
+    from components.jobs.placement import kfp_step_account
 
     try:
         checks.namespace_exists(kube, namespace)
-        return [
-            checks.tfjob_crd(kube),
-            checks.access(kube, namespace),
-            checks.workload_identity(kube, namespace, steps_account(namespace, train_job, account)),
-            checks.metadata_version(kube),
-            checks.gpus(
-                kube,
-                train_job.workers,
-                train_job.gpus_per_worker,
-                train_job.node_selector,
-                train_job.tolerations,
-            ),
-        ]
-    except (ApiException, HTTPError, OSError) as err:
+    except (ApiException, HTTPError, OSError) as err:  # the API server itself failed
         status = getattr(err, "status", None)
         said = f"HTTP {status} {getattr(err, 'reason', '')}".strip() if status else str(err)
         return [
@@ -238,6 +246,31 @@ def _cluster_checks(kube: Any, namespace: str, train_job: Any, account: str) -> 
                 "check the kube context (`kubectl cluster-info`)",
             )
         ]
+    # The steps run as KFP's account (or --service-account); the TFJob's pods as
+    # train_job.service_account where it names one: each needs Google's credentials.
+    accounts = dict.fromkeys([account or kfp_step_account(namespace)])
+    if train_job.service_account:
+        accounts[train_job.service_account] = None
+    made = [
+        ("TFJob CRD", lambda: checks.tfjob_crd(kube)),
+        (f"access in {namespace}", lambda: checks.access(kube, namespace)),
+        *[
+            ("workload identity", lambda a=a: checks.workload_identity(kube, namespace, a))
+            for a in accounts
+        ],
+        ("metadata version", lambda: checks.metadata_version(kube)),
+        (
+            "GPU nodes",
+            lambda: checks.gpus(
+                kube,
+                train_job.workers,
+                train_job.gpus_per_worker,
+                train_job.node_selector,
+                train_job.tolerations,
+            ),
+        ),
+    ]
+    return [checks.guarded(name, make) for name, make in made]
 
 
 def _storage_checks(root: str, metadata: str) -> list[Any]:

@@ -140,11 +140,10 @@ def test_the_schema_check_catches_a_broken_manifest(break_it, why):
 
 def test_workload_identity_annotates_the_account_doctor_checks():
     from components.doctor.checks import WORKLOAD_IDENTITY
-    from contracts.params import TrainJob
-    from pipelines.cli.doctor import steps_account
+    from components.jobs.placement import kfp_step_account
 
     (account,) = load(DEPLOY / "workload-identity.yaml")
     meta = account["metadata"]
     assert account["kind"] == "ServiceAccount"
-    assert meta["name"] == steps_account(meta["namespace"], TrainJob(), "")
+    assert meta["name"] == kfp_step_account(meta["namespace"])
     assert meta["annotations"][WORKLOAD_IDENTITY].endswith(".iam.gserviceaccount.com")

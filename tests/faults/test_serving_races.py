@@ -18,7 +18,7 @@ import pytest
 
 from components import serving, storage
 from components.push import executor as push
-from contracts.artifacts import RETIRED_FILE
+from contracts.artifacts import MODEL_COMPLETE, RETIRED_FILE
 from tests.processes import REPO, run_together
 from tests.tiny import saved_model_graph
 
@@ -36,6 +36,7 @@ def model(tmp_path: Path, name: str, size: int = 1 << 20) -> str:
     (saved / "saved_model.pb").write_bytes(saved_model_graph(f"graph of {name}"))
     (saved / "variables" / "variables.index").write_bytes(f"index of {name}".encode())
     (saved / "variables" / "variables.data-00000-of-00001").write_bytes(name.encode() * size)
+    (tmp_path / name / MODEL_COMPLETE).write_text("")  # the export's last write
     return str(tmp_path / name)
 
 

@@ -120,6 +120,11 @@ def test_chunked_bodies_are_joined_and_refused_past_the_limit(server):
     answer = raw(server, head + big)
     assert answer.startswith(b"HTTP/1.1 400 ")
     assert "at least 4097 bytes" in one_line_error(answer.partition(b"\r\n\r\n")[2])
+    # A negative size would lower the running total and read to the stream's end.
+    for size in (b"-1", b"+10", b"1_0"):
+        answer = raw(server, head + size + b"\r\nabc\r\n0\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400 "), size
+        assert "is not a hexadecimal number" in one_line_error(answer.partition(b"\r\n\r\n")[2])
 
 
 def test_gzip_bodies_are_inflated_within_the_limit(server):

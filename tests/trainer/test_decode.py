@@ -180,3 +180,15 @@ def test_any_keras_model_decodes_uncached(modules):
 def test_a_negative_token_count_is_refused(module):
     with pytest.raises(tf.errors.InvalidArgumentError, match="max_new_tokens must be 0 or more"):
         module.generate(tf.constant(["a"]), tf.constant(-1), tf.constant(0.0), tf.constant(True))
+
+
+def test_an_empty_batch_no_tokens_and_long_prompts_decode_as_before(module):
+    """Edges: no prompt at all; max_new_tokens 0; every prompt past the window (no cache)."""
+    empty = module.generate(tf.constant([], tf.string), tf.constant(5), tf.constant(0.0),
+                            tf.constant(True))["completion"]  # fmt: skip
+    assert empty.shape == (0,)
+    cached, uncached = _both(module, PROMPTS[:2], 0)
+    assert cached == uncached == ["", ""]
+    long_prompts = [PROMPTS[2], PROMPTS[2] + " And more."]
+    cached, uncached = _both(module, long_prompts, 4)
+    assert cached == uncached and all(cached)

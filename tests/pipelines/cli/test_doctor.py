@@ -133,14 +133,52 @@ def test_a_bucket_that_refuses_writes_is_a_blocker(cluster, gcs_faults, capsys):
 
 def test_no_gpu_nodes_or_untolerated_ones_are_a_blocker(cluster, gcs, capsys):
     kube, kfp, token = cluster
-    status, lines, _ = _doctor(capsys, kfp, token, gcs, *_placement())  # no toleration
+    # nvidia.com/gpu's own taint is tolerated for a pod asking for GPUs (the
+    # ExtendedResourceToleration admission plugin); a pool's other taint is not.
+    _, lines, _ = _doctor(capsys, kfp, token, gcs, *_placement())
+    assert _line(lines, "GPU nodes").startswith("✔ GPU nodes: 2 worker(s) x 1 nvidia.com/gpu fit")
+    dedicated = {"key": "dedicated", "value": "ml", "effect": "NoSchedule"}
+    for node in kube.access.nodes:
+        node["spec"]["taints"] = [GPU_TAINT, dedicated] if "gpu" in node["metadata"]["name"] else []
+    status, lines, _ = _doctor(capsys, kfp, token, gcs, *_placement())
     assert status == 1
     assert _line(lines, "GPU nodes").startswith(
         "✘ GPU nodes: 2 worker(s) x 1 nvidia.com/gpu do not fit: 0 node(s) matching pool=a100"
     )
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}
+    status, lines, _ = _doctor(capsys, kfp, token, gcs, *_placement(toleration))
+    assert status == 0, lines
     kube.access.nodes = [cluster_api.node("cpu-0", 0)]
     status, lines, _ = _doctor(capsys, kfp, token, gcs)
     assert status == 1 and "0 allocatable GPU(s)" in _line(lines, "GPU nodes")
+
+
+def test_a_check_that_fails_to_run_is_its_line_and_the_others_still_print(
+    cluster, gcs, capsys, monkeypatch
+):
+    from components.doctor import checks
+
+    _, kfp, token = cluster
+
+    def broken(*args):
+        raise RuntimeError("discovery broke\nsecond line")
+
+    monkeypatch.setattr(checks, "tfjob_crd", broken)
+    status, lines, _ = _doctor(capsys, kfp, token, gcs, *_placement(GPU_TOLERATION))
+    assert status == 1
+    assert _line(lines, "TFJob CRD").startswith(
+        "✘ TFJob CRD: could not be checked: RuntimeError: discovery broke —"
+    )
+    assert _line(lines, "access in kubeflow").startswith("✔")
+
+
+def test_the_workers_own_account_is_checked_beside_the_steps(cluster, gcs, capsys):
+    _, kfp, token = cluster
+    extra = ["--param", "train_job.service_account=trainer"]
+    _, lines, _ = _doctor(capsys, kfp, token, gcs, *extra)
+    found = [line for line in lines if line[2:].startswith("workload identity")]
+    assert found[0].startswith("✔ workload identity: kubeflow/pipeline-runner acts as")
+    assert found[1].startswith("✘ workload identity: no service account kubeflow/trainer")
 
 
 def test_more_workers_than_gpus_do_not_fit_and_a_local_run_needs_none(cluster, gcs, capsys):
@@ -248,3 +286,18 @@ def test_in_cluster_runs_the_checks_as_a_one_step_run(outcome, gcs, capsys, tmp_
     (executor,) = spec["deploymentSpec"]["executors"].values()
     assert executor["container"]["image"] == json.loads(LOCK.read_text())["pipeline"]
     assert list(spec["root"]["dag"]["tasks"]) == ["doctor"]
+
+
+def test_in_cluster_gives_up_on_a_run_that_does_not_end(gcs, capsys, tmp_path):
+    from tests.doubles.kfp.api_server import RunScript
+
+    with KfpApiDouble() as kfp:
+        token = tmp_path / "token"
+        token.write_text(kfp.token)
+        kfp.run_scripts.append(RunScript("SUCCEEDED", running_polls=1_000_000))
+        extra = ["--in-cluster", "--poll", "0.01", "--timeout", "0"]
+        status, lines, err = _doctor(capsys, kfp, token, gcs, *extra)
+    assert status == 1
+    line = _line(lines, "in-cluster checks")
+    assert line.startswith("✘ in-cluster checks: run ") and "did not end within 0 s" in line
+    assert "RUNNING" in err  # the states it saw, as it waited
