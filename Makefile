@@ -61,12 +61,13 @@ KFP_ARGS = $(if $(KFP_HOST),--host $(call q,$(KFP_HOST))) \
 RUN_ARGS = $(foreach p,$(PARAMS),--param $(call q,$(p))) \
 	$(if $(EXPERIMENT),--experiment $(call q,$(EXPERIMENT)))
 
-.PHONY: install run test test-fast test-loaded lint bench compile images pin-base-images clean help \
+.PHONY: install run test test-heavy test-fast test-loaded lint bench compile images pin-base-images clean help \
 	upload submit schedule chromium
 
 help:
 	@echo "make run     install, then run the pipeline locally on data/tinyshakespeare.txt"
 	@echo "make test    install, then run the whole test suite"
+	@echo "make test-heavy the long scenarios (marker heavy), which CI runs too"
 	@echo "make test-fast  the fast tier: the tests not marked slow or e2e"
 	@echo "make test-loaded  make test twice beside a busy loop per core (no test waits for seconds)"
 	@echo "make lint    ruff and mypy"
@@ -118,7 +119,12 @@ run: $(STAMP)
 	$(BIN)/gptpipe run --local $(ARGS)
 
 test: $(STAMP) $(ACTIONLINT) chromium
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -m "not heavy" $(ARGS)
+
+# The long scenarios (marker `heavy`: real multi-worker restarts, the serving load test), which
+# CI runs after `make test`.
+test-heavy: $(STAMP) $(ACTIONLINT) chromium
+	$(BIN)/python -m pytest -m heavy $(ARGS)
 
 test-fast: $(STAMP) $(ACTIONLINT) chromium
 	$(BIN)/python -m pytest -m "not slow and not e2e" $(ARGS)

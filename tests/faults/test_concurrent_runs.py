@@ -38,6 +38,7 @@ def outputs(summary, step, key):
     return summary["steps"][step]["outputs"][key][0]["properties"]
 
 
+@pytest.mark.heavy
 @pytest.mark.fault("two whole local runs start at the same moment on one run root")
 def test_two_runs_at_once_both_finish_tokenize_once_and_serve_whole_versions(tmp_path, ledger):
     corpus = tmp_path / "corpus.txt"

@@ -335,6 +335,7 @@ def test_the_train_step_runs_a_tfjob_as_its_own_identity(tmp_path, examples):
         assert pod["imagePullSecrets"] == [{"name": "regcred"}]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.fault("a TFJob worker SIGKILLed mid-training")
 def test_a_killed_worker_costs_exactly_one_restart(tmp_path, examples):
@@ -351,6 +352,7 @@ def test_a_killed_worker_costs_exactly_one_restart(tmp_path, examples):
     assert (tmp_path / "model" / "Format-Serving" / "saved_model.pb").is_file()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.fault("the chief dies while exporting")
 def test_a_chief_that_dies_during_export_restarts_the_whole_job(tmp_path, examples):
@@ -378,6 +380,7 @@ tfjob.TFJobLauncher(api, poll_seconds=2).run(spec)
 """
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.fault("the launcher killed and retried")
 def test_a_launcher_that_died_is_continued_by_its_retry(tmp_path, examples):
@@ -412,6 +415,7 @@ def test_a_launcher_that_died_is_continued_by_its_retry(tmp_path, examples):
     assert sum("resumed at step 25 " in t for t in texts) == 2
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.fault("a retried launcher re-runs a Failed job")
 def test_a_failed_job_is_run_again_by_a_retried_launcher(tmp_path, examples):

@@ -114,6 +114,7 @@ def test_two_workers_agree_on_the_loss_and_the_chief_exports_once(uninterrupted)
     assert (job.work / "backup").is_dir()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.fault("a worker SIGKILLed mid-training")
 def test_sigkilled_worker_restarts_the_group_which_resumes_from_the_backup(
@@ -135,6 +136,7 @@ def test_sigkilled_worker_restarts_the_group_which_resumes_from_the_backup(
     assert job.final_val_loss() == pytest.approx(uninterrupted.final_val_loss(), rel=0.002)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.fault("SIGTERM to a worker mid-training")
 def test_sigterm_backs_up_exits_retryably_and_the_job_resumes(tmp_path, examples):
@@ -210,6 +212,7 @@ def test_a_full_disk_fails_the_job_once_naming_the_path(tmp_path, examples, wher
     assert not model.exists()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.fault("every attempt loses its backup, then its worker (SIGKILL at step 30)")
 def test_restarts_that_cannot_resume_say_so_and_stop_once_they_lost_a_runs_length(

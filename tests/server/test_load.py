@@ -92,6 +92,7 @@ class Clients:
         assert not any(t.is_alive() for t in self.threads), "a client never finished"
 
 
+@pytest.mark.heavy
 def test_eight_clients_through_a_push_and_a_rollback_lose_nothing_and_see_whole_versions(
     serving_folder, serve_folder, tiny_model, other_model, ledger
 ):

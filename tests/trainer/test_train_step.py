@@ -331,6 +331,7 @@ def _curve(model_dir: Path) -> dict[int, float]:
     return {p["step"]: p["loss"] for p in history["points"]}
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_four_workers_accumulating_follow_one_workers_loss_curve(tmp_path, examples):
     one = resolve_config("tiny", (*REHEARSAL, "train.batch_size=16"))  # 1 x 16 x accumulation 1

@@ -56,6 +56,7 @@ def written(path: str) -> str | None:
     return None
 
 
+@pytest.mark.heavy
 def test_a_worker_trains_resumes_and_exports_on_gcs_through_tensorflow(
     gcs, googleapis, examples, tmp_path
 ):
