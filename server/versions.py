@@ -8,12 +8,15 @@ TF Serving's defaults, followed here:
   last by every publish, is there; a half-copied push is not one yet.
 - the availability-preserving policy (tensorflow_serving/core/availability_preserving_policy.h,
   the model server's) loads the newly aspired version first, then unloads the old one, and
-  never unloads the last loaded version: a new version is served once loaded; a version
-  removed from the folder gives way to the next highest once that one is loaded (a rollback
-  that deletes the newest); an empty folder leaves the loaded version served.
-- a version that fails to load is not served and is logged; the version before it stays
-  (basic_manager.cc gives up after its load retries; here one try: a version is complete
-  before it is listed, so trying it again would fail again).
+  unloads the old only once the new one serves: a new version is served once loaded; a
+  version removed from the folder gives way to the next highest once that one is loaded (a
+  rollback that deletes the newest). An empty folder unloads the served version, as TF
+  Serving does unless `servable_versions_always_present` is set (file_system_storage_path_
+  source.cc aspires no version; availability_preserving_policy.cc then unloads).
+- a version that fails to load is not served and is logged; the version before it stays,
+  and the load is tried again at the next polls, LOAD_ATTEMPTS in all (basic_manager.cc
+  retries a failed load `max_num_load_retries` times, 5 by default, main.cc): a gs:// version
+  whose download failed once loads at the next poll; a broken model is given up on.
 - the status endpoint reports every version the server has seen with its state (LOADING,
   AVAILABLE, END) and, for a failed load, its error (servable_state_monitor.h keeps them all,
   newest first; get_model_status_impl.cc prints them).
@@ -37,6 +40,7 @@ from server.status import Code, not_found
 log = logging.getLogger(__name__)
 
 Load = Callable[[str, int, str], Servable]  # (model name, version, URI) -> the loaded version
+LOAD_ATTEMPTS = 6  # one load and TF Serving's default 5 retries (--max_num_load_retries)
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class Versions:
         self._load = load
         self._served: Servable | None = None
         self._states: dict[int, VersionState] = {}
-        self._failed: set[int] = set()  # not tried again
+        self._failures: dict[int, int] = {}  # version -> loads failed; LOAD_ATTEMPTS: given up
         self._lock = threading.Lock()  # guards _served and _states together
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,9 +98,12 @@ class Versions:
         except Exception as err:  # a storage error (gs:// unreachable): keep serving
             log.warning("cannot list the versions of %s: %s", self.source, tf_message(err))
             return
-        candidates = [v for v in versions if v not in self._failed]
+        if not versions:
+            self._unload()
+            return
+        candidates = [v for v in versions if self._failures.get(v, 0) < LOAD_ATTEMPTS]
         if not candidates:
-            return  # nothing (more) to serve: the loaded version stays
+            return  # nothing loadable besides: the loaded version stays
         wanted = candidates[-1]
         if wanted != self.served_version:
             self._switch_to(wanted)
@@ -110,12 +117,20 @@ class Versions:
         except Exception as err:  # whatever the SavedModel or the storage raised
             code = Code(err.error_code) if hasattr(err, "error_code") else Code.UNKNOWN
             message = tf_message(err)
-            self._failed.add(version)
+            failures = self._failures[version] = self._failures.get(version, 0) + 1
             self._set_state(version, VersionState("END", code, message))
             served = self.served_version
             still = f"still serving version {served}" if served else "no version is served"
+            again = "given up" if failures >= LOAD_ATTEMPTS else "tried again at the next poll"
             log.warning(
-                "version %d of %s failed to load (%s); %s", version, self.name, message, still
+                "version %d of %s failed to load (%s; attempt %d of %d, %s); %s",
+                version,
+                self.name,
+                message,
+                failures,
+                LOAD_ATTEMPTS,
+                again,
+                still,
             )
             return
         with self._lock:
@@ -129,6 +144,20 @@ class Versions:
             self.name,
             f" (was version {before.version})" if before else "",
         )
+
+    def _unload(self) -> None:
+        """No version is aspired any more (an emptied folder): stop serving the loaded one."""
+        with self._lock:
+            before, self._served = self._served, None
+            if before is not None:
+                self._states[before.version] = VersionState("END")
+        if before is not None:
+            log.warning(
+                "no version of %s is left in %s: version %d is no longer served",
+                self.name,
+                self.source,
+                before.version,
+            )
 
     def _set_state(self, version: int, state: VersionState) -> None:
         with self._lock:

@@ -10,7 +10,7 @@ import pytest
 from components import serving
 from server.servable import Servable
 from server.status import ServingError
-from server.versions import Versions
+from server.versions import LOAD_ATTEMPTS, Versions
 
 
 class Loader:
@@ -101,13 +101,19 @@ def test_a_rollback_and_its_undoing_are_followed(folder):
     assert states(versions) == {3: "END", 2: "AVAILABLE"}
 
 
-def test_an_emptied_folder_leaves_the_loaded_version_served(folder):
-    """The availability-preserving policy never unloads the last loaded version."""
+def test_an_emptied_folder_unloads_the_served_version_as_tf_serving_does(folder):
+    """Without servable_versions_always_present, TF Serving aspires no version once the
+    folder lists none, and the policy unloads the loaded one; a new push is served again."""
     versions = Versions("gpt", str(folder), Loader())
     versions.poll()
     shutil.rmtree(folder / "1")
     versions.poll()
-    assert versions.served_version == 1 and versions.get("gpt", None).version == 1
+    assert versions.served_version is None and states(versions) == {1: "END"}
+    with pytest.raises(Exception, match="Servable not found for request: Latest"):
+        versions.get("gpt", None)
+    publish(folder, 2)
+    versions.poll()
+    assert versions.served_version == 2
 
 
 @pytest.mark.fault("a pushed version that fails to load")
@@ -117,15 +123,16 @@ def test_a_version_that_fails_to_load_is_logged_once_and_the_old_one_served(fold
     versions.poll()
     publish(folder, 2)
     with caplog.at_level(logging.WARNING, logger="server.versions"):
-        versions.poll()
-        versions.poll()  # not tried again: a complete version that failed fails again
-    assert versions.served_version == 1 and loader.loaded == [1, 2]
+        for _ in range(LOAD_ATTEMPTS + 2):  # tried at each poll, then given up on
+            versions.poll()
+    assert versions.served_version == 1 and loader.loaded == [1] + [2] * LOAD_ATTEMPTS
     failed = versions.states()[2]
     assert (failed.state, failed.error_code.name) == ("END", "UNKNOWN")
     assert failed.error_message.startswith(f"{folder / '2'} is not a SavedModel that loads")
-    (line,) = [r.getMessage() for r in caplog.records]
-    assert "version 2 of gpt failed to load" in line and "still serving version 1" in line
-    assert "\n" not in line
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == LOAD_ATTEMPTS and all("\n" not in line for line in lines)
+    assert "version 2 of gpt failed to load" in lines[0] and "still serving version 1" in lines[0]
+    assert f"attempt {LOAD_ATTEMPTS} of {LOAD_ATTEMPTS}, given up" in lines[-1]
     publish(folder, 3)  # the next push is served
     versions.poll()
     assert versions.served_version == 3
