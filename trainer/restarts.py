@@ -38,6 +38,9 @@ class Restarts:
     attempts: int = 0  # attempts started in this work folder
     lost_steps: int = 0  # steps trained, then lost to restarts that found no backup
     lost_seconds: float = 0.0  # the training time of those steps, as the curve measured it
+    # the curve's training time when a restart from step 1 last counted it: what the curve
+    # adds after that is the attempts since (a curve not saved since adds nothing)
+    counted_wall_s: float = 0.0
 
 
 class LostTooMuch(Exception):
@@ -60,7 +63,9 @@ def begin(
     step 1 after an earlier attempt, say so and count what was lost. Raises `LostTooMuch` when
     the steps lost would exceed `budget_steps` (0: no budget known yet, nothing refused)."""
     before = read(work_dir)
-    now = Restarts(before.attempts + 1, before.lost_steps, before.lost_seconds)
+    now = Restarts(
+        before.attempts + 1, before.lost_steps, before.lost_seconds, before.counted_wall_s
+    )
     if before.attempts and resume_step == 0:
         now = _restarted_from_scratch(work_dir, backup_dir, before, backup_every, budget_steps)
     tf.io.gfile.makedirs(work_dir)
@@ -74,13 +79,19 @@ def _restarted_from_scratch(
 ) -> Restarts:
     curve = TrainHistory("", 0, 0)
     curve.load(work_dir)
-    trained = max((p["step"] for p in curve.points + curve.eval_points), default=0)
+    # The curve is kept at each validation, trimmed to the attempt's start: one not saved since
+    # the last count (an attempt that died before its first validation) still holds the
+    # steps counted then, which are not counted twice.
+    fresh = curve.wall_s > before.counted_wall_s
+    points = curve.points + curve.eval_points
+    trained = max((p["step"] for p in points), default=0) if fresh else 0
+    seconds = curve.wall_s - before.counted_wall_s
     lost_steps = before.lost_steps + trained
     why = _why(backup_dir, trained, backup_every)
     budget = f", of the {budget_steps} that restarts may lose (the run's length)"
     said = (
         f"restarting from step 1: no backup could be read in {backup_dir}: {why}; "
-        f"{trained} steps lost, {lost_steps} in all (about {curve.wall_s:.0f} s of training)"
+        f"{trained} steps lost, {lost_steps} in all (about {seconds:.0f} s of training)"
         + (budget if budget_steps else "")
     )
     if budget_steps and lost_steps > budget_steps:
@@ -91,7 +102,7 @@ def _restarted_from_scratch(
             "backups (its space, its permissions, nothing removing them), then run again"
         )
     log.warning("%s", said)
-    return Restarts(before.attempts + 1, lost_steps, curve.wall_s)
+    return Restarts(before.attempts + 1, lost_steps, before.lost_seconds + seconds, curve.wall_s)
 
 
 def _why(backup_dir: str, trained: int, backup_every: int) -> str:

@@ -41,7 +41,7 @@ def test_a_restart_from_step_1_says_so_and_counts_the_lost_steps(tmp_path, caplo
     _trained_to(tmp_path, 20, 7.5)  # validated (and backed up) at step 20, then lost
     with caplog.at_level(logging.WARNING, "trainer"):
         now = _begin(tmp_path)
-    assert now == restarts.Restarts(attempts=2, lost_steps=20, lost_seconds=7.5)
+    assert now == restarts.Restarts(attempts=2, lost_steps=20, lost_seconds=7.5, counted_wall_s=7.5)
     (said,) = [r.getMessage() for r in caplog.records]
     assert said.startswith(f"restarting from step 1: no backup could be read in {tmp_path}/")
     assert "the job trained to step 20, past a backup, but none is there" in said
@@ -74,6 +74,22 @@ def test_restarts_may_lose_one_runs_length_and_no_more(tmp_path):
     )
     assert f"no backup could be read in {tmp_path / 'backup'}" in message
     assert restarts.read(str(tmp_path)).lost_steps == RUN_STEPS  # the refused one noted nothing
+
+
+def test_a_curve_not_saved_since_the_last_count_is_not_counted_again(tmp_path, caplog):
+    """Attempt 1 trains to 30 and dies; attempt 2 starts from step 1 and dies before its first
+    validation (the curve still says 30); attempt 3 counts no more steps, and the seconds of
+    only what the curve added."""
+    _begin(tmp_path)
+    _trained_to(tmp_path, 30, 12.0)
+    assert _begin(tmp_path).lost_steps == 30
+    with caplog.at_level(logging.WARNING, "trainer"):
+        third = _begin(tmp_path)
+    assert (third.lost_steps, third.lost_seconds) == (30, 12.0)
+    assert "0 steps lost, 30 in all (about 0 s of training)" in caplog.records[-1].getMessage()
+    _trained_to(tmp_path, 10, 16.0)  # attempt 3 validated at 10 (the curve trimmed to it)
+    fourth = _begin(tmp_path)
+    assert (fourth.lost_steps, fourth.lost_seconds) == (40, 16.0)
 
 
 def test_a_run_of_unknown_length_is_never_refused(tmp_path):
