@@ -16,6 +16,7 @@ from rich.console import Console
 
 from components.push import executor as push
 from components.tokenize import executor as tokenize
+from contracts.artifacts import MODEL_COMPLETE
 from contracts.progress import Progress, read_events
 from pipelines.runners.local import runner, watch
 from pipelines.runners.local import view as run_view
@@ -333,6 +334,7 @@ def test_push_reports_the_objects_it_publishes(tmp_path):
     (saved / "saved_model.pb").write_bytes(saved_model_graph("graph"))
     for name in ("variables/variables.index", "variables/variables.data"):
         (saved / name).write_bytes(b"bytes")
+    (tmp_path / "model" / MODEL_COMPLETE).write_text("")  # the export's last write
     (tmp_path / "blessing").mkdir()
     (tmp_path / "blessing" / "BLESSED").write_text("")
     (tmp_path / "blessing" / "blessing.json").write_text(json.dumps({"reason": "better"}))
