@@ -127,6 +127,7 @@ def _training(root: Path) -> bool:
     return any(e["step"] == "train" and e.get("unit") == "steps" for e in found)
 
 
+@pytest.mark.heavy
 @pytest.mark.fault("SIGKILL to a whole `gptpipe run --local` as its workers start, or train")
 @pytest.mark.parametrize("when", ["starting", "training"])
 def test_no_worker_and_no_step_outlives_a_local_run_killed_outright(tmp_path, when):

@@ -298,6 +298,7 @@ def trainer_spec(root: Path, examples: Path, *flags: str, **overrides: Any) -> J
     return dataclasses.replace(spec, name=KEY[1], command=(*spec.command, *flags), **overrides)
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_the_train_step_runs_a_tfjob_as_its_own_identity(tmp_path, examples):
     with running(tmp_path) as kube:

@@ -165,6 +165,7 @@ def test_sigterm_backs_up_exits_retryably_and_the_job_resumes(tmp_path, examples
     assert backed_up_step(str(job.work / "backup")) == STEPS
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.fault("SIGTERM to a worker at the last step")
 def test_sigterm_at_the_last_step_lets_training_end_and_export(tmp_path, examples):

@@ -38,7 +38,7 @@ from tests.doubles.kfp.backend import CACHED, FAILED, SKIPPED, SUCCEEDED, RunHan
 from tests.tiny import PIPELINE_SMALL as SMALL
 from trainer.config import config_to_dict, resolve_config
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.heavy]
 # The tiny config of test_pipeline_e2e.py, shorter: 20 steps, a backup every 10.
 OVERRIDES = (*SMALL, "train.train_steps=20", "train.checkpoint_every=10")
 # For the runs that are stopped while they train: another config (so KFP's cache misses) that

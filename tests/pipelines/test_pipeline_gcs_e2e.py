@@ -14,7 +14,7 @@ from pipelines.runners.local import runner
 from tests.tiny import PIPELINE_SMALL as SMALL
 from trainer.config import resolve_config
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.heavy]
 REPO = Path(__file__).resolve().parents[2]
 
 
