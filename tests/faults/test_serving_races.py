@@ -13,6 +13,7 @@ import threading
 import time
 import types
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -242,12 +243,21 @@ def test_a_push_waits_for_one_claimed_below_it_compared_with_the_same_model(
     first, second = (f"{model(tmp_path, n, 16)}/Format-Serving" for n in ("first", "second"))
     claim = _claim(dest, 2)
 
+    looks: list[list[int]] = []  # what the second saw in flight, each time it looked
+    in_flight = serving._in_flight
+
+    def look(*args: Any) -> list[int]:
+        looks.append(in_flight(*args))
+        return looks[-1]
+
+    monkeypatch.setattr(serving, "_in_flight", look)
+
     outcome = _publish_in_background(second, dest, expect_latest=1)
-    while not Path(dest, serving.CLAIMS_DIR, "3").exists():  # the second has claimed: waits
+    while len(looks) < 2:  # the second has claimed, seen the first in flight, and looked again
         assert outcome["thread"].is_alive(), outcome
         time.sleep(0.01)
-    time.sleep(0.2)
-    assert outcome["thread"].is_alive() and serving.serving_versions(dest) == [1]
+    assert looks[:2] == [[2], [2]] and serving.serving_versions(dest) == [1]
+    assert outcome["thread"].is_alive() or how_the_first_ends == "never"  # (1 s to wait there)
     if how_the_first_ends == "published":
         storage.publish_dir(first, storage.join(dest, "2"), ready=serving.READY)
     elif how_the_first_ends == "failed":

@@ -26,6 +26,7 @@ from components.jobs.errors import LaunchCancelled, LaunchError, LaunchTimeout, 
 from components.jobs.spec import JobSpec
 from components.jobs.tfjob import launcher as tfjob
 from components.jobs.tfjob import manifest
+from components.jobs.tfjob.restarts import PODS_ANNOTATION as PODS
 from components.train import executor
 from tests.doubles.kubernetes.apiserver import FakeKube
 from tests.doubles.kubernetes.fake_worker import BAD_SHARD
@@ -95,9 +96,27 @@ def starts(records: Path, index: int) -> list[str]:
 
 @pytest.fixture
 def records(tmp_path: Path) -> Path:
+    """The fake workers' records; `hold` keeps lose-peer's worker 1 alive (`release_when_seen`)."""
     folder = tmp_path / "rec"
     folder.mkdir()
+    (folder / "hold").touch()
     return folder
+
+
+def release_when_seen(kube: FakeKube, records: Path) -> None:
+    """Let lose-peer's worker 1 die once the launcher has recorded every worker's first pod on
+    the job (its ledger's annotation): a restart it could not see would not be counted."""
+
+    def seen(cluster: Any) -> bool:
+        job = cluster.tfjobs.get(KEY) or {}
+        pods = json.loads((job.get("metadata", {}).get("annotations") or {}).get(PODS, "{}"))
+        return all(pods.get(str(i), [""])[0] for i in (0, 1))
+
+    def release() -> None:
+        if kube.wait_for(seen, timeout=300):
+            (records / "hold").unlink()
+
+    threading.Thread(target=release, daemon=True).start()
 
 
 # -- fast: fake workers --
@@ -106,6 +125,7 @@ def records(tmp_path: Path) -> Path:
 @pytest.mark.fault("every pod of a TFJob fails at once")
 def test_a_lost_worker_is_one_restart_however_many_pods_failed(tmp_path, records):
     with running(tmp_path) as kube:
+        release_when_seen(kube, records)
         result, out = launch(kube, fake_spec(records, "lose-peer"))
         kept = annotations(kube)
     # Worker 1 was killed, worker 0 then lost it: both pods failed and were recreated once.
@@ -124,6 +144,7 @@ def test_a_reattached_launcher_counts_on_from_the_annotation(tmp_path, records):
     existing = manifest.build_manifest(fake_spec(records, "lose-peer"))
     existing["metadata"]["annotations"] = {"gptpipe.dev/restarts": "2"}  # an earlier launcher's
     with running(tmp_path, existing=existing) as kube:
+        release_when_seen(kube, records)
         result, out = launch(kube, fake_spec(records, "lose-peer", backoff_limit=3))
         assert len(kube.calls("POST")) == 1 and not kube.calls("DELETE")
     assert result.reattached and result.restarts == 3
@@ -135,6 +156,7 @@ def test_restarts_past_the_backoff_limit_delete_the_job(tmp_path, records):
     existing = manifest.build_manifest(fake_spec(records, "lose-peer"))
     existing["metadata"]["annotations"] = {"gptpipe.dev/restarts": "2"}
     with running(tmp_path, existing=existing) as kube:
+        release_when_seen(kube, records)
         with pytest.raises(LaunchError) as err:
             launch(kube, fake_spec(records, "lose-peer", backoff_limit=2))
         assert kube.wait_for(lambda c: not c.tfjobs, timeout=15)
@@ -186,6 +208,7 @@ def test_a_backoff_limit_of_zero_still_reads_why_the_worker_failed(tmp_path, rec
 @pytest.mark.fault("a worker is killed, with no restarts allowed")
 def test_a_backoff_limit_of_zero_fails_at_the_first_restart_naming_the_exits(tmp_path, records):
     with running(tmp_path) as kube:
+        release_when_seen(kube, records)
         with pytest.raises(LaunchError) as err:
             launch(kube, fake_spec(records, "lose-peer", backoff_limit=0))
         assert kube.wait_for(lambda c: not c.tfjobs, timeout=15)

@@ -5,16 +5,18 @@ milliseconds, records what it was started with, and behaves as its mode says.
 
 Every start appends a JSON line to RECORDS_DIR/starts-<index>.jsonl (pid, cwd, its files,
 TF_CONFIG, HOSTNAME, GPTPIPE_EXTRA) and prints "worker <index> started". Modes:
-- ok: exit 0; worker 0 only once every worker has started, and 0.3 s later.
+- ok: exit 0; worker 0 only once every other worker has started and exited (its process gone),
+  so that the others are Succeeded before the job is.
 - hang: sleep until killed (SIGTERM exits 143, as the trainer does after its backup).
 - stubborn: sleep and ignore SIGTERM (only SIGKILL stops it).
 - exit-<code>: worker 1 prints an error and exits <code>; the others hang.
-- flaky: worker 1 exits 137 in its first two incarnations (after 1.2 s, so the operator's
-  Restarting conditions get distinct timestamps) and 0 at once in the third; worker 0 exits 0
-  a second after worker 1 has started three times.
+- flaky: worker 1 exits 137 in its first two incarnations (each once the wall clock's second
+  has turned since it started, so the operator's Restarting conditions get distinct
+  timestamps) and 0 at once in the third; worker 0 exits 0 once that third has exited.
 - lose-peer: like MultiWorkerMirrored losing a worker. Worker 1 SIGKILLs itself in its first
-  incarnation; a worker whose peer died (the peer started again) exits 143; a group whose
-  members all started equally often runs to exit 0.
+  incarnation, once every worker has started and RECORDS_DIR/hold does not exist (a test
+  holds it until the launcher has seen the pods); a worker whose peer died (the peer started
+  again) exits 143; a group whose members all started equally often runs to exit 0.
 - fail-until-<file>: every worker exits 2 while RECORDS_DIR/<file> does not exist (as the
   trainer does without its examples, naming them in its termination message); then ok.
 - serve: listen on the worker's own address in TF_CONFIG and answer each connection with
@@ -77,6 +79,28 @@ def starts(records: Path, index: int) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def gone(records: Path, index: int, incarnation: int) -> bool:
+    """Whether worker `index` has started `incarnation` times and that process has exited
+    (reaped by the kubelet, or a zombie: /proc's state Z)."""
+    path = records / f"starts-{index}.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    if len(lines) < incarnation:
+        return False
+    pid = json.loads(lines[incarnation - 1])["pid"]
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def next_second() -> None:
+    """Return once the wall clock's whole second has turned (RFC 3339 stamps differ)."""
+    second = int(time.time())
+    while int(time.time()) == second:
+        time.sleep(0.02)
+
+
 def main() -> int:
     mode, records = sys.argv[1], Path(sys.argv[2])
     tf_config = os.environ.get("TF_CONFIG")
@@ -97,9 +121,8 @@ def main() -> int:
     print(f"worker {index} started", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if mode == "ok":
-        while index == 0 and not all(starts(records, i) for i in range(workers)):
-            time.sleep(0.05)  # the chief finishes only with every worker, as under MWMS
-        time.sleep(0.3 if index == 0 else 0)
+        while index == 0 and not all(gone(records, i, 1) for i in range(1, workers)):
+            time.sleep(0.05)  # the chief finishes only after every worker, as under MWMS
         return 0
     if mode == "stubborn":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -115,15 +138,17 @@ def main() -> int:
     if mode == "flaky":
         if index == 1:
             if incarnation < 3:
-                time.sleep(1.2)
+                next_second()
             return 137 if incarnation < 3 else 0
-        while starts(records, 1) < 3:
+        while not gone(records, 1, 3):  # worker 1 has Succeeded: the operator must leave it be
             time.sleep(0.05)
-        time.sleep(1)  # worker 1 has Succeeded meanwhile: the operator must leave it be
         return 0
     if mode == "lose-peer":
         if index == 1 and incarnation == 1:
-            time.sleep(0.3)
+            # A peer lost in the group's run, not before it began.
+            held = records / "hold"
+            while not all(starts(records, i) for i in range(workers)) or held.exists():
+                time.sleep(0.05)
             os.kill(os.getpid(), signal.SIGKILL)
         for _ in range(400):
             counts = [starts(records, i) for i in range(workers)]

@@ -34,6 +34,20 @@ JOB_PATH = "/apis/kubeflow.org/v1/namespaces/ml/tfjobs/train-run-1"
 # -- the launcher against the Kubernetes API double --
 
 
+def follows(kube: FakeKube, worker: int) -> list[Any]:
+    """The follow requests for worker `worker`'s log so far."""
+    logs = kube.calls("GET", f"-worker-{worker}/log")
+    return [r for r in logs if r.query.get("follow", "").lower() == "true"]
+
+
+def await_follows(kube: FakeKube, worker: int, count: int) -> None:
+    """A scenario step: wait until the launcher has asked to follow the log `count` times."""
+    until = time.monotonic() + 120  # only a hung launcher reaches it
+    while len(follows(kube, worker)) < count:
+        assert time.monotonic() < until, f"followed {len(follows(kube, worker))} times"
+        time.sleep(0.01)
+
+
 def run_tfjob(kube: FakeKube, spec: JobSpec | None = None, **kwargs: Any) -> Any:
     out = io.StringIO()
     launcher = tfjob.TFJobLauncher(kube.api_client(), out=out, poll_seconds=5)
@@ -66,22 +80,25 @@ def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
     # server ends it cleanly twice (its leg to the kubelet broke): each line still reaches the
     # step's log once, in order, the later streams from shortly before the last line written
     # (timestamps and sinceTime, as tfjob_logs asks the kubelet).
+    # Each line after the first is written once the launcher has followed again after the
+    # previous one: an event, not a pause, so a busy machine cannot merge them into one stream.
     lines = [f"step {i} loss {5 - i / 10:.1f}" for i in range(1, 7)]
     paced: list[Any] = []
-    for line in lines:
-        paced += [lambda c: time.sleep(0.6), lambda c, line=line: c.log(0, line)]
+    for i, line in enumerate(lines, start=1):
+        if i > 1:
+            paced.append(lambda c, i=i: await_follows(kube, 0, min(i, 5)))
+        paced.append(lambda c, line=line: c.log(0, line))
     steps = scenarios.success()
     with FakeKube([*steps[:3], *paced, *steps[4:]]) as kube:
         kube.cut_follows, kube.end_follows = 2, 2  # dropped twice, then ended twice
         _, out = run_tfjob(kube)
     worker0 = [x for x in out.splitlines() if x.startswith("[train-run-1-worker-0] ")]
     assert worker0 == [f"[train-run-1-worker-0] {line}" for line in lines]
-    logs = kube.calls("GET", "-worker-0/log")
-    follows = [r for r in logs if r.query.get("follow", "").lower() == "true"]
-    assert len(follows) >= 5 and kube.cut_follows == kube.end_follows == 0
-    assert all(r.query.get("timestamps", "").lower() == "true" for r in follows)
-    assert "sinceTime" not in follows[0].query  # the first from the start
-    assert all(r.query["sinceTime"].endswith("Z") for r in follows[1:])
+    streams = follows(kube, 0)
+    assert len(streams) >= 5 and kube.cut_follows == kube.end_follows == 0
+    assert all(r.query.get("timestamps", "").lower() == "true" for r in streams)
+    assert "sinceTime" not in streams[0].query  # the first from the start
+    assert all(r.query["sinceTime"].endswith("Z") for r in streams[1:])
     assert out.count("worker 0's log stream: ProtocolError; trying again") == 1  # said once
 
 
@@ -98,8 +115,7 @@ def test_a_last_line_without_newline_is_written():
         "[train-run-1-worker-0] fatal: NCCL timeout",
     ]
     # Written once a stream after the exit brought nothing new (LogPlace.stream_ended).
-    follows = [r for r in kube.calls("GET", "-worker-0/log") if r.query.get("follow") == "true"]
-    assert len(follows) >= 2
+    assert len(follows(kube, 0)) >= 2
 
 
 @pytest.mark.slow
@@ -109,7 +125,7 @@ def test_a_line_unfinished_when_a_stream_ends_is_written_once_finished():
     steps = scenarios.success()
     steps[3:4] = [
         lambda c: c.log(0, "step 1 loss 4.2", unfinished="step 2 lo"),
-        lambda c: time.sleep(1.5),
+        lambda c: await_follows(kube, 0, 2),  # that stream ended; the launcher followed again
         lambda c: c.log(0, "ss 3.1"),  # the runtime's next record: the rest of the line
     ]
     with FakeKube(steps) as kube:
@@ -155,9 +171,8 @@ def follow_stopped_worker0(
     follower.start()
     follower.finish(timeout=20)
     assert not follower.is_alive()
-    follows = [r for r in kube.calls("GET", "-worker-0/log") if r.query.get("follow") == "true"]
     prefix = f"[{spec.name}-worker-0] "
-    return [x.removeprefix(prefix) for x in out.getvalue().splitlines()], len(follows)
+    return [x.removeprefix(prefix) for x in out.getvalue().splitlines()], len(follows(kube, 0))
 
 
 LINES = [("step 1 loss 4.2", False), ("step 2 loss 3.1", False), ("done", False)]
