@@ -24,18 +24,19 @@ import socket
 import struct
 import threading
 import time
-import types
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import kfp_server_api
-import yaml
 
-_MODELS = kfp_server_api.ApiClient()  # the client's own (de)serializer of the models
+from tests.doubles.kfp import pipeline_spec, run_details, wire
+from tests.doubles.kfp.run_details import RunScript
+from tests.doubles.kfp.scope import NamespaceScope
+from tests.doubles.kfp.wire import ApiError, dump, parse
+
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _START = datetime.datetime(2025, 1, 6, 2, 0, tzinfo=datetime.UTC)
 RESET = -1  # a fault that drops the connection instead of answering
@@ -43,39 +44,7 @@ STALL = -2  # a fault that answers nothing for STALL_S, then drops it (a half-op
 STALL_S = 3.0
 
 
-def parse(body: bytes, model: str) -> Any:
-    """A request body as a kfp_server_api model, the way the client reads an answer."""
-    return _MODELS.deserialize(types.SimpleNamespace(data=body), model)
-
-
-def dump(model: Any) -> Any:
-    """A model as JSON values; None fields are left out, as grpc-gateway leaves out defaults."""
-    return _MODELS.sanitize_for_serialization(model)
-
-
-@dataclass
-class RunScript:
-    """How the next created run goes."""
-
-    outcome: str = "SUCCEEDED"  # or "FAILED"
-    running_polls: int = 2  # GETs that answer RUNNING before the outcome
-    failed_task: str = "train"  # the task that fails when the outcome is FAILED
-    duration_s: int = 3725  # created_at to finished_at
-    run_id: str = ""  # the id the run gets ("" for a fresh uuid), to seed ML Metadata with
-    release_fails: bool = False  # the exit task fails (the run's state stays the steps')
-    attempts: int = 1  # pods the failed task ran (KFP 2.14+ honours a retry policy)
-    flaked_task: str = ""  # a task whose first pod failed and whose retry succeeded
-
-
-class ApiError(Exception):
-    """An error answer: HTTP status, grpc code and message."""
-
-    def __init__(self, status: int, code: int, message: str, upload: bool = False) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.upload = status, code, message, upload
-
-
-class KfpApiDouble:
+class KfpApiDouble(NamespaceScope):
     """The double's state and its HTTP server. Use as a context manager; `host` is its URL."""
 
     def __init__(self, token: str | None = "secret-token", multi_user: bool = False) -> None:
@@ -162,21 +131,12 @@ class KfpApiDouble:
 
     # ---- pipelines and versions ----------------------------------------------------------
 
-    def namespace(self, given: str | None) -> str:
-        """resource_manager.go ReplaceNamespace: the namespace asked for in multi-user mode;
-        in single-user mode always "", whatever was asked."""
-        return (given or "") if self.multi_user else ""
-
     def list_pipelines(self, query: dict[str, str]) -> dict[str, Any]:
         # pipeline_server.go listPipelines: the filter (filter.proto) over display_name, in
         # exactly the namespace (pipeline_store.go ListPipelines: Namespace = ns; "" is the
         # shared pipelines', listed apart from any namespace's).
         found = self._exactly_in(self.pipelines.values(), query)
-        return _page("pipelines", _listed(found, query))
-
-    def _exactly_in(self, items: Iterable[Any], query: dict[str, str]) -> list[Any]:
-        namespace = self.namespace(query.get("namespace"))
-        return [i for i in items if (i.namespace or "") == namespace]
+        return wire.page("pipelines", wire.listed(found, query))
 
     def create_pipeline(self, body: bytes) -> Any:
         pipeline = parse(body, "V2beta1Pipeline")
@@ -255,7 +215,7 @@ class KfpApiDouble:
             pipeline_version_id=str(uuid.uuid4()),
             display_name=name,
             created_at=self.tick(),
-            pipeline_spec=_spec_struct(text),
+            pipeline_spec=pipeline_spec.spec_struct(text),
         )
         self.versions[version.pipeline_version_id] = version
         self.version_yaml[version.pipeline_version_id] = text
@@ -273,7 +233,7 @@ class KfpApiDouble:
         if pipeline_id not in self.pipelines:
             raise ApiError(404, 5, f"Pipeline {pipeline_id} not found")
         mine = [v for v in self.versions.values() if v.pipeline_id == pipeline_id]
-        return _page("pipeline_versions", _listed(mine, query))
+        return wire.page("pipeline_versions", wire.listed(mine, query))
 
     def latest_version(self, pipeline_id: str) -> Any:
         # resource_manager.go GetLatestPipelineVersion: the newest by creation time.
@@ -296,7 +256,7 @@ class KfpApiDouble:
                 "An experiment cannot have an empty namespace in multi-user mode",
             )
         found = self._exactly_in(self.experiments.values(), query)
-        return _page("experiments", _listed(found, query))
+        return wire.page("experiments", wire.listed(found, query))
 
     def create_experiment(self, body: bytes) -> Any:
         # experiment_server.go createExperiment: the namespace through ReplaceNamespace;
@@ -343,13 +303,13 @@ class KfpApiDouble:
                     404, 5, f"Pipeline version {reference.pipeline_version_id} not found"
                 )
             reference.pipeline_version_id = version.pipeline_version_id
-            spec = _root_spec(self.version_yaml[version.pipeline_version_id])
+            spec = pipeline_spec.root_spec(self.version_yaml[version.pipeline_version_id])
         elif not run.pipeline_spec:
             raise ApiError(400, 3, "Failed to create a run: a pipeline spec source is missing")
         else:
             spec = run.pipeline_spec.get("pipeline_spec", run.pipeline_spec)
         # resource_manager.go CreateRun -> v2_template.go RunWorkflow, validatePipelineJobInputs
-        problem = _invalid_inputs(spec, run.runtime_config)
+        problem = pipeline_spec.invalid_inputs(spec, run.runtime_config)
         if problem:
             raise ApiError(
                 400,
@@ -377,7 +337,7 @@ class KfpApiDouble:
         if run_id in self._scripts:
             script, polls = self._scripts[run_id]
             self._scripts[run_id] = (script, polls + 1)
-            _advance(run, script, polls + 1)
+            run_details.advance(run, script, polls + 1)
         return dump(run)
 
     def list_runs(self, query: dict[str, str]) -> dict[str, Any]:
@@ -390,32 +350,7 @@ class KfpApiDouble:
             "A run cannot have an empty namespace in multi-user mode",
             "Failed to list runs",
         )
-        return _page("runs", _listed(found, query))
-
-    def _scoped(
-        self,
-        items: Iterable[Any],
-        query: dict[str, str],
-        namespace_of: Callable[[Any], str],
-        empty: str,
-        failed: str,
-    ) -> list[Any]:
-        """Runs or recurring runs as run_server.go listRuns and job_server.go listJobs scope
-        them: an experiment's (`experiment_id`), else exactly the namespace's (run_store.go,
-        job_store.go FilterOnNamespace), else, in single-user mode, all of them
-        (FilterOnResourceReference with an empty namespace); multi-user mode refuses ""
-        (canAccessRun, canAccessJob)."""
-        experiment = query.get("experiment_id", "")
-        if experiment:
-            if experiment not in self.experiments:
-                raise ApiError(404, 5, f"{failed}: Experiment {experiment} not found")
-            return [i for i in items if i.experiment_id == experiment]
-        namespace = self.namespace(query.get("namespace"))
-        if self.multi_user and not namespace:
-            raise ApiError(400, 3, f"{failed}: Invalid input error: {empty}")
-        if not namespace and not self.multi_user:
-            return list(items)
-        return [i for i in items if namespace_of(i) == namespace]
+        return wire.page("runs", wire.listed(found, query))
 
     # ---- recurring runs ------------------------------------------------------------------
 
@@ -429,7 +364,7 @@ class KfpApiDouble:
             "a recurring run cannot have an empty namespace in multi-user mode",
             "Failed to list jobs",
         )
-        return _page("recurringRuns", _listed(found, query))
+        return wire.page("recurringRuns", wire.listed(found, query))
 
     def create_recurring_run(self, body: bytes) -> Any:
         # resource_manager.go CreateJob: a pipeline id without a version id leaves the version
@@ -442,8 +377,9 @@ class KfpApiDouble:
         if reference is None or not reference.pipeline_id:
             raise ApiError(400, 3, "Cannot create a job with an empty pipeline ID")
         latest = self.latest_version(reference.pipeline_id)
-        problem = _invalid_inputs(
-            _root_spec(self.version_yaml[latest.pipeline_version_id]), job.runtime_config
+        problem = pipeline_spec.invalid_inputs(
+            pipeline_spec.root_spec(self.version_yaml[latest.pipeline_version_id]),
+            job.runtime_config,
         )
         if problem:
             raise ApiError(
@@ -479,182 +415,6 @@ class KfpApiDouble:
             raise ApiError(404, 5, f"RecurringRun {recurring_run_id} not found")
         job.mode, job.status = "DISABLE", "DISABLED"
         return {}
-
-
-def _advance(run: Any, script: RunScript, polls: int) -> None:
-    """Move a run on by one GET: RUNNING for `running_polls`, then the outcome."""
-    if polls <= script.running_polls:
-        run.state = "RUNNING"
-        return
-    if run.state in ("SUCCEEDED", "FAILED"):
-        return
-    run.state = script.outcome
-    run.finished_at = run.created_at + datetime.timedelta(seconds=script.duration_s)
-    run.run_details = kfp_server_api.V2beta1RunDetails(task_details=_tasks(run, script))
-
-
-def _tasks(run: Any, script: RunScript) -> list[Any]:
-    """Task details as KFP 2.5 builds them, one per Argo node (apiserver/server/api_converter.go
-    toModelTask for util.NodeStatus: `pod_name` is the node id, `child_tasks` the node's
-    Children, no `parent_task_id`). The nodes are those of the Workflow argocompiler makes:
-    argo.go/dag.go the entrypoint's "root-driver" then "root", per task "<name>-driver" then
-    "<name>"; container.go an executor DAG whose pod node is "executor"; dag.go addExitTask
-    the ExitHandler's exit task as a lifecycle hook of "exit-handler-1". They are linked as
-    argo-workflows 3.5 links them: dag.go executeDAGTask makes a task without dependencies a
-    child of its DAG's node and any other a child of its dependencies' outbound (pod) nodes, so
-    the steps form a chain, not a fan; exit_handler.go runOnExitNode makes the hook's node a
-    child of the task's. A failed exit hook does not fail its parent (dag.go assessDAGPhase)."""
-    failed = script.outcome == "FAILED"
-    outcome = "FAILED" if failed else "SUCCEEDED"
-    nodes: list[dict[str, Any]] = []
-
-    def node(name: str, state: str = "SUCCEEDED", parent: Any = None) -> Any:
-        made = {"name": name, "state": state, "children": []}
-        made["id"] = f"{run.run_id[:8]}-{len(nodes)}"
-        if parent is not None:
-            parent["children"].append(made["id"])
-        nodes.append(made)
-        return made
-
-    workflow = node(f"gptpipe-{run.run_id[:5]}", outcome)
-    root = node("root", outcome, node("root-driver", parent=workflow))
-    handler = node("exit-handler-1", outcome, node("exit-handler-1-driver", parent=root))
-    outbound = handler  # the first task hangs off the DAG's node, each next off the last pod
-    for step in ("tokenize", "train", "evaluate", "push"):
-        fails = failed and step == script.failed_task
-        state = "FAILED" if fails else "SUCCEEDED"
-        task = node(step, state, node(f"{step}-driver", parent=outbound))
-        attempts = script.attempts if fails else (2 if step == script.flaked_task else 1)
-        if attempts == 1:
-            outbound = node("executor", state, task)
-        else:  # a retryStrategy (container.go): a Retry node over pods "executor(<attempt>)"
-            retry = node("executor", state, task)  # (argo operator.go processNodeRetries)
-            for attempt in range(attempts):
-                last = attempt == attempts - 1
-                pod_state = state if last else "FAILED"
-                outbound = node(f"executor({attempt})", pod_state, retry)
-        if fails:
-            break
-    release_state = "FAILED" if script.release_fails else "SUCCEEDED"
-    hook = node("exit-handler-1.onExit", release_state, handler)
-    release = node("release", release_state, node("release-driver", parent=hook))
-    node("executor", release_state, release)
-    return [_task_detail(run, made) for made in nodes]
-
-
-def _task_detail(run: Any, made: dict[str, Any]) -> Any:
-    """api_converter.go toApiPipelineTaskDetail: no `error`, in the task or its state history
-    (set only when the task's own record cannot be converted)."""
-    return kfp_server_api.V2beta1PipelineTaskDetail(
-        run_id=run.run_id,
-        task_id=str(uuid.uuid4()),
-        display_name=made["name"],
-        state=made["state"],
-        pod_name=made["id"],
-        state_history=[kfp_server_api.V2beta1RuntimeStatus(state=made["state"])],
-        child_tasks=[
-            kfp_server_api.PipelineTaskDetailChildTask(pod_name=child) for child in made["children"]
-        ]
-        or None,
-    )
-
-
-def _spec_struct(text: str) -> Any:
-    """The stored YAML as the API returns it (api_util.go yamlStringToPipelineSpecStruct):
-    the pipeline spec, or {"pipeline_spec", "platform_spec"} when a platform spec follows."""
-    docs = [yaml.safe_load(doc) for doc in text.split("\n---\n") if doc.strip()]
-    platform = [d for d in docs if isinstance(d, dict) and "platforms" in d]
-    spec = next(d for d in docs if isinstance(d, dict) and "platforms" not in d)
-    return {"pipeline_spec": spec, "platform_spec": platform[0]} if platform else spec
-
-
-def _root_spec(text: str) -> Any:
-    """The pipeline spec of a stored YAML, without its platform spec."""
-    spec = _spec_struct(text)
-    return spec.get("pipeline_spec", spec)
-
-
-# v2_template.go validatePipelineJobInputs: per parameter type, the JSON value (structpb.Value
-# kind) it takes, and KFP's words when it gets another.
-_PARAMETER_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "NUMBER_DOUBLE": (
-        lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-        "requires type double or integer, but the parameter value is not of number value type",
-    ),
-    "STRING": (
-        lambda v: isinstance(v, str),
-        "requires type string, but the input parameter is not of string value type",
-    ),
-    "BOOLEAN": (
-        lambda v: isinstance(v, bool),
-        "requires type bool, but the input parameter is not of bool value type",
-    ),
-    "LIST": (
-        lambda v: isinstance(v, list),
-        "requires type list, but the input parameter is not of list value type",
-    ),
-    "STRUCT": (
-        lambda v: isinstance(v, dict),
-        "requires type struct, but the input parameter is not of struct value type",
-    ),
-}
-_PARAMETER_KINDS["NUMBER_INTEGER"] = _PARAMETER_KINDS["NUMBER_DOUBLE"]
-
-
-def _invalid_inputs(spec: Any, runtime_config: Any) -> str:
-    """What v2_template.go validatePipelineJobInputs refuses in a run's parameters, or "".
-
-    Go ranges over maps in no set order, so which of several problems KFP names varies; here
-    it is the first by name, and extra parameters are listed sorted."""
-    declared = ((spec.get("root") or {}).get("inputDefinitions") or {}).get("parameters") or {}
-    given = (runtime_config.parameters if runtime_config is not None else None) or {}
-    for name, param in sorted(declared.items()):
-        if name not in given:
-            if not param.get("isOptional") and "defaultValue" not in param:
-                return (
-                    f"parameter {name} is not optional, yet has neither default value nor user "
-                    "provided value"
-                )
-            continue
-        ptype = param.get("parameterType", "PARAMETER_TYPE_ENUM_UNSPECIFIED")
-        if ptype == "PARAMETER_TYPE_ENUM_UNSPECIFIED":
-            return f"input parameter {name} has unspecified type"
-        if ptype == "TASK_FINAL_STATUS":
-            return (
-                f"input parameter {name} requires type TASK_FINAL_STATUS, which is invalid for "
-                "root component"
-            )
-        if ptype not in _PARAMETER_KINDS:
-            return f"input parameter {name} requires type unknown"
-        fits, refusal = _PARAMETER_KINDS[ptype]
-        if not fits(given[name]):
-            return f"input parameter {name} {refusal}"
-    extra = sorted(set(given) - set(declared))
-    if extra:
-        return f"parameter(s) provided are not required by pipeline: {', '.join(extra)}"
-    return ""
-
-
-def _listed(items: Iterable[Any], query: dict[str, str]) -> list[Any]:
-    """filter (filter.go: EQUALS on display_name), sort_by, page_size."""
-    found = list(items)
-    for predicate in json.loads(query.get("filter") or "{}").get("predicates", []):
-        if predicate.get("operation") not in (1, "EQUALS") or predicate.get("key") not in (
-            "display_name",
-            "name",
-        ):
-            raise ApiError(400, 3, f"the double serves only EQUALS on display_name: {predicate}")
-        value = predicate.get("stringValue", predicate.get("string_value"))
-        found = [i for i in found if i.display_name == value]
-    sort_by = query.get("sort_by", "")
-    found.sort(key=lambda i: i.created_at, reverse=sort_by.endswith(" desc"))
-    size = int(query.get("page_size") or 0)
-    return found[:size] if size > 0 else found
-
-
-def _page(key: str, items: list[Any]) -> dict[str, Any]:
-    # grpc-gateway leaves out an empty list and a zero total_size (EmitDefaults false).
-    return {key: [dump(i) for i in items], "total_size": len(items)} if items else {}
 
 
 _ROUTES: list[tuple[str, re.Pattern[str], Callable[..., Any]]] = []
@@ -707,7 +467,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self._authenticate(url.path)
                 status, payload = 200, self._dispatch(method, url.path, query, body)
             except ApiError as err:
-                status, payload = err.status, _error_body(err)
+                status, payload = err.status, wire.error_body(err)
             double.requests.append((method, url.path, status))
         self._send(status, payload)
 
@@ -828,12 +588,3 @@ class _Handler(BaseHTTPRequestHandler):
     @_route("POST", "recurringruns/(?P<rid>[^/:]+):disable")
     def _disable_recurring(self, query: dict[str, str], body: bytes, rid: str) -> Any:
         return self.double.disable_recurring_run(rid)
-
-
-def _error_body(err: ApiError) -> dict[str, Any]:
-    """An error in KFP's shapes: the upload handler's (pipeline_upload_server.go
-    writeErrorToResponse: error_message, error_details) or grpc-gateway v1.16's
-    (DefaultHTTPError: error, code, message, details)."""
-    if err.upload:
-        return {"error_message": err.message, "error_details": err.message}
-    return {"error": err.message, "code": err.code, "message": err.message, "details": []}

@@ -23,6 +23,7 @@ from pipelines.runners.kfp import client as kfp_client
 from pipelines.runners.kfp import ops
 from pipelines.runners.kfp import schedule as kfp_schedule
 from tests.doubles.kfp import api_server as kfp_api_double
+from tests.doubles.kfp import run_details
 from tests.doubles.kfp.api_server import KfpApiDouble, RunScript
 from trainer.config import resolve_config
 
@@ -241,7 +242,7 @@ def test_a_retried_task_is_named_once_and_a_retry_that_succeeded_not_at_all():
         (RunScript("SUCCEEDED", flaked_task="train"), []),
     ):
         run = types.SimpleNamespace(run_id="0123456789abcdef", error=None)
-        run.run_details = types.SimpleNamespace(task_details=kfp_api_double._tasks(run, script))
+        run.run_details = types.SimpleNamespace(task_details=run_details.tasks(run, script))
         assert [f.task for f in ops.failed_tasks(run)] == expected, script
 
 
