@@ -21,7 +21,9 @@ from contracts.errors import UserError
 # lines in bytes, the tokenizer trained on a bounded sample, the split counted in bytes).
 # 3: documents (JSONL, Parquet, compressed files), EOS after each, split by document hash,
 # parts that pack their own units, the eval text as documents (raw/eval.jsonl).
-FORMAT_VERSION = 3
+# 4: a document that starts with "\n" after one that ended gets its newline after that one's
+# EOS (3 put it before).
+FORMAT_VERSION = 4
 
 
 @dataclass(frozen=True)

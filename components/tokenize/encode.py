@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -51,11 +52,7 @@ def encode_text(processor: spm.SentencePieceProcessor, text: str) -> np.ndarray:
     newline id between the lines gives the ids of the whole text; BPE on short lines is
     faster than on one long string.
     """
-    lines = text.split("\n")
-    encoded = processor.encode(lines, num_threads=1)
-    counts = np.fromiter(map(len, encoded), np.int64, len(encoded))
-    flat = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(counts.sum()))
-    return np.insert(flat, np.cumsum(counts[:-1]), np.int32(processor.piece_to_id("\n")))
+    return encode_pieces(processor, [text], [False], eos=-1)
 
 
 def encode_pieces(
@@ -75,17 +72,83 @@ def encode_pieces(
     counts = np.fromiter(map(len, encoded), np.int64, len(encoded))
     flat = np.fromiter(itertools.chain.from_iterable(encoded), np.int32, int(counts.sum()))
     # Where each line's ids end in `flat`; a newline goes after every line but a text's last,
-    # and EOS after the last line of a text that ends a document.
+    # and EOS after the last line of a text that ends a document. Several can share a place
+    # (a text that ends in "\n" and a document's end, then a text that starts with one): they
+    # go in by text, and a text's newlines before its EOS.
     line_ends = np.cumsum(counts)
     last_line = np.cumsum(per_text) - 1
     newline_at = np.delete(line_ends, last_line)
-    eos_at = line_ends[last_line][np.asarray(ends, dtype=bool)]
-    at = np.concatenate([newline_at, eos_at])
-    values = np.concatenate(
-        [
-            np.full(len(newline_at), processor.piece_to_id("\n"), np.int32),
-            np.full(len(eos_at), eos, np.int32),
-        ]
-    )
-    order = np.argsort(at, kind="stable")  # a newline and an EOS never share a place
-    return np.insert(flat, at[order], values[order])
+    newline_text = np.delete(np.repeat(np.arange(len(texts)), per_text), last_line)
+    ended = np.flatnonzero(np.asarray(ends, dtype=bool))
+    at = np.concatenate([newline_at, line_ends[last_line][ended]])
+    text_of = np.concatenate([newline_text, ended])
+    kind = np.concatenate([np.zeros(len(newline_at), np.int8), np.ones(len(ended), np.int8)])
+    values = np.where(kind == 0, np.int32(processor.piece_to_id("\n")), np.int32(eos))
+    order = np.lexsort((kind, text_of, at))
+    return np.insert(flat, at[order], values[order].astype(np.int32))
+
+
+# A text's words as SentencePiece splits its input before it merges (split_by_whitespace,
+# model_interface.cc SplitIntoWords, with allow_whitespace_only_pieces): a run of non-spaces, or
+# a run of spaces with the non-spaces after it; "\n" alone. Every character is in one.
+_WORDS = re.compile(r"\n|[^ \n]+| +[^ \n]*")
+_END = "\n</s>"  # the key of EOS in the cache: no word holds "\n" beside anything else
+CACHE_WORDS = 1 << 17  # words kept (about 25 MB); the cache starts again when it is full
+_PROBE = (
+    "Two  households,\tboth   alike\n\n  in dignity. "
+    "\u00c9coute \u3000\u6f22\u5b57 \u00b4x \U0001f600  "
+)
+
+
+class Encoder:
+    """Texts to ids, as `encode_pieces`, with a cache of each word's ids.
+
+    No piece of our models crosses the start of a run of spaces (the trainer's
+    split_by_whitespace: a piece holds "\u2581" only first, or only "\u2581"s), and they
+    normalize nothing, so a text's ids are its words' ids one after another, each word encoded
+    alone. A corpus repeats its words: most are looked up, and only new ones reach
+    SentencePiece, together. The ids equal `encode_pieces`' (tests/components/tokenize); a model
+    that might not allow it (a given tokenizer) is encoded by lines instead.
+    """
+
+    def __init__(self, processor: spm.SentencePieceProcessor, eos: int) -> None:
+        self.processor = processor
+        self.eos = eos
+        self.by_words = _words_stand_alone(processor)
+        self._cache: dict[str, bytes] = {}
+        self._reset()
+
+    def encode(self, texts: Sequence[str], ends: Sequence[bool]) -> np.ndarray:
+        """The ids of `texts` one after another, `eos` after each whose `ends` is True."""
+        if not self.by_words:
+            return encode_pieces(self.processor, texts, ends, self.eos)
+        words: list[str] = []
+        for text, end in zip(texts, ends, strict=True):
+            words += _WORDS.findall(text)
+            if end:
+                words.append(_END)
+        new = set(words).difference(self._cache)
+        if len(self._cache) + len(new) > CACHE_WORDS:
+            self._reset()
+            new = set(words).difference(self._cache)
+        if new:
+            listed = list(new)
+            for word, ids in zip(listed, self.processor.encode(listed, num_threads=1), strict=True):
+                self._cache[word] = np.array(ids, np.int32).tobytes()
+        return np.frombuffer(b"".join(map(self._cache.__getitem__, words)), np.int32)
+
+    def _reset(self) -> None:
+        self._cache.clear()
+        self._cache["\n"] = np.int32(self.processor.piece_to_id("\n")).tobytes()
+        self._cache[_END] = np.int32(self.eos).tobytes()
+
+
+def _words_stand_alone(processor: spm.SentencePieceProcessor) -> bool:
+    """Whether each word of a text encodes alone as within it: no piece but whitespace ones
+    holds "\u2581" after its start, and a probe of spaces, tabs and non-ASCII agrees."""
+    for i in range(processor.get_piece_size()):
+        piece = processor.id_to_piece(i)
+        if "\u2581" in piece[1:] and piece.strip("\u2581"):
+            return False
+    words = _WORDS.findall(_PROBE)
+    return [i for w in words for i in processor.encode(w)] == processor.encode(_PROBE)

@@ -20,6 +20,7 @@ failure policy does not retry. Imports no TensorFlow.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Iterator
@@ -34,7 +35,7 @@ from components import overlap, storage
 from components.tokenize import bpe
 from components.tokenize.corpus import Chunk, read_chunks
 from components.tokenize.dataset import relative_name
-from components.tokenize.encode import encode_pieces
+from components.tokenize.encode import Encoder
 from components.tokenize.plan import (
     BUCKETS,
     EVAL_BYTES,
@@ -176,7 +177,7 @@ class _Stream:
 
 def encode_unit(plan: Plan, work: str, unit: int, rule: SplitRule, model: bytes) -> None:
     """Phase 2 of one unit: encode it and write its shards (see the module's docstring)."""
-    processor = spm.SentencePieceProcessor(model_proto=model)
+    encoder = _encoder(model, rule.eos_id)
     stream = _Stream(plan, unit, rule)
     with _publish(unit_uri(work, PHASES[1], unit)) as folder:
         writers = {s: SplitWriter(folder, s, plan.seq_len, plan.shard_windows) for s in SPLITS}
@@ -189,7 +190,7 @@ def encode_unit(plan: Plan, work: str, unit: int, rule: SplitRule, model: bytes)
             batch = batches[split]
             if not batch.texts:
                 return
-            ids = encode_pieces(processor, batch.texts, batch.ends, rule.eos_id)
+            ids = encoder.encode(batch.texts, batch.ends)
             writers[split].add(ids)
             if split == SPLITS[0]:
                 sketch.add("\n".join(batch.texts).encode("utf-8"))
@@ -217,6 +218,12 @@ def encode_unit(plan: Plan, work: str, unit: int, rule: SplitRule, model: bytes)
             raise
         (folder / UNIT_SKETCH).write_bytes(sketch.to_bytes())
         write_record(str(folder / UNIT_RECORD), Encoded(stats, documents))
+
+
+@functools.lru_cache(maxsize=1)
+def _encoder(model: bytes, eos: int) -> Encoder:
+    """The part's one encoder for the model: its word cache serves every unit the part packs."""
+    return Encoder(spm.SentencePieceProcessor(model_proto=model), eos)
 
 
 class _Batch:

@@ -40,7 +40,7 @@ CORPUS_SHA256 = "00eb54584be5f4d895fe098e102ad0222b7c47d676d413e2085b711c33840c0
 # vocab_size 320, seq_len 16, shard_windows 64), its source's folder renamed. Examples on disk
 # and in the content-addressed store look like this.
 TODAY_MANIFEST = """{
-  "dataset_version": "d51df2debff0804e092ec75d79267852f560ca548be37ca8a431977d4bb3432b",
+  "dataset_version": "cdbce8fce5d9b74afc8a9e29780938bb3cd12f5631f9463f41ae1e400149d828",
   "seq_len": 16,
   "vocab_size": 320,
   "eval_fraction": 0.1,
@@ -102,7 +102,7 @@ TODAY_MANIFEST = """{
     }
   ],
   "parameters": {
-    "format_version": 3,
+    "format_version": 4,
     "split_method": "file-tail-bytes-v3",
     "vocab_size": 320,
     "seq_len": 16,
@@ -248,9 +248,9 @@ def test_a_manifest_missing_what_todays_writer_always_writes_is_refused(drop, sa
 @pytest.mark.parametrize(
     ("version", "said"),
     [
-        (2, "is of format_version 2, this gptpipe reads 3; tokenize the corpus again"),
-        (None, "is of format_version null, this gptpipe reads 3; tokenize the corpus again"),
-        (4, "is of format_version 4, this gptpipe reads 3; read it with the gptpipe that"),
+        (3, "is of format_version 3, this gptpipe reads 4; tokenize the corpus again"),
+        (None, "is of format_version null, this gptpipe reads 4; tokenize the corpus again"),
+        (5, "is of format_version 5, this gptpipe reads 4; read it with the gptpipe that"),
     ],
 )
 def test_a_manifest_of_another_format_is_refused_naming_the_file(version, said):

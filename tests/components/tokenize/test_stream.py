@@ -4,6 +4,7 @@ serialized as protobuf and TensorFlow's record writer do, and memory that does n
 the corpus."""
 
 import hashlib
+import io
 import json
 import random
 import re
@@ -377,3 +378,65 @@ def test_a_killed_run_resumes_from_the_units_it_finished(tmp_path, monkeypatch):
     fresh = executor.run(str(tmp_path / "docs"), str(tmp_path / "fresh"), progress=False, **options)
     assert _tree(tmp_path / "out") == _tree(tmp_path / "fresh")
     assert resumed == fresh
+
+
+def test_a_document_that_starts_with_a_newline_gets_it_after_the_last_ones_eos(model):
+    # Three ids may share a place: the first text's trailing newline, its EOS, and the newline
+    # the next text starts with; they go in in the texts' order.
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    eos = processor.eos_id()
+    texts, ends = ["ab\n", "\ncd", "\n", "ef"], [True, True, True, False]
+    expected = [
+        i for t, e in zip(texts, ends, strict=True) for i in processor.encode(t) + [eos] * e
+    ]
+    assert encode.encode_pieces(processor, texts, ends, eos).tolist() == expected
+    assert encode.Encoder(processor, eos).encode(texts, ends).tolist() == expected
+
+
+# Characters the word cache must treat as SentencePiece does: runs of spaces at either end,
+# tabs, the ideographic space, combining and compatibility characters, and pieces the model
+# lacks (byte fallback).
+_TRICKY = list("ab Z.,;") + ["  ", "\t", "\n", "\n\n", "\u3000", "\u00b4", "e\u0301", "\u6f22"]
+_TRICKY += ["\U0001f600", "\u00c9", "\ufb01", "   "]
+
+
+def test_the_word_cache_gives_the_ids_of_each_text_encoded_whole(model, monkeypatch):
+    processor = spm.SentencePieceProcessor(model_proto=model)
+    eos = processor.eos_id()
+    encoder = encode.Encoder(processor, eos)
+    assert encoder.by_words  # our models allow it
+    rng = random.Random(7)
+    shakespeare = SHAKESPEARE.read_text(encoding="utf-8")
+    for round_ in range(30):
+        if round_ == 15:  # a cache that fills starts again, and still gives the same ids
+            monkeypatch.setattr(encode, "CACHE_WORDS", 40)
+        texts = ["".join(rng.choices(_TRICKY, k=rng.randint(0, 60))) for _ in range(5)]
+        start = rng.randrange(len(shakespeare) - 3000)
+        texts.append(shakespeare[start : start + rng.randint(0, 3000)])
+        ends = [rng.random() < 0.5 for _ in texts]
+        expected = [
+            i for t, e in zip(texts, ends, strict=True) for i in processor.encode(t) + [eos] * e
+        ]
+        got = encoder.encode(texts, ends)
+        assert got.dtype == np.int32 and got.tolist() == expected, texts
+    last = {word for text in texts for word in encode._WORDS.findall(text)}
+    assert len(encoder._cache) <= max(40, len(last) + 2)  # at most the last batch's, if over
+
+
+def test_a_model_whose_pieces_cross_spaces_is_encoded_by_lines(model):
+    # A given tokenizer trained without split_by_whitespace may hold "a\u2581b": its words do
+    # not encode alone as within a line, so the encoder keeps to lines.
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:12_000]
+    options = {**bpe.SENTENCEPIECE_TRAINER_OPTIONS, "split_by_whitespace": False}
+    proto = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(text.split("\n")), model_writer=proto, vocab_size=500, **options
+    )
+    processor = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    assert any("\u2581" in p[1:] and p.strip("\u2581") for p in pieces)
+    encoder = encode.Encoder(processor, processor.eos_id())
+    assert not encoder.by_words
+    texts = [text[:700], text[700:2000]]
+    expected = [i for t in texts for i in processor.encode(t) + [processor.eos_id()]]
+    assert encoder.encode(texts, [True, True]).tolist() == expected
