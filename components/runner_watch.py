@@ -13,12 +13,10 @@ So the run names itself to its steps: `RUNNER_ENV` holds its `this_process()` re
 (components/storage/lease.py, which tells it from a later process under the same PID), the
 step's edge reads it once (components/step_edge.py), and `end_with` watches it from a thread.
 Once the run is gone, the step does what the run would have done: it sends itself SIGTERM,
-which the launchers turn into stopping their workers and parts (components/jobs/cancel.py):
-train and tokenize's parts record their end (FAILED) and exit non-zero. A step with no SIGTERM
-handler (evaluate, push) ends at once, its lineage execution left RUNNING, as one whose pod is
-deleted on a cluster. A step still running `STOP_S` later is SIGKILLed, and its workers die
-with it. On a cluster the variable is unset and nothing is watched: Kubernetes
-ends a cancelled run's pods.
+which the launchers turn into stopping their workers and parts (components/jobs/cancel.py), and
+every step records its end (FAILED, components/step.py) and exits non-zero. A step still
+running `STOP_S` later is SIGKILLed, and its workers die with it. On a cluster the variable is
+unset and nothing is watched: Kubernetes ends a cancelled run's pods.
 """
 
 from __future__ import annotations

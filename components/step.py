@@ -5,8 +5,11 @@ inputs being its `locals()`. `run` reads the step's edge (run id, provenance, th
 address, the pod), records the execution with the step's parameters (every input that is neither
 an artifact, nor the edge's own, nor an upstream task's output), and calls the executor's
 `execute(step, **inputs)` inside that record: COMPLETE when it returns, FAILED with its error
-when it raises. Every executor has that entry point shape. A step of a local run ends with the
-run, however the run ended (components/runner_watch.py).
+when it raises. A step told to stop (SIGTERM: a cancelled run's pod, or a local run that ended)
+raises `StepCancelled` and is recorded FAILED with it, never left RUNNING; the launchers that
+train and tokenize start take the signal over while they run, to stop their workers first.
+Every executor has that entry point shape. A step of a local run ends with the run, however the
+run ended (components/runner_watch.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any, TypeVar
 from components import lineage, runner_watch, step_edge, storage
 from components.step_edge import StepEdge
 from contracts.params import params_class
+from contracts.process import raise_on_stop
 from contracts.progress import Progress
 
 T = TypeVar("T")
@@ -26,6 +30,10 @@ EDGE_INPUTS = ("image", "metadata", "pipeline_name")  # every component's, read 
 # Inputs an upstream task produced (tokenize's outputs), not run parameters: lineage records
 # them as the Examples input and the execution's dataset version.
 UPSTREAM_INPUTS = ("examples_uri", "dataset_version")
+
+
+class StepCancelled(RuntimeError):
+    """The step was told to stop (`contracts.process.raise_on_stop`)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,8 @@ def run(name: str, execute: Callable[..., T], arguments: Mapping[str, Any]) -> T
         edge.store, name, pipeline_name, edge.run_id, parameters, edge.provenance
     ) as rec:
         _record_whole_objects(rec)
-        return execute(Step(name, image, edge, rec, progress), **inputs)
+        with raise_on_stop(StepCancelled):
+            return execute(Step(name, image, edge, rec, progress), **inputs)
 
 
 def _record_whole_objects(rec: lineage.StepRecorder) -> None:

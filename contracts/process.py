@@ -21,7 +21,8 @@ import os
 import signal
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from types import FrameType
 from typing import Any
 
 
@@ -89,6 +90,30 @@ def signal_handlers(handlers: Mapping[signal.Signals, Any]) -> Iterator[None]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def raise_on_stop(error: Callable[[str], BaseException]) -> Iterator[None]:
+    """Turn the first SIGTERM (or SIGHUP) into `error(message)` in the main thread while the
+    block runs, so that what is under way ends as by an exception: cleaned up and recorded.
+
+    Kubernetes stops a cancelled run's pod with SIGTERM, then SIGKILL after the grace period; a
+    closed terminal sends a local run's process group SIGHUP. Later signals are ignored, so
+    that the cleanup is not cut short; a SIGHUP already ignored (`nohup`) stays ignored.
+    Outside the main thread (where Python cannot install handlers) this does nothing.
+    """
+    fired = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if fired:
+            return
+        fired = True
+        raise error(f"received {signal.Signals(signum).name}: the run was cancelled")
+
+    signals = [signal.SIGTERM] + ([] if ignored(signal.SIGHUP) else [signal.SIGHUP])
+    with signal_handlers(dict.fromkeys(signals, handler)):
+        yield
 
 
 def hide_python_eol_notice() -> None:

@@ -1,8 +1,13 @@
 """components.step: the ritual every step runs once around its executor."""
 
+import os
+import signal
+
 import pytest
 
 from components import lineage, provenance, step
+from components.jobs import cancel
+from components.jobs.errors import LaunchCancelled
 from contracts.params import TrainJob
 
 
@@ -60,3 +65,32 @@ def test_a_bad_parameter_object_fails_the_step_on_its_record(tmp_path, monkeypat
     store = str(tmp_path / "metadata.sqlite")
     assert lineage.run_summary(store, "run-1")["steps"]["train"]["state"] == "FAILED"
     assert lineage.failure_of(store, "run-1")[1].startswith('train_job.workers="two"')
+
+
+@pytest.mark.fault("a step is told to stop (SIGTERM) while its executor runs")
+def test_a_step_told_to_stop_is_recorded_failed_and_gives_the_signal_back(tmp_path, monkeypatch):
+    """Evaluate and push have no launcher: the step itself turns SIGTERM into StepCancelled,
+    so their lineage is FAILED with the cause, never left RUNNING."""
+    before = signal.getsignal(signal.SIGTERM)
+
+    def execute(running, **inputs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()  # only the handler's exception ends it
+        raise AssertionError("the signal did not reach the step")
+
+    with pytest.raises(step.StepCancelled, match="received SIGTERM: the run was cancelled"):
+        run_step(tmp_path, monkeypatch, {"workers": 1}, execute)
+    store = str(tmp_path / "metadata.sqlite")
+    assert lineage.run_summary(store, "run-1")["steps"]["train"]["state"] == "FAILED"
+    assert "received SIGTERM" in lineage.failure_of(store, "run-1")[1]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_launcher_inside_the_step_takes_the_signal_over_while_it_runs(tmp_path, monkeypatch):
+    def execute(running, **inputs):
+        with cancel.cancel_on_sigterm():
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()
+
+    with pytest.raises(LaunchCancelled):
+        run_step(tmp_path, monkeypatch, {"workers": 1}, execute)
