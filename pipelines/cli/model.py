@@ -25,7 +25,7 @@ from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from contracts.artifacts import SAVED_MODEL_FILE, SIGNATURES
+from contracts.artifacts import SAVED_MODEL_FILE, SERVING_DIR, SIGNATURES
 from contracts.errors import UserError
 from pipelines.config import DEFAULT_ROOT, RunConfig
 
@@ -175,13 +175,22 @@ def _client(args: argparse.Namespace, pin: bool = False) -> RestModel | None:
 def resolve_model(model: str, version: int | None) -> str:
     """The SavedModel folder that --model and --version name (a local path or gs:// URI).
 
-    A folder holding `saved_model.pb` is a SavedModel; otherwise it is a TF Serving destination
-    and the newest complete version (or `version`) is taken. What is not there is a UserError.
+    A folder holding `saved_model.pb` is a SavedModel; a Model artifact (holding one in
+    Format-Serving/) must be complete (its COMPLETE marker), as evaluate and push require.
+    Otherwise it is a TF Serving destination and the newest complete version (or `version`) is
+    taken. What is not there is a UserError.
     """
     from components import serving, storage
+    from components.model_artifact import require_complete
 
     model = serving.normalize(model)
+    if version is None and _is_saved_model(storage.join(model, SERVING_DIR)):
+        require_complete(model)  # a Model artifact (a run's model/ folder): its SavedModel
+        return storage.join(model, SERVING_DIR)
     if version is None and _is_saved_model(model):
+        parent, _, name = model.rstrip("/").rpartition("/")
+        if name == SERVING_DIR and parent:  # inside a Model artifact: complete only with it
+            require_complete(parent)
         return model
     if not _exists(model):
         raise UserError(

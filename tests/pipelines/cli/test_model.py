@@ -11,6 +11,7 @@ import math
 import pytest
 
 from components import serving, storage
+from contracts.artifacts import MODEL_COMPLETE, SERVING_DIR
 from contracts.errors import UserError
 from pipelines.cli import model as model_cmd
 from tests.pipelines.cli import commands
@@ -113,6 +114,20 @@ def test_the_newest_complete_version_is_used_unless_one_is_named(tmp_path):
     assert model_cmd.resolve_model(str(tmp_path), 3) == str(tmp_path / "3")
     # A SavedModel folder is itself the model.
     assert model_cmd.resolve_model(str(tmp_path / "3"), None) == str(tmp_path / "3")
+
+
+def test_a_model_artifact_is_its_savedmodel_once_complete(tmp_path):
+    """A run's Model folder, or its Format-Serving/ inside, is read only with the COMPLETE
+    marker its export writes last: a half-exported Model is one line, not a half-read model."""
+    fake_version(tmp_path / "model", SERVING_DIR)
+    saved = str(tmp_path / "model" / SERVING_DIR)
+    for given in (str(tmp_path / "model"), saved):
+        with pytest.raises(UserError, match="incomplete: it has no COMPLETE file") as err:
+            model_cmd.resolve_model(given, None)
+        assert "\n" not in str(err.value) and str(tmp_path / "model") in str(err.value)
+    (tmp_path / "model" / MODEL_COMPLETE).write_text("")
+    assert model_cmd.resolve_model(str(tmp_path / "model"), None) == saved
+    assert model_cmd.resolve_model(saved, None) == saved
 
 
 def test_a_model_that_is_not_there_is_one_line_naming_it(tmp_path):
