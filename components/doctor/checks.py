@@ -85,38 +85,46 @@ def _get_json(api_client: Any, path: str) -> Any:
     return json.loads(response.data)
 
 
-def namespace_exists(api_client: Any, namespace: str) -> None:
-    """Refuse a namespace the API server says does not exist (a UserError); where reading
-    namespaces is forbidden (a profile's identity may not), it cannot tell, and passes."""
+FORBIDDEN, MISSING = 403, 404  # what `_read` answers for a read refused, or of nothing there
+
+
+def _read(api_client: Any, path: str) -> Any:
+    """GET `path` as JSON, or FORBIDDEN or MISSING (the status) where the API server refuses
+    the read or has nothing there; any other error raises."""
     from kubernetes.client.exceptions import ApiException
 
     try:
-        _get_json(api_client, f"/api/v1/namespaces/{namespace}")
+        return _get_json(api_client, path)
     except ApiException as err:
-        if _api_status(err) == 404:
-            raise UserError(
-                f"namespace {namespace!r} does not exist on this cluster: pass --namespace, "
-                "your profile namespace (`kubectl get namespaces`)"
-            ) from None
-        if _api_status(err) != 403:
-            raise
+        if _api_status(err) in (FORBIDDEN, MISSING):
+            return _api_status(err)
+        raise
+
+
+def namespace_exists(api_client: Any, namespace: str) -> None:
+    """Refuse a namespace the API server says does not exist (a UserError); where reading
+    namespaces is forbidden (a profile's identity may not), it cannot tell, and passes."""
+    if _read(api_client, f"/api/v1/namespaces/{namespace}") == MISSING:
+        raise UserError(
+            f"namespace {namespace!r} does not exist on this cluster: pass --namespace, "
+            "your profile namespace (`kubectl get namespaces`)"
+        )
 
 
 def tfjob_crd(api_client: Any) -> Finding:
     """The Training Operator's TFJob is served, at the version the train step submits."""
-    from kubernetes.client.exceptions import ApiException
-
     check = "TFJob CRD"
     fix = (
         "install the Kubeflow Training Operator v1.9 (`kubectl apply --server-side -k "
         '"github.com/kubeflow/training-operator.git/manifests/overlays/standalone?ref=v1.9.0"`)'
     )
-    try:
-        group = _get_json(api_client, f"/apis/{TFJOB_GROUP}")
-    except ApiException as err:
-        if _api_status(err) == 404:
-            return Finding(check, False, f"the API server serves no {TFJOB_GROUP} group", fix)
-        raise
+    group = _read(api_client, f"/apis/{TFJOB_GROUP}")
+    if group == MISSING:
+        return Finding(check, False, f"the API server serves no {TFJOB_GROUP} group", fix)
+    if group == FORBIDDEN:
+        return Finding(
+            check, None, f"discovery of {TFJOB_GROUP} is forbidden to this identity", fix
+        )
     versions = [v.get("version", "") for v in group.get("versions") or []]
     if TFJOB_VERSION not in versions:
         served = ", ".join(versions) or "none"
@@ -193,22 +201,17 @@ def workload_identity(api_client: Any, namespace: str, account: str) -> Finding:
     """The steps' service account names the Google account it acts as (GKE Workload
     Identity). Whether Google honours it (the IAM binding, the bucket role) only a pod can
     prove: `--in-cluster`'s probe of the pipeline root does."""
-    from kubernetes.client.exceptions import ApiException
-
     check = "workload identity"
     fix = (
         f"on GKE: `kubectl -n {namespace} annotate serviceaccount {account} "
         f"{WORKLOAD_IDENTITY}=GSA@PROJECT.iam.gserviceaccount.com` and bind the Google account "
         "(docs/operations.md, Workload Identity); then `gptpipe doctor --in-cluster` proves it"
     )
-    try:
-        found = _get_json(api_client, f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}")
-    except ApiException as err:
-        if _api_status(err) == 404:
-            return Finding(check, False, f"no service account {namespace}/{account}", fix)
-        if _api_status(err) == 403:
-            return Finding(check, None, f"service account {namespace}/{account} not readable", fix)
-        raise
+    found = _read(api_client, f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}")
+    if found == MISSING:
+        return Finding(check, False, f"no service account {namespace}/{account}", fix)
+    if found == FORBIDDEN:
+        return Finding(check, None, f"service account {namespace}/{account} not readable", fix)
     google = ((found.get("metadata") or {}).get("annotations") or {}).get(WORKLOAD_IDENTITY)
     if not google:
         return Finding(
@@ -242,22 +245,17 @@ def metadata(store_uri: str) -> Finding:
 
 def metadata_version(api_client: Any) -> Finding:
     """ml-metadata's version, from the metadata server's image tag, where it can be read."""
-    from kubernetes.client.exceptions import ApiException
-
     check = "metadata version"
     ns, name = METADATA_DEPLOYMENT
-    try:
-        found = _get_json(api_client, f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")
-    except ApiException as err:
-        if _api_status(err) in (403, 404):
-            why = "not readable" if _api_status(err) == 403 else "not found"
-            return Finding(
-                check,
-                None,
-                f"deployment {ns}/{name} {why}: version unknown",
-                "lineage works with ml-metadata 1.14 (KFP 2.5's) and later",
-            )
-        raise
+    found = _read(api_client, f"/apis/apps/v1/namespaces/{ns}/deployments/{name}")
+    if found in (FORBIDDEN, MISSING):
+        why = "not readable" if found == FORBIDDEN else "not found"
+        return Finding(
+            check,
+            None,
+            f"deployment {ns}/{name} {why}: version unknown",
+            "lineage works with ml-metadata 1.14 (KFP 2.5's) and later",
+        )
     containers = found.get("spec", {}).get("template", {}).get("spec", {}).get("containers", [])
     image = containers[0].get("image", "") if containers else ""
     match = re.search(r":(\d+)\.(\d+)\.(\d+)", image)
@@ -284,22 +282,18 @@ def gpus(
     tolerations: Sequence[Mapping[str, Any]],
 ) -> Finding:
     """Enough allocatable GPUs, on nodes the workers may land on, for every worker at once."""
-    from kubernetes.client.exceptions import ApiException
-
     check = "GPU nodes"
     if gpus_per_worker <= 0:
         return Finding(check, True, "the run's workers ask for no GPU")
-    try:
-        nodes = _get_json(api_client, "/api/v1/nodes").get("items") or []
-    except ApiException as err:
-        if _api_status(err) == 403:
-            return Finding(
-                check,
-                None,
-                "listing nodes is forbidden to this identity (a cluster-scoped read)",
-                "ask an admin for `kubectl get nodes -o wide`, or run doctor as one",
-            )
-        raise
+    listed = _read(api_client, "/api/v1/nodes")
+    if listed == FORBIDDEN:
+        return Finding(
+            check,
+            None,
+            "listing nodes is forbidden to this identity (a cluster-scoped read)",
+            "ask an admin for `kubectl get nodes -o wide`, or run doctor as one",
+        )
+    nodes = (listed.get("items") if isinstance(listed, dict) else None) or []
     # A pod asking for nvidia.com/gpu gets a toleration of the nvidia.com/gpu taint from the
     # ExtendedResourceToleration admission plugin (plugin/pkg/admission/
     # extendedresourcetoleration/admission.go), which GKE turns on for its GPU node pools.

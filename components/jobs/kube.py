@@ -7,11 +7,15 @@ inside the functions, so code that never talks to a cluster (a local run) never 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+
+from contracts.errors import UserError
 
 T = TypeVar("T")
 
@@ -98,14 +102,24 @@ def pod_identity(
     return PodIdentity(env.get(POD_NAME_ENV, ""), env.get(POD_UID_ENV, ""), namespace)
 
 
-def default_api_client() -> Any:
-    """A `kubernetes.client.ApiClient` from the in-cluster service account, else ~/.kube/config."""
+def default_api_client(context: str | None = None) -> Any:
+    """A `kubernetes.client.ApiClient`: the pod's service account in a cluster (unless a kube
+    `context` is named), else the kube config ($KUBECONFIG, or ~/.kube/config) at `context` or
+    its current one. Neither there is a one-line UserError."""
     from kubernetes import client, config
 
     try:
-        config.load_incluster_config()
-    except config.ConfigException:
-        config.load_kube_config()
+        if context is None:
+            with contextlib.suppress(config.ConfigException):
+                config.load_incluster_config()
+                return client.ApiClient()
+        # kubernetes reads $KUBECONFIG once, at import; read it here, at the edge.
+        config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context)
+    except (config.ConfigException, OSError) as err:
+        raise UserError(
+            f"no kube context ({str(err).splitlines()[0]}): point kubectl at the cluster "
+            "(`kubectl config use-context ...`, or $KUBECONFIG) or pass --context"
+        ) from None
     return client.ApiClient()
 
 

@@ -101,7 +101,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         from components.doctor.checks import report
 
         return 1 if report(findings) else 0
-    kube = _kube_client(args.context)
+    from components.jobs.kube import default_api_client
+
+    kube = default_api_client(args.context)
     findings = run_checks(
         [
             lambda: _kfp(where),
@@ -134,24 +136,6 @@ def _train_job(params: list[str]) -> Any:
         if not item.startswith(f"{TrainJob.NAME}."):
             raise UserError(f"--param {item!r}: doctor takes train_job.FIELD=VALUE only")
     return apply_overrides({TrainJob.NAME: TrainJob()}, params)[TrainJob.NAME]
-
-
-def _kube_client(context: str | None) -> Any:
-    """The API client of the kube context (in a pod: its service account)."""
-    from kubernetes import client, config
-
-    try:
-        if context is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()
-        else:
-            # kubernetes reads $KUBECONFIG once, at import; read it here, at the edge.
-            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context)
-    except (config.ConfigException, OSError) as err:
-        raise UserError(
-            f"no kube context ({str(err).splitlines()[0]}): point kubectl at the cluster "
-            "(`kubectl config use-context ...`, or $KUBECONFIG) or pass --context"
-        ) from None
-    return client.ApiClient()
 
 
 def _kfp(where: Any) -> Any:
