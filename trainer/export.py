@@ -122,44 +122,11 @@ class GPTServing(tf.Module):
         temperature: tf.Tensor,
         seed: tf.Tensor | None,
         stop_at_eos: tf.Tensor,
+        cached: bool = True,
     ) -> dict[str, tf.Tensor]:
-        """The batch decoded together with a key/value cache (trainer/decode.py)."""
-        ids, newline, sampling = self._generate_inputs(
-            prompt, max_new_tokens, temperature, seed, stop_at_eos
-        )
-        prompts, lengths = decode.prompt_ids(ids, newline)
-        new_ids = decode.generate_ids(self.decoder, prompts, lengths, sampling, self.eos_id)
-        return {"completion": self.tokenizer.detokenize(new_ids)}
-
-    def generate_uncached(
-        self,
-        prompt: tf.Tensor,
-        max_new_tokens: tf.Tensor,
-        temperature: tf.Tensor,
-        seed: tf.Tensor | None,
-        stop_at_eos: tf.Tensor,
-    ) -> dict[str, tf.Tensor]:
-        """`generate` as it was before the cache (decode.generate_uncached): not exported,
-        kept as the reference for tests and the benchmark."""
-        ids, newline, sampling = self._generate_inputs(
-            prompt, max_new_tokens, temperature, seed, stop_at_eos
-        )
-        new_ids = decode.generate_uncached(
-            self.model, self.seq_len, ids, newline, sampling, self.eos_id
-        )
-        return {"completion": self.tokenizer.detokenize(new_ids)}
-
-    def _generate_inputs(
-        self,
-        prompt: tf.Tensor,
-        max_new_tokens: tf.Tensor,
-        temperature: tf.Tensor,
-        seed: tf.Tensor | None,
-        stop_at_eos: tf.Tensor,
-    ) -> tuple[tf.RaggedTensor, tf.Tensor, decode.Sampling]:
-        """The prompts' ids (ragged (B, None) int32), a newline's (which seeds an empty
-        prompt), and the sampling inputs; a negative max_new_tokens is refused (an
-        InvalidArgument error, which TF Serving answers with HTTP 400)."""
+        """The batch decoded together with a key/value cache (trainer/decode.py), or without
+        one (`cached` False). A negative max_new_tokens is refused (an InvalidArgument error,
+        which TF Serving answers with HTTP 400)."""
         # A server that checks no shapes (TF Serving) passes a row-form request's inputs as
         # [rows]: refused here, naming the input, rather than deep in the loop.
         max_new_tokens, temperature, stop_at_eos = (
@@ -178,8 +145,29 @@ class GPTServing(tf.Module):
         ]
         with tf.control_dependencies(checks):
             ids = tf.cast(self.tokenizer.tokenize(prompt), tf.int32)  # ragged (B, None)
-        newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)
-        return ids, newline, decode.Sampling(max_new_tokens, temperature, seed, stop_at_eos)
+        newline = tf.cast(self.tokenizer.tokenize("\n"), tf.int32)  # seeds an empty prompt
+        sampling = decode.Sampling(max_new_tokens, temperature, seed, stop_at_eos)
+        if cached:
+            prompts, lengths = decode.prompt_ids(ids, newline)
+            new_ids = decode.generate_ids(self.decoder, prompts, lengths, sampling, self.eos_id)
+        else:
+            new_ids = decode.generate_uncached(
+                self.model, self.seq_len, ids, newline, sampling, self.eos_id
+            )
+        return {"completion": self.tokenizer.detokenize(new_ids)}
+
+    def generate_uncached(
+        self,
+        prompt: tf.Tensor,
+        max_new_tokens: tf.Tensor,
+        temperature: tf.Tensor,
+        seed: tf.Tensor | None,
+        stop_at_eos: tf.Tensor,
+    ) -> dict[str, tf.Tensor]:
+        """`generate` as it was before the cache (decode.generate_uncached): not exported,
+        kept as the reference for tests and the benchmark."""
+        sampling = (max_new_tokens, temperature, seed, stop_at_eos)
+        return self._generate(prompt, *sampling, cached=False)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     def score(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
