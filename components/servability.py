@@ -45,6 +45,11 @@ SERVER = "TF Serving 2.19.1"  # the model server the lists below were read from
 # Not linked, though tensorflow_text 2.19 registers them: trimmer_ops.cc's
 # TFText>RoundRobinTrim and TFText>RoundRobinGenerateMasks, and TFText>Utf8Binarize. (The model
 # server also links TF Decision Forests' inference ops; no model of ours uses them.)
+# A graph made with tensorflow-text 2.19 runs on those 2.12.1 kernels: our export uses only
+# SentencepieceOp, SentencepieceTokenizeOp and SentencepieceDetokenizeOp, and between tags
+# v2.12.1 and v2.19.0 their REGISTER_OPs (core/ops/sentencepiece_ops.cc: inputs, outputs, attrs)
+# and kernels (core/kernels/sentencepiece_kernels.cc) differ only in `OkStatus()` becoming
+# `absl::OkStatus()`, and both tags build SentencePiece v0.1.96 (WORKSPACE).
 TF_TEXT_OPS = frozenset(
     {
         "CaseFoldUTF8",  # normalize_ops.cc
