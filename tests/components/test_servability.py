@@ -17,6 +17,8 @@ def test_the_exported_model_uses_only_ops_tf_serving_has(tiny_model):
     saved_model = str(tiny_model / SERVING_DIR)
     ops = servability.ops_used(saved_model)
     assert ops.keys() >= SENTENCEPIECE_OPS  # the in-graph tokenizer, found in the library
+    # Exactly the TF Text ops whose 2.12.1 definitions were checked against 2.19's (servability.py).
+    assert {op for op in ops if op in servability.TF_TEXT_OPS} == SENTENCEPIECE_OPS
     assert ops.keys() >= {"StatefulPartitionedCall", "VarHandleOp", "SaveV2", "RestoreV2"}
     assert [op for op in ops if not servability.is_servable(op)] == []
     servability.check(saved_model)
