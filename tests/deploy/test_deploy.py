@@ -3,10 +3,9 @@ deploy/ (deploy/serving/ too, each kustomization rendered as `kubectl apply -k` 
 tests/doubles/kubernetes/kustomize.py)
 is valid for the Kubernetes versions KFP 2.5 runs on (kubernetes-validate's offline schemas),
 or, for a custom resource, against its CRD's schema (each file's $comment naming its upstream
-source and version: the PodMonitor's from prometheus-operator, in tests/data; the
-InferenceService's from KServe v0.20.0, kept with the other fetched data beside the checkout in
-../shared/data, not in this repository: where that folder is missing, its check is skipped,
-saying so). test_serving.py checks what the serving manifests promise."""
+source and version, both in tests/data: the PodMonitor's from prometheus-operator, the
+InferenceService's a fragment of KServe v0.20.0's). test_serving.py checks what the serving
+manifests promise."""
 
 import copy
 import json
@@ -23,12 +22,11 @@ from tests.doubles.kubernetes.kustomize import KUSTOMIZATION, load
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 RBAC = DEPLOY / "rbac.yaml"
 DATA = Path(__file__).resolve().parents[1] / "data"
-SHARED_DATA = Path(__file__).resolve().parents[3] / "shared" / "data"
 # Custom resources, which kubernetes-validate has no schema for: (apiVersion, kind) -> schema.
 CRD_SCHEMAS = {
     ("monitoring.coreos.com/v1", "PodMonitor"): DATA / "podmonitor_crd_v1_schema.json",
     ("serving.kserve.io/v1beta1", "InferenceService"): (
-        SHARED_DATA / "inferenceservice_crd_v1beta1_schema.json"
+        DATA / "inferenceservice_crd_v1beta1_schema.json"
     ),
 }
 
@@ -108,19 +106,12 @@ def test_every_custom_resource_is_valid_against_its_crd_schema(manifests):
         "podmonitor.yaml[0] PodMonitor",
         "serving/kserve: InferenceService gpt",
     ]
-    missing = [str(CRD_SCHEMAS[(d["apiVersion"], d["kind"])]) for d in custom.values()]
-    missing = [path for path in missing if not Path(path).is_file()]
     for name, doc in custom.items():
-        path = CRD_SCHEMAS[(doc["apiVersion"], doc["kind"])]
-        if not path.is_file():
-            continue
-        schema = json.loads(path.read_text())
+        schema = json.loads(CRD_SCHEMAS[(doc["apiVersion"], doc["kind"])].read_text())
         assert schema_errors(doc, schema) == [], name
         broken = copy.deepcopy(doc)
         TYPOS[doc["kind"]](broken)
         assert schema_errors(broken, schema), name
-    if missing:
-        pytest.skip(f"no CRD schema at {', '.join(missing)}: those resources were not checked")
 
 
 @pytest.mark.parametrize(
