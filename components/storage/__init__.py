@@ -26,7 +26,7 @@ names (`from components import storage; storage.join(...)`), never its submodule
 - `publish`: folders that appear whole: `atomic_dir`, `publish_dir`, and on gs:// the staging
   protocol with `staging_uri`, `names_taken` and `finish_publishes`.
 
-Settings (`gcs.RETRY`, `gcs.WORKERS`, the chunk sizes, `publish.STAGING_PREFIX`) are not
+Settings (`gcs.retry()`, `gcs.WORKERS`, the chunk sizes, `publish.STAGING_PREFIX`) are not
 re-exported: a test that replaces one, or a helper such as `gcs.copy_object`, patches it in the
 submodule that reads it.
 

@@ -1,6 +1,6 @@
 """Google Cloud Storage through google-cloud-storage: the client, and every call this layer makes.
 
-- retries with exponential backoff on 429, 408, 5xx and connection errors (`RETRY`), passed on
+- retries with exponential backoff on 429, 408, 5xx and connection errors (`retry()`), passed on
   every call, uploads included: every object this layer writes is a fresh key or a rewrite
   of the same bytes, so retrying a write is safe;
 - resumable uploads in `UPLOAD_CHUNK_BYTES` chunks for objects over `RESUMABLE_THRESHOLD`, so
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import io
 import os
 import re
@@ -28,12 +29,9 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import google_crc32c
-from google.api_core import exceptions as gexc
-from google.cloud import storage as google_storage
-from google.cloud.storage.retry import DEFAULT_RETRY
 
 from components.storage.uris import (
     GS,
@@ -46,12 +44,33 @@ from components.storage.uris import (
 )
 from contracts.errors import UserError
 
+if TYPE_CHECKING:
+    from google.cloud import storage as google_storage
+
 WORKERS = 8  # threads for folders of many objects; GCS serves each object independently
 RESUMABLE_THRESHOLD = 8 << 20  # bigger objects upload in resumable chunks (the client's own cut)
 UPLOAD_CHUNK_BYTES = 8 << 20  # resumable chunk; GCS requires a multiple of 256 KiB
 READ_CHUNK_BYTES = 4 << 20  # one ranged GET of a streamed read
 # 0.5 s, 1 s, 2 s ... up to 32 s between tries, for at most 5 minutes per call.
-RETRY = DEFAULT_RETRY.with_delay(initial=0.5, maximum=32.0, multiplier=2.0).with_timeout(300.0)
+
+
+@functools.cache
+def retry() -> Any:
+    """The client's DEFAULT_RETRY with our backoff (exponential from 0.5 s to 32 s, 300 s in
+    all). google-cloud-storage is imported on first use, here and in `client`: a process that
+    touches no gs:// URI (a local run's steps and parts, most commands) never loads it, 0.25 s
+    of start-up each."""
+    from google.cloud.storage.retry import DEFAULT_RETRY
+
+    return DEFAULT_RETRY.with_delay(initial=0.5, maximum=32.0, multiplier=2.0).with_timeout(300.0)
+
+
+def api_errors() -> Any:
+    """google.api_core.exceptions, imported on first use (`retry`)."""
+    from google.api_core import exceptions
+
+    return exceptions
+
 
 _T = TypeVar("_T")
 
@@ -69,6 +88,8 @@ def client() -> google_storage.Client:
     with _CLIENT_LOCK:
         if "client" not in _CLIENT:
             try:
+                from google.cloud import storage as google_storage
+
                 _CLIENT["client"] = google_storage.Client()
             except DefaultCredentialsError as e:
                 reason = str(e).split(". ")[0].rstrip(".")
@@ -104,19 +125,19 @@ def _errors(uri: str) -> Iterator[None]:
     """Turn GCS errors a user can cause into one UserError that names the URI."""
     try:
         yield
-    except gexc.Forbidden as e:
+    except api_errors().Forbidden as e:
         bucket = split_gcs(uri)[0]
         raise UserError(
             f"permission denied (403) on {uri}: grant the pipeline's service account "
             f"roles/storage.objectAdmin (or objectViewer to read) on bucket {bucket!r}; "
             f"GCS said: {e.message}"
         ) from None
-    except gexc.Unauthorized:
+    except api_errors().Unauthorized:
         raise UserError(
             f"not authenticated (401) for {uri}: run `gcloud auth application-default login` "
             "or set GOOGLE_APPLICATION_CREDENTIALS"
         ) from None
-    except gexc.NotFound:
+    except api_errors().NotFound:
         bucket = split_gcs(uri)[0]
         if not _bucket_exists(bucket):
             raise UserError(
@@ -127,8 +148,8 @@ def _errors(uri: str) -> Iterator[None]:
 
 def _bucket_exists(bucket: str) -> bool:
     try:
-        return client().bucket(bucket).exists(retry=RETRY)
-    except gexc.Forbidden:
+        return client().bucket(bucket).exists(retry=retry())
+    except api_errors().Forbidden:
         return True  # it exists; we may not read its metadata
 
 
@@ -180,7 +201,7 @@ def _glob_regex(glob: str) -> re.Pattern[str]:
 
 def _list_blobs(bucket: str, prefix: str, uri: str, **kwargs: Any) -> list[google_storage.Blob]:
     with _errors(uri):
-        return list(client().list_blobs(bucket, prefix=prefix, retry=RETRY, **kwargs))
+        return list(client().list_blobs(bucket, prefix=prefix, retry=retry(), **kwargs))
 
 
 def list_files(pattern: str) -> list[FileInfo]:
@@ -243,7 +264,7 @@ def is_object(uri: str) -> bool:
     if not key.rstrip("/"):
         return False
     with _errors(uri):
-        return client().bucket(bucket).blob(key.rstrip("/")).exists(retry=RETRY)
+        return client().bucket(bucket).blob(key.rstrip("/")).exists(retry=retry())
 
 
 def subfolders(uri: str) -> list[str]:
@@ -251,7 +272,7 @@ def subfolders(uri: str) -> list[str]:
     bucket, key = split_gcs(uri)
     folder = folder_key(key)
     with _errors(uri):
-        listing = client().list_blobs(bucket, prefix=folder, delimiter="/", retry=RETRY)
+        listing = client().list_blobs(bucket, prefix=folder, delimiter="/", retry=retry())
         list(listing)
     return [p[len(folder) :].rstrip("/") for p in listing.prefixes]
 
@@ -281,12 +302,12 @@ class _CheckedGcsReader(io.RawIOBase):
         self._uri = uri
         self._expect = expect
         generation = expect.generation if expect else None
-        kwargs: dict[str, Any] = {"retry": RETRY}
+        kwargs: dict[str, Any] = {"retry": retry()}
         if generation is not None:
             kwargs["if_generation_match"] = generation
         with _errors(uri):
             blob = _blob(uri)
-            blob.reload(retry=RETRY)
+            blob.reload(retry=retry())
         self._blob = blob
         self._listed = expect or _info(split_gcs(uri)[0], blob)
         self._check_generation(blob.generation)
@@ -301,7 +322,7 @@ class _CheckedGcsReader(io.RawIOBase):
         try:
             with _errors(self._uri):
                 data = self._raw.read(len(buffer))
-        except gexc.PreconditionFailed:
+        except api_errors().PreconditionFailed:
             raise self._changed("replaced while being read") from None
         if not data and not self._done:
             self._done = True
@@ -313,7 +334,7 @@ class _CheckedGcsReader(io.RawIOBase):
     def _verify(self) -> None:
         crc = crc32c_b64(self._crc)
         with _errors(self._uri):
-            self._blob.reload(retry=RETRY)
+            self._blob.reload(retry=retry())
         self._check_generation(self._blob.generation)
         if self._listed.crc32c and crc != self._listed.crc32c:
             raise self._changed(f"read bytes with crc32c {crc}, listed {self._listed.crc32c}")
@@ -346,7 +367,7 @@ def open_read(uri: str, expect: FileInfo | None, buffer_size: int) -> io.Buffere
 def write_bytes(uri: str, data: bytes) -> None:
     """Write one object in one request (GCS replaces an object whole)."""
     with _errors(uri):
-        _blob(uri).upload_from_string(data, retry=RETRY, checksum="crc32c")
+        _blob(uri).upload_from_string(data, retry=retry(), checksum="crc32c")
 
 
 def create_object(uri: str, data: bytes) -> bool:
@@ -359,10 +380,10 @@ def create_object(uri: str, data: bytes) -> bool:
     try:
         with _errors(uri):
             _blob(uri).upload_from_string(
-                data, retry=RETRY, checksum="crc32c", if_generation_match=0
+                data, retry=retry(), checksum="crc32c", if_generation_match=0
             )
         return True
-    except gexc.PreconditionFailed:
+    except api_errors().PreconditionFailed:
         return read_generation(uri)[0] == data
 
 
@@ -371,14 +392,14 @@ def read_generation(uri: str) -> tuple[bytes | None, int]:
     blob = _blob(uri)
     with _errors(uri):
         try:
-            blob.reload(retry=RETRY)
+            blob.reload(retry=retry())
             generation = int(blob.generation or 0)
             data = blob.download_as_bytes(
-                retry=RETRY, checksum="crc32c", if_generation_match=generation
+                retry=retry(), checksum="crc32c", if_generation_match=generation
             )
-        except gexc.NotFound:
+        except api_errors().NotFound:
             return None, 0
-        except gexc.PreconditionFailed:  # rewritten between the two requests: read again
+        except api_errors().PreconditionFailed:  # rewritten between the two requests: read again
             return read_generation(uri)
     return data, generation
 
@@ -388,10 +409,10 @@ def write_if_generation(uri: str, data: bytes, generation: int) -> bool:
     try:
         with _errors(uri):
             _blob(uri).upload_from_string(
-                data, retry=RETRY, checksum="crc32c", if_generation_match=generation
+                data, retry=retry(), checksum="crc32c", if_generation_match=generation
             )
         return True
-    except gexc.PreconditionFailed:
+    except api_errors().PreconditionFailed:
         return False
 
 
@@ -402,7 +423,7 @@ def upload_file(path: str | os.PathLike[str], uri: str) -> FileInfo:
     if size > RESUMABLE_THRESHOLD:
         blob.chunk_size = UPLOAD_CHUNK_BYTES
     with _errors(uri):
-        blob.upload_from_filename(str(path), retry=RETRY, checksum="crc32c")
+        blob.upload_from_filename(str(path), retry=retry(), checksum="crc32c")
     return _info(split_gcs(uri)[0], blob)
 
 
@@ -410,7 +431,7 @@ def download_file(uri: str, path: str | os.PathLike[str]) -> None:
     """Download one object to a local file; the client checks crc32c of whole downloads."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with _errors(uri):
-        _blob(uri).download_to_filename(str(path), retry=RETRY, checksum="crc32c")
+        _blob(uri).download_to_filename(str(path), retry=retry(), checksum="crc32c")
 
 
 def copy_object(
@@ -419,7 +440,7 @@ def copy_object(
     """Server-side copy of one object (no bytes through here); return the new object."""
     src = _blob(source)
     dst_bucket, dst_key = split_gcs(destination)
-    kwargs: dict[str, Any] = {"retry": RETRY}
+    kwargs: dict[str, Any] = {"retry": retry()}
     if if_generation_match is not None:
         kwargs["if_generation_match"] = if_generation_match
     with _errors(source):
@@ -432,8 +453,8 @@ def stat(uri: str) -> FileInfo | None:
     blob = _blob(uri)
     with _errors(uri):
         try:
-            blob.reload(retry=RETRY)
-        except gexc.NotFound:
+            blob.reload(retry=retry())
+        except api_errors().NotFound:
             return None
     return _info(split_gcs(uri)[0], blob)
 
@@ -443,23 +464,23 @@ def delete_if_generation(uri: str, generation: int) -> bool:
     try:
         with _errors(uri):
             try:
-                _blob(uri).delete(retry=RETRY, if_generation_match=generation)
-            except gexc.NotFound:
+                _blob(uri).delete(retry=retry(), if_generation_match=generation)
+            except api_errors().NotFound:
                 return False
         return True
-    except gexc.PreconditionFailed:
+    except api_errors().PreconditionFailed:
         return False
 
 
 def delete_object(uri: str) -> None:
     """Delete one object; a missing one is fine."""
-    with contextlib.suppress(gexc.NotFound), _errors(uri):
-        _blob(uri).delete(retry=RETRY)
+    with contextlib.suppress(api_errors().NotFound), _errors(uri):
+        _blob(uri).delete(retry=retry())
 
 
 def updated(uri: str) -> float:
     """When an object was last written, in epoch seconds (0.0 if GCS does not say)."""
     blob = _blob(uri)
     with _errors(uri):
-        blob.reload(retry=RETRY)
+        blob.reload(retry=retry())
     return blob.updated.timestamp() if blob.updated else 0.0

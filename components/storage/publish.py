@@ -16,8 +16,6 @@ import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from google.api_core import exceptions as gexc
-
 from components.storage import gcs, local
 from components.storage.files import (
     delete_tree,
@@ -210,7 +208,7 @@ def _copy_new(source: str, destination: str, crc32c: str) -> None:
     """
     try:
         gcs.copy_object(source, destination, if_generation_match=0)
-    except gexc.PreconditionFailed:
+    except gcs.api_errors().PreconditionFailed:
         there = gcs.stat(destination)
         if there is None or there.crc32c != crc32c:
             raise FileExistsError(

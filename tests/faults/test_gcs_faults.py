@@ -26,7 +26,7 @@ UPLOADS = r"^/upload/storage/v1/b/"
 
 @pytest.fixture(autouse=True)
 def _fast(monkeypatch):
-    monkeypatch.setattr(storage_gcs, "RETRY", DEFAULT_RETRY.with_delay(0.01, 0.05, 2.0))
+    monkeypatch.setattr(storage_gcs, "retry", lambda: DEFAULT_RETRY.with_delay(0.01, 0.05, 2.0))
     monkeypatch.setattr(storage_gcs, "UPLOAD_CHUNK_BYTES", CHUNK)
 
 

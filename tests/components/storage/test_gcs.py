@@ -268,7 +268,7 @@ def test_atomic_dir_publishes_to_gcs_only_on_success(gcs):
 
 def test_retries_429_and_503_with_backoff(gcs_faults, monkeypatch):
     gcs, proxy = gcs_faults
-    monkeypatch.setattr(storage_gcs, "RETRY", DEFAULT_RETRY.with_delay(0.01, 0.05, 2.0))
+    monkeypatch.setattr(storage_gcs, "retry", lambda: DEFAULT_RETRY.with_delay(0.01, 0.05, 2.0))
     upload = proxy.fail("POST", r"/upload/storage/v1/b/.*/o\?", 503, times=2)
     listing = proxy.fail("GET", r"/storage/v1/b/[^/]+/o\?", 429, times=2)
     storage.write_bytes(gcs.uri("retry.txt"), b"made it")
