@@ -117,8 +117,9 @@ def default_api_client(context: str | None = None) -> Any:
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context)
     except (config.ConfigException, OSError) as err:
         raise UserError(
-            f"no kube context ({str(err).splitlines()[0]}): point kubectl at the cluster "
-            "(`kubectl config use-context ...`, or $KUBECONFIG) or pass --context"
+            f"no Kubernetes credentials (in-cluster, $KUBECONFIG or ~/.kube/config): "
+            f"{str(err).splitlines()[0].rstrip('.')}; point kubectl at the cluster "
+            "(`kubectl config use-context ...`)"
         ) from None
     return client.ApiClient()
 

@@ -103,7 +103,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         return 1 if report(findings) else 0
     from components.jobs.kube import default_api_client
 
-    kube = default_api_client(args.context)
+    try:
+        kube = default_api_client(args.context)
+    except UserError as err:
+        raise UserError(f"{err}, or pass --context") from None
     findings = run_checks(
         [
             lambda: _kfp(where),

@@ -257,7 +257,8 @@ def test_no_kube_context_and_a_missing_namespace_are_one_line(
     assert status == 2 and "namespace 'nope' does not exist" in err
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
     status, _, err = _doctor(capsys, kfp, token, gcs)
-    assert status == 2 and err.startswith("gptpipe: error: no kube context")
+    assert status == 2 and err.startswith("gptpipe: error: no Kubernetes credentials")
+    assert err.strip().endswith("or pass --context")
 
 
 @pytest.mark.parametrize("outcome", ["SUCCEEDED", "FAILED"])
