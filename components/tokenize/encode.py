@@ -10,7 +10,7 @@ import itertools
 import math
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -90,12 +90,16 @@ def encode_pieces(
 
 # A text's words as SentencePiece splits its input before it merges (split_by_whitespace,
 # model_interface.cc SplitIntoWords, with allow_whitespace_only_pieces): a run of non-spaces, or
-# a run of spaces with the non-spaces after it; "\n" alone. Every character is in one.
-_WORDS = re.compile(r"\n|[^ \n]+| +[^ \n]*")
+# a run of spaces with the non-spaces after it; "\n" alone. Every character is in one. A space
+# is "\u2581" once escaped, so a "\u2581" in the text is a space to SentencePiece too.
+_WORDS = re.compile("\n|[^ \u2581\n]+|[ \u2581]+[^ \u2581\n]*")
 _END = "\n</s>"  # the key of EOS in the cache: no word holds "\n" beside anything else
-CACHE_WORDS = 1 << 17  # words kept (about 25 MB); the cache starts again when it is full
+# What the cache may hold, counting each word's characters and ids and about 150 bytes of
+# Python objects beside them; past it, it starts again once the batch is encoded.
+CACHE_BYTES = 32 << 20
+_ENTRY_BYTES = 150
 _PROBE = (
-    "Two  households,\tboth   alike\n\n  in dignity. "
+    "Two  households,\tboth   alike\n\n  in dignity. \u2581 a\u2581  b "
     "\u00c9coute \u3000\u6f22\u5b57 \u00b4x \U0001f600  "
 )
 
@@ -108,7 +112,8 @@ class Encoder:
     normalize nothing, so a text's ids are its words' ids one after another, each word encoded
     alone. A corpus repeats its words: most are looked up, and only new ones reach
     SentencePiece, together. The ids equal `encode_pieces`' (tests/components/tokenize); a model
-    that might not allow it (a given tokenizer) is encoded by lines instead.
+    that might not allow it (a given tokenizer that normalizes, or whose pieces cross a space)
+    is encoded by lines instead.
     """
 
     def __init__(self, processor: spm.SentencePieceProcessor, eos: int) -> None:
@@ -116,6 +121,7 @@ class Encoder:
         self.eos = eos
         self.by_words = _words_stand_alone(processor)
         self._cache: dict[str, bytes] = {}
+        self._bytes = 0
         self._reset()
 
     def encode(self, texts: Sequence[str], ends: Sequence[bool]) -> np.ndarray:
@@ -127,28 +133,92 @@ class Encoder:
             words += _WORDS.findall(text)
             if end:
                 words.append(_END)
-        new = set(words).difference(self._cache)
-        if len(self._cache) + len(new) > CACHE_WORDS:
-            self._reset()
-            new = set(words).difference(self._cache)
+        new = list(set(words).difference(self._cache))
         if new:
-            listed = list(new)
-            for word, ids in zip(listed, self.processor.encode(listed, num_threads=1), strict=True):
-                self._cache[word] = np.array(ids, np.int32).tobytes()
-        return np.frombuffer(b"".join(map(self._cache.__getitem__, words)), np.int32)
+            for word, ids in zip(new, self.processor.encode(new, num_threads=1), strict=True):
+                packed = np.array(ids, np.int32).tobytes()
+                self._cache[word] = packed
+                self._bytes += _ENTRY_BYTES + len(word) + len(packed)
+        joined = b"".join(map(self._cache.__getitem__, words))
+        if self._bytes > CACHE_BYTES:  # (text without spaces is one long word per line)
+            self._reset()
+        return np.frombuffer(joined, np.int32)
 
     def _reset(self) -> None:
         self._cache.clear()
         self._cache["\n"] = np.int32(self.processor.piece_to_id("\n")).tobytes()
         self._cache[_END] = np.int32(self.eos).tobytes()
+        self._bytes = 0
 
 
 def _words_stand_alone(processor: spm.SentencePieceProcessor) -> bool:
-    """Whether each word of a text encodes alone as within it: no piece but whitespace ones
-    holds "\u2581" after its start, and a probe of spaces, tabs and non-ASCII agrees."""
+    """Whether each word of a text encodes alone as within it: the model normalizes nothing
+    (identity rule, no dummy prefix, no whitespace folding), no piece but whitespace ones holds
+    "\u2581" after its start, and a probe of spaces, tabs and non-ASCII agrees."""
+    normalizer = _fields(_field(processor.serialized_model_proto(), _NORMALIZER_SPEC))
+    if normalizer != {_NAME: b"identity", _ADD_DUMMY_PREFIX: 0, _REMOVE_EXTRA_WHITESPACES: 0}:
+        return False
     for i in range(processor.get_piece_size()):
         piece = processor.id_to_piece(i)
         if "\u2581" in piece[1:] and piece.strip("\u2581"):
             return False
     words = _WORDS.findall(_PROBE)
     return [i for w in words for i in processor.encode(w)] == processor.encode(_PROBE)
+
+
+# sentencepiece_model.proto: ModelProto.normalizer_spec is field 3; in NormalizerSpec, name is
+# 1, add_dummy_prefix 3 and remove_extra_whitespaces 4 (both true when left out), and 2 the
+# precompiled character map, left out, as empty, by the identity rule. Read off the wire:
+# sentencepiece's own sentencepiece_model_pb2 needs protobuf 5, and the stack pins protobuf < 5.
+_NORMALIZER_SPEC, _NAME, _ADD_DUMMY_PREFIX, _REMOVE_EXTRA_WHITESPACES = 3, 1, 3, 4
+
+
+def _field(message: bytes, number: int) -> bytes:
+    """The last value of length-delimited field `number` of `message` (b"" if absent)."""
+    found = b""
+    for key, value in _wire(message):
+        if key == number and isinstance(value, bytes):
+            found = value
+    return found
+
+
+def _fields(message: bytes) -> dict[int, int | bytes]:
+    """The fields of `message` by number (the last of each), an empty bytes field left out;
+    NormalizerSpec's two booleans default to 1 (true) when left out."""
+    found: dict[int, int | bytes] = {_ADD_DUMMY_PREFIX: 1, _REMOVE_EXTRA_WHITESPACES: 1}
+    for key, value in _wire(message):
+        if value != b"" and key != 5:  # escape_whitespaces (5): how, not whether, spaces split
+            found[key] = value
+    return found
+
+
+def _wire(message: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) of each field of a serialized protobuf message: varints as ints,
+    length-delimited and fixed-width fields as bytes."""
+    at = 0
+    while at < len(message):
+        key, at = _varint(message, at)
+        kind = key & 7
+        if kind == 0:
+            value, at = _varint(message, at)
+            yield key >> 3, value
+            continue
+        if kind == 2:
+            size, at = _varint(message, at)
+        elif kind in (1, 5):
+            size = 8 if kind == 1 else 4
+        else:
+            raise ValueError(f"wire type {kind} in a SentencePiece model")
+        yield key >> 3, message[at : at + size]
+        at += size
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7

@@ -394,22 +394,38 @@ def test_a_document_that_starts_with_a_newline_gets_it_after_the_last_ones_eos(m
 
 
 # Characters the word cache must treat as SentencePiece does: runs of spaces at either end,
-# tabs, the ideographic space, combining and compatibility characters, and pieces the model
-# lacks (byte fallback).
+# tabs, "\u2581" itself (a space to SentencePiece), the ideographic space, combining and
+# compatibility characters, and pieces the model lacks (byte fallback).
 _TRICKY = list("ab Z.,;") + ["  ", "\t", "\n", "\n\n", "\u3000", "\u00b4", "e\u0301", "\u6f22"]
-_TRICKY += ["\U0001f600", "\u00c9", "\ufb01", "   "]
+_TRICKY += ["\U0001f600", "\u00c9", "\ufb01", "   ", "\u2581", "\u2581 ", " \u2581\u2581"]
 
 
-def test_the_word_cache_gives_the_ids_of_each_text_encoded_whole(model, monkeypatch):
+@pytest.fixture(scope="module")
+def spaced_model() -> bytes:
+    """A model of our options trained on indented text, so that it has whitespace-only
+    pieces ("\u2581\u2581", ...): how runs of spaces group into words then changes the ids."""
+    lines = SHAKESPEARE.read_text(encoding="utf-8")[:12_000].split("\n")
+    text = "\n".join(
+        " " * (i % 9) + line.replace(" ", "  " if i % 3 else " ") for i, line in enumerate(lines)
+    )
+    model = bpe.train(text, 400, "indented slice", lambda line: None)
     processor = spm.SentencePieceProcessor(model_proto=model)
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    assert sum(1 for p in pieces if len(p) > 1 and not p.strip("\u2581")) >= 3
+    return model
+
+
+@pytest.mark.parametrize("which", ["model", "spaced_model"])
+def test_the_word_cache_gives_the_ids_of_each_text_encoded_whole(which, request, monkeypatch):
+    processor = spm.SentencePieceProcessor(model_proto=request.getfixturevalue(which))
     eos = processor.eos_id()
     encoder = encode.Encoder(processor, eos)
     assert encoder.by_words  # our models allow it
     rng = random.Random(7)
     shakespeare = SHAKESPEARE.read_text(encoding="utf-8")
-    for round_ in range(30):
-        if round_ == 15:  # a cache that fills starts again, and still gives the same ids
-            monkeypatch.setattr(encode, "CACHE_WORDS", 40)
+    for round_ in range(40):
+        if round_ == 20:  # a cache that fills starts again, and still gives the same ids
+            monkeypatch.setattr(encode, "CACHE_BYTES", 4000)
         texts = ["".join(rng.choices(_TRICKY, k=rng.randint(0, 60))) for _ in range(5)]
         start = rng.randrange(len(shakespeare) - 3000)
         texts.append(shakespeare[start : start + rng.randint(0, 3000)])
@@ -419,8 +435,26 @@ def test_the_word_cache_gives_the_ids_of_each_text_encoded_whole(model, monkeypa
         ]
         got = encoder.encode(texts, ends)
         assert got.dtype == np.int32 and got.tolist() == expected, texts
-    last = {word for text in texts for word in encode._WORDS.findall(text)}
-    assert len(encoder._cache) <= max(40, len(last) + 2)  # at most the last batch's, if over
+        assert encoder._bytes <= encode.CACHE_BYTES  # past it, it started again
+
+
+def test_a_model_that_normalizes_is_encoded_by_lines(model):
+    # NFKC makes the ideographic space a space, beside a space the text has: a word split
+    # before normalizing would differ, so a given tokenizer that normalizes keeps to lines.
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:12_000]
+    for change in ({"normalization_rule_name": "nfkc"}, {"add_dummy_prefix": True}):
+        options = {**bpe.SENTENCEPIECE_TRAINER_OPTIONS, **change}
+        proto = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(text.split("\n")), model_writer=proto, vocab_size=400, **options
+        )
+        processor = spm.SentencePieceProcessor(model_proto=proto.getvalue())
+        encoder = encode.Encoder(processor, processor.eos_id())
+        assert not encoder.by_words, change
+        texts = ["a\u3000 b", "a\u3000  b c"]
+        expected = [i for t in texts for i in processor.encode(t) + [processor.eos_id()]]
+        assert encoder.encode(texts, [True, True]).tolist() == expected
+    assert encode.Encoder(spm.SentencePieceProcessor(model_proto=model), 2).by_words
 
 
 def test_a_model_whose_pieces_cross_spaces_is_encoded_by_lines(model):
