@@ -69,12 +69,15 @@ def run(name: str, execute: Callable[..., T], arguments: Mapping[str, Any]) -> T
     edge = step_edge.read(name, image, metadata, os.environ)
     runner_watch.end_with(edge.runner)
     progress = Progress.from_env(os.environ, name)
-    with lineage.step(
-        edge.store, name, pipeline_name, edge.run_id, parameters, edge.provenance
-    ) as rec:
+    # Outside the record, so that a second signal cannot cut short the writing of FAILED.
+    with (
+        raise_on_stop(StepCancelled),
+        lineage.step(
+            edge.store, name, pipeline_name, edge.run_id, parameters, edge.provenance
+        ) as rec,
+    ):
         _record_whole_objects(rec)
-        with raise_on_stop(StepCancelled):
-            return execute(Step(name, image, edge, rec, progress), **inputs)
+        return execute(Step(name, image, edge, rec, progress), **inputs)
 
 
 def _record_whole_objects(rec: lineage.StepRecorder) -> None:

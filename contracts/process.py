@@ -109,11 +109,28 @@ def raise_on_stop(error: Callable[[str], BaseException]) -> Iterator[None]:
         if fired:
             return
         fired = True
-        raise error(f"received {signal.Signals(signum).name}: the run was cancelled")
+        stop = error(f"received {signal.Signals(signum).name}: the run was cancelled")
+        _PENDING.append(stop)
+        raise stop
 
     signals = [signal.SIGTERM] + ([] if ignored(signal.SIGHUP) else [signal.SIGHUP])
-    with signal_handlers(dict.fromkeys(signals, handler)):
-        yield
+    depth = len(_PENDING)
+    try:
+        with signal_handlers(dict.fromkeys(signals, handler)):
+            yield
+    finally:
+        del _PENDING[depth:]
+
+
+# The stops `raise_on_stop` raised whose blocks are still running, innermost last.
+_PENDING: list[BaseException] = []
+
+
+def pending_stop() -> BaseException | None:
+    """The stop `raise_on_stop` raised, if its block still runs: for code whose callee swallows
+    exceptions (a C++ library calling back into Python, such as SentencePiece's trainer reading
+    its sentences) to raise it again rather than report the callee's own error."""
+    return _PENDING[-1] if _PENDING else None
 
 
 def hide_python_eol_notice() -> None:

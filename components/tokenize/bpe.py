@@ -20,6 +20,7 @@ import sentencepiece as spm
 from components import storage
 from components.tokenize.encode import encode_text
 from contracts.errors import UserError
+from contracts.process import pending_stop
 
 # Options for SentencePieceTrainer.train besides the input and vocab_size. They make the model
 # (a) reproduce text exactly: decode(encode(text)) == text, newlines and runs of spaces included
@@ -110,6 +111,8 @@ def train(
             **SENTENCEPIECE_TRAINER_OPTIONS,
         )
     except RuntimeError as e:
+        if (stop := pending_stop()) is not None:  # stopped while it read: not the corpus's fault
+            raise stop from None
         raise UserError(
             f"cannot train a tokenizer with vocab_size {vocab_size} on corpus "
             f"{corpus!r}: {_explain_trainer_error(str(e))}"

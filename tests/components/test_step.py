@@ -69,8 +69,9 @@ def test_a_bad_parameter_object_fails_the_step_on_its_record(tmp_path, monkeypat
 
 @pytest.mark.fault("a step is told to stop (SIGTERM) while its executor runs")
 def test_a_step_told_to_stop_is_recorded_failed_and_gives_the_signal_back(tmp_path, monkeypatch):
-    """Evaluate and push have no launcher: the step itself turns SIGTERM into StepCancelled,
-    so their lineage is FAILED with the cause, never left RUNNING."""
+    """The step is recorded FAILED with the cause, never left RUNNING.
+
+    Evaluate and push have no launcher: the step itself turns SIGTERM into StepCancelled."""
     before = signal.getsignal(signal.SIGTERM)
 
     def execute(running, **inputs):

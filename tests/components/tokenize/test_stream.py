@@ -6,8 +6,10 @@ the corpus."""
 import hashlib
 import io
 import json
+import os
 import random
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ import tensorflow as tf
 
 from components import storage
 from components.tokenize import bpe, corpus, encode, executor, parts, shards
+from contracts import process
 from contracts.artifacts import EVAL_TEXT
 from contracts.errors import UserError
 from contracts.eval_text import read_pieces
@@ -474,3 +477,31 @@ def test_a_model_whose_pieces_cross_spaces_is_encoded_by_lines(model):
     texts = [text[:700], text[700:2000]]
     expected = [i for t in texts for i in processor.encode(t) + [processor.eos_id()]]
     assert encoder.encode(texts, [True, True]).tolist() == expected
+
+
+class _Stopped(Exception):
+    pass
+
+
+@pytest.mark.fault("the step is told to stop while SentencePiece trains its tokenizer")
+def test_a_stop_while_the_tokenizer_trains_is_the_stop_not_a_corpus_error():
+    """The step raises the stop, not "cannot train a tokenizer".
+
+    SentencePiece's trainer reads the sample through a Python generator and turns the stop
+    raised there into its own RuntimeError."""
+    text = SHAKESPEARE.read_text(encoding="utf-8")[:12_000]
+
+    class Sample(list):
+        reads = 0  # the step counts the characters first; SentencePiece reads second
+
+        def __iter__(self):
+            Sample.reads += 1
+            for i, piece in enumerate(super().__iter__()):
+                if i == 3 and Sample.reads == 2:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                yield piece
+
+    sample = Sample(text[i : i + 1000] for i in range(0, len(text), 1000))
+    with pytest.raises(_Stopped, match="received SIGTERM"), process.raise_on_stop(_Stopped):
+        bpe.train(sample, VOCAB, "slice", lambda line: None)
+    assert Sample.reads == 2 and process.pending_stop() is None  # the block is over
