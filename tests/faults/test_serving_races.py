@@ -253,8 +253,10 @@ def test_a_push_waits_for_one_claimed_below_it_compared_with_the_same_model(
     monkeypatch.setattr(serving, "_in_flight", look)
 
     outcome = _publish_in_background(second, dest, expect_latest=1)
+    until = time.monotonic() + 120  # only a push that never looks again reaches it
     while len(looks) < 2:  # the second has claimed, seen the first in flight, and looked again
         assert outcome["thread"].is_alive(), outcome
+        assert time.monotonic() < until, f"the second push looked {len(looks)} time(s)"
         time.sleep(0.01)
     assert looks[:2] == [[2], [2]] and serving.serving_versions(dest) == [1]
     assert outcome["thread"].is_alive() or how_the_first_ends == "never"  # (1 s to wait there)

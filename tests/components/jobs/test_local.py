@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -364,17 +365,26 @@ def test_a_second_ctrl_c_kills_the_workers_at_once_and_still_stops_them_all(job,
     it, SIGKILLs them then: it never leaves workers behind."""
     launcher = LocalLauncher(log_dir=tmp_path / "logs", out=io.StringIO(), kill_grace_seconds=600)
 
-    def press_ctrl_c_twice() -> None:
-        while len(recorded_pids(tmp_path)) < 4:  # both workers and their children are up
+    late: list[str] = []  # what never happened, if the test had to go on without it
+
+    def await_then_press(what: str, done: Callable[[], bool]) -> None:
+        until = time.monotonic() + 120  # only a broken launcher reaches it
+        while not done():
+            if time.monotonic() > until:
+                late.append(what)
+                break
             time.sleep(0.02)
         os.kill(os.getpid(), signal.SIGINT)  # KeyboardInterrupt in the launcher
-        while len(list((tmp_path / "rec").glob("sigterm-*"))) < 2:  # the grace period runs
-            time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGINT)
+
+    def press_ctrl_c_twice() -> None:
+        await_then_press("workers up", lambda: len(recorded_pids(tmp_path)) == 4)
+        sigtermed = lambda: len(list((tmp_path / "rec").glob("sigterm-*"))) == 2  # noqa: E731
+        await_then_press("SIGTERM to both", sigtermed)  # the grace period runs
 
     threading.Thread(target=press_ctrl_c_twice, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         launcher.run(job("stubborn"))
+    assert late == []
     assert len(recorded_pids(tmp_path)) == 4
     assert not any(alive(p) for p in recorded_pids(tmp_path))
 

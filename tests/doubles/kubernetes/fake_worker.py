@@ -76,14 +76,14 @@ def serve(address: str, answer: bytes) -> None:
 
 def starts(records: Path, index: int) -> int:
     path = records / f"starts-{index}.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    return path.read_text().count("\n") if path.exists() else 0  # whole lines only
 
 
 def gone(records: Path, index: int, incarnation: int) -> bool:
     """Whether worker `index` has started `incarnation` times and that process has exited
     (reaped by the kubelet, or a zombie: /proc's state Z)."""
     path = records / f"starts-{index}.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []  # whole lines only
     if len(lines) < incarnation:
         return False
     pid = json.loads(lines[incarnation - 1])["pid"]

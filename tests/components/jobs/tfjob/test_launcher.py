@@ -40,11 +40,17 @@ def follows(kube: FakeKube, worker: int) -> list[Any]:
     return [r for r in logs if r.query.get("follow", "").lower() == "true"]
 
 
-def await_follows(kube: FakeKube, worker: int, count: int) -> None:
-    """A scenario step: wait until the launcher has asked to follow the log `count` times."""
+def await_follows(c: Script, kube: FakeKube, worker: int, count: int) -> None:
+    """A scenario step: wait until the launcher has asked to follow the log `count` times.
+    If it never does, the worker fails with a line saying so, which fails the job and the
+    test (an assertion here would end only the scenario's thread, and the launcher would wait
+    for the job forever)."""
     until = time.monotonic() + 120  # only a hung launcher reaches it
     while len(follows(kube, worker)) < count:
-        assert time.monotonic() < until, f"followed {len(follows(kube, worker))} times"
+        if time.monotonic() > until:
+            c.log(worker, f"the launcher followed the log {len(follows(kube, worker))} times")
+            c.exit(worker, 1)
+            return
         time.sleep(0.01)
 
 
@@ -86,7 +92,7 @@ def test_a_cut_log_stream_is_followed_again_from_where_it_stopped():
     paced: list[Any] = []
     for i, line in enumerate(lines, start=1):
         if i > 1:
-            paced.append(lambda c, i=i: await_follows(kube, 0, min(i, 5)))
+            paced.append(lambda c, i=i: await_follows(c, kube, 0, min(i, 5)))
         paced.append(lambda c, line=line: c.log(0, line))
     steps = scenarios.success()
     with FakeKube([*steps[:3], *paced, *steps[4:]]) as kube:
@@ -125,7 +131,7 @@ def test_a_line_unfinished_when_a_stream_ends_is_written_once_finished():
     steps = scenarios.success()
     steps[3:4] = [
         lambda c: c.log(0, "step 1 loss 4.2", unfinished="step 2 lo"),
-        lambda c: await_follows(kube, 0, 2),  # that stream ended; the launcher followed again
+        lambda c: await_follows(c, kube, 0, 2),  # that stream ended; the launcher followed again
         lambda c: c.log(0, "ss 3.1"),  # the runtime's next record: the rest of the line
     ]
     with FakeKube(steps) as kube:
