@@ -12,7 +12,8 @@ TF_CONFIG, HOSTNAME, GPTPIPE_EXTRA) and prints "worker <index> started". Modes:
 - exit-<code>: worker 1 prints an error and exits <code>; the others hang.
 - flaky: worker 1 exits 137 in its first two incarnations (each once the wall clock's second
   has turned since it started, so the operator's Restarting conditions get distinct
-  timestamps) and 0 at once in the third; worker 0 exits 0 once that third has exited.
+  timestamps) and 0 at once in the third; worker 0 exits 0 once that third has exited and
+  RECORDS_DIR/hold does not exist.
 - lose-peer: like MultiWorkerMirrored losing a worker. Worker 1 SIGKILLs itself in its first
   incarnation, once every worker has started and RECORDS_DIR/hold does not exist (a test
   holds it until the launcher has seen the pods); a worker whose peer died (the peer started
@@ -140,7 +141,9 @@ def main() -> int:
             if incarnation < 3:
                 next_second()
             return 137 if incarnation < 3 else 0
-        while not gone(records, 1, 3):  # worker 1 has Succeeded: the operator must leave it be
+        # Worker 1 has Succeeded, and the operator must leave it be while this one runs on
+        # (as long as RECORDS_DIR/hold exists: a test holds it for the operator's passes).
+        while not gone(records, 1, 3) or (records / "hold").exists():
             time.sleep(0.05)
         return 0
     if mode == "lose-peer":

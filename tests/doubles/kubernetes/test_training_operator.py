@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,34 @@ def spec(records: Path, mode: str, **overrides: Any) -> JobSpec:
 def running(tmp_path: Path, **kwargs: Any) -> FakeKube:
     env = {"PATH": os.environ["PATH"]}
     return FakeKube.running(tmp_path / "nodes", env, grace_seconds=2, **kwargs)
+
+
+def hold_chief_until_worker_1_is_left_succeeded(kube: FakeKube, records: Path) -> None:
+    """Flaky mode's worker 0 waits while RECORDS/hold exists: it goes once the operator has
+    reconciled twice with worker 1's last pod Succeeded, the passes in which an operator that
+    recreated Succeeded pods would do so."""
+    (records / "hold").touch()
+    assert kube.operator is not None
+    operator, passes = kube.operator, [0]
+    reconcile = operator.reconcile
+
+    def counted(key: tuple[str, str]) -> None:
+        passes[0] += 1
+        reconcile(key)
+
+    operator.reconcile = counted  # type: ignore[method-assign]
+
+    def succeeded(cluster: Any) -> bool:
+        pod = cluster.pods.get(("ml", "fake-worker-1"))
+        return pod is not None and pod["status"].get("phase") == "Succeeded"
+
+    def release() -> None:
+        if kube.wait_for(succeeded, timeout=120):
+            since = passes[0]
+            kube.wait_for(lambda c: passes[0] >= since + 2, timeout=120)
+        (records / "hold").unlink()
+
+    threading.Thread(target=release, daemon=True).start()
 
 
 def create(kube: FakeKube, job_spec: JobSpec) -> None:
@@ -184,6 +213,7 @@ def test_one_worker_gets_no_tf_config(tmp_path, records):
 @pytest.mark.slow
 def test_exit_code_policy_recreates_failed_pods_only_and_never_succeeded_ones(tmp_path, records):
     with running(tmp_path) as kube:
+        hold_chief_until_worker_1_is_left_succeeded(kube, records)
         create(kube, spec(records, "flaky"))
         assert kube.wait_for(lambda c: condition(kube, "Succeeded"), timeout=30)
         phases = [p["status"]["phase"] for p in kube.cluster.pods.values()]
@@ -233,6 +263,7 @@ def test_a_backoff_limit_above_zero_never_fails_an_exit_code_job(tmp_path, recor
     """previousRetry is the TFJob reconciler's FakeWorkQueue's NumRequeues, always 0, and
     recreated pods have no restartCount: two failures against a limit of 1, and it succeeds."""
     with running(tmp_path) as kube:
+        hold_chief_until_worker_1_is_left_succeeded(kube, records)
         create_with_backoff_limit(kube, spec(records, "flaky"), 1)
         assert kube.wait_for(lambda c: condition(kube, "Succeeded"), timeout=60)
     assert len(starts(records, 1)) == 3
@@ -363,6 +394,7 @@ def events_on(kube: FakeKube, selector: str) -> list[Any]:
 @pytest.mark.slow
 def test_the_operator_records_exits_and_pod_changes_as_events_on_the_job(tmp_path, records):
     with running(tmp_path) as kube:
+        hold_chief_until_worker_1_is_left_succeeded(kube, records)
         create(kube, spec(records, "flaky"))
         assert kube.wait_for(lambda c: condition(kube, "Succeeded"), timeout=30)
         uid = kube.cluster.tfjobs[KEY]["metadata"]["uid"]
