@@ -188,8 +188,9 @@ def resolve_model(model: str, version: int | None) -> str:
         require_complete(model)  # a Model artifact (a run's model/ folder): its SavedModel
         return storage.join(model, SERVING_DIR)
     if version is None and _is_saved_model(model):
-        parent, _, name = model.rstrip("/").rpartition("/")
-        if name == SERVING_DIR and parent:  # inside a Model artifact: complete only with it
+        path = model.rstrip("/") if storage.is_gcs(model) else str(Path(model).resolve())
+        parent, _, name = path.rpartition("/")
+        if name == SERVING_DIR:  # inside a Model artifact: complete only with it
             require_complete(parent)
         return model
     if not _exists(model):

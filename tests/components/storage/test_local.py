@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +15,7 @@ from components import serving, storage
 from components.storage import gcs as storage_gcs
 from components.storage import local
 from contracts.errors import UserError
+from tests.processes import REPO
 
 
 def _tree(root, files):
@@ -163,3 +166,18 @@ def test_list_tree_skips_what_another_process_removed_after_listing(tmp_path, mo
 
     monkeypatch.setattr(local.os, "walk", walk_then_remove)
     assert list(local.list_tree(str(tmp_path / "claims"))) == ["3"]
+
+
+def test_local_work_never_loads_the_google_cloud_client(tmp_path):
+    """google-cloud-storage and google-api-core cost a process 0.2 s to import: a tokenize
+    part, a step and a command that touch no gs:// URI never load them."""
+    script = (
+        "import sys; from components import storage; from components.tokenize import parts; "
+        f"storage.write_bytes({str(tmp_path / 'x')!r}, b'1'); "
+        f"storage.list_tree({str(tmp_path)!r}); "
+        "print(sorted(m for m in sys.modules if m.startswith(('google.cloud', 'google.api_core'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert done.stdout.strip() == "[]", done.stdout
