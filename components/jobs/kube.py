@@ -7,7 +7,6 @@ inside the functions, so code that never talks to a cluster (a local run) never 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -108,20 +107,27 @@ def default_api_client(context: str | None = None) -> Any:
     its current one. Neither there is a one-line UserError."""
     from kubernetes import client, config
 
+    in_pod = ""  # why the pod's own account did not serve, in a pod
     try:
         if context is None:
-            with contextlib.suppress(config.ConfigException):
+            try:
                 config.load_incluster_config()
                 return client.ApiClient()
+            except config.ConfigException as err:
+                if os.environ.get("KUBERNETES_SERVICE_HOST"):
+                    in_pod = f"in-cluster: {_first_line(err)}; "
         # kubernetes reads $KUBECONFIG once, at import; read it here, at the edge.
         config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), context=context)
     except (config.ConfigException, OSError) as err:
         raise UserError(
-            f"no Kubernetes credentials (in-cluster, $KUBECONFIG or ~/.kube/config): "
-            f"{str(err).splitlines()[0].rstrip('.')}; point kubectl at the cluster "
-            "(`kubectl config use-context ...`)"
+            f"no Kubernetes credentials (in-cluster, $KUBECONFIG or ~/.kube/config): {in_pod}"
+            f"{_first_line(err)}; point kubectl at the cluster (`kubectl config use-context ...`)"
         ) from None
     return client.ApiClient()
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).splitlines()[0].rstrip(".") if str(err) else type(err).__name__
 
 
 def read_pod(api_client: Any, namespace: str, name: str) -> dict[str, Any]:
