@@ -12,6 +12,7 @@ from bench import memory_bench
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # about 20 s: with CI's heavy tier, to keep `make test` under 15 min
 def test_the_activation_estimate_is_within_15_percent_of_the_measured():
     # One shape here, the one with the most terms (rotary positions, dropout, a large
     # vocabulary's logits): each takes two fresh TensorFlow processes, and `make bench`

@@ -159,6 +159,7 @@ def _xla_compiled_functions(graph: Any) -> list[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # about 20 s: with CI's heavy tier, to keep `make test` under 15 min
 def test_trainer_trains_through_xla_gelu_unless_xla_is_off(
     tmp_path, examples, policy_reset, monkeypatch
 ):
