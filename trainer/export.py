@@ -28,6 +28,7 @@ folder it creates, the temp sibling's among them (moved with it); the train step
 
 from __future__ import annotations
 
+import functools
 import json
 import posixpath
 import uuid
@@ -156,18 +157,9 @@ class GPTServing(tf.Module):
             )
         return {"completion": self.tokenizer.detokenize(new_ids)}
 
-    def generate_uncached(
-        self,
-        prompt: tf.Tensor,
-        max_new_tokens: tf.Tensor,
-        temperature: tf.Tensor,
-        seed: tf.Tensor | None,
-        stop_at_eos: tf.Tensor,
-    ) -> dict[str, tf.Tensor]:
-        """`generate` as it was before the cache (decode.generate_uncached): not exported,
-        kept as the reference for tests and the benchmark."""
-        sampling = (max_new_tokens, temperature, seed, stop_at_eos)
-        return self._generate(prompt, *sampling, cached=False)
+    # `generate` as it was before the cache (decode.generate_uncached): not exported, kept as
+    # the reference for tests and the benchmark; `_generate`'s inputs.
+    generate_uncached = functools.partialmethod(_generate, cached=False)
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")])
     def score(self, text: tf.Tensor) -> dict[str, tf.Tensor]:
